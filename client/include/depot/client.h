@@ -1,0 +1,175 @@
+// libdepot_client: the trainer's side of Depot.
+//
+// A trainer connects to the servers that hold its job, creates (or attaches to) the
+// job, initialises the master weights once, then calls Step once per training step
+// with its gradients; Step returns when the updated weights are in the output buffer.
+//
+//   depot::ClientOptions options;
+//   options.servers = {"10.0.0.1:50051", "10.0.0.2:50051"};
+//   auto client = depot::Client::Connect(options);          // StatusOr
+//   depot::JobConfig config;                                // see depot/job_config.h
+//   config.name = "llama-7b-run3";
+//   config.tensors = {{"embed", 32000 * 4096, 0}, {"norm", 4096, 1}};
+//   config.num_workers = 2;
+//   auto job = (*client)->OpenJob(config, /*worker_rank=*/rank);
+//   if (rank == 0) (*job)->InitWeights(initial_weights, depot::DType::kFloat32);
+//   for (uint64_t step = 1; ...; ++step) {
+//     ... backward writes grads into a flat buffer of N = (*job)->total_elems() ...
+//     depot::StepResult result;
+//     absl::Status s = (*job)->Step(step, grads, weights, &result);
+//   }
+//
+// Buffers are flat over the job's index space [0, N) (depot/layout.h): tensor i
+// lives at Layout::offset(i); padding between tensors is ignored on the way in and
+// written as zero on the way out.
+//
+// Errors are absl::Status values carrying the server's code and message; every RPC
+// has a deadline, so no call hangs on a dead server.
+//
+// Thread safety: a Client may be shared by threads. A Job's methods must not be
+// called concurrently with each other on the same Job.
+#ifndef DEPOT_CLIENT_H_
+#define DEPOT_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "depot/dtype.h"
+#include "depot/job_config.h"
+#include "depot/layout.h"
+#include "depot/shard_plan.h"
+
+namespace depot {
+
+struct ClientOptions {
+  // host:port of each server, in shard-plan order: servers[s] holds range s.
+  std::vector<std::string> servers;
+  // Deadline of unary RPCs (create, status, delete).
+  absl::Duration rpc_timeout = absl::Seconds(30);
+  // Deadline of one whole Step, InitWeights or Pull across all servers. A step
+  // waits for every worker's contribution, so this bounds how long a slow peer
+  // may keep the others waiting.
+  absl::Duration step_timeout = absl::Minutes(5);
+  // Chunks a worker may have sent to one server without having received their
+  // updated weights. Bounds in-flight memory per (worker, server) stream to about
+  // max_inflight_chunks * chunk size * (grad + weight dtype size).
+  int max_inflight_chunks = 4;
+};
+
+// The outcome of one Step, summed over the servers.
+struct StepResult {
+  uint64_t step = 0;
+  uint64_t chunks = 0;           // weight chunks received
+  uint64_t chunks_replayed = 0;  // chunks the servers had already applied
+  uint64_t bytes_sent = 0;       // gradient payload bytes
+  uint64_t bytes_received = 0;   // weight payload bytes
+  double update_seconds = 0.0;   // server CPU update time, summed
+  double wall_seconds = 0.0;     // Step's own duration
+};
+
+// A server's view of the job.
+struct ServerJobStatus {
+  std::string server;
+  uint64_t job_id = 0;
+  uint64_t step = 0;  // last step applied to every chunk of the shard
+  uint64_t shard_begin = 0;
+  uint64_t shard_end = 0;
+  uint64_t state_bytes = 0;
+  uint64_t state_checksum = 0;  // only when asked for
+};
+
+class Job {
+ public:
+  virtual ~Job() = default;
+
+  const JobConfig& config() const { return config_; }
+  const Layout& layout() const { return layout_; }
+  const ShardPlan& plan() const { return plan_; }
+  uint64_t fingerprint() const { return fingerprint_; }
+  uint32_t worker_rank() const { return worker_rank_; }
+  // N: the length of the flat buffers Step, InitWeights and Pull take.
+  uint64_t total_elems() const { return layout_.total_elems(); }
+
+  // Sets the master weights of the whole job from `weights`, N elements of `dtype`
+  // (bf16/fp16 are upcast). Padding is stored as zero whatever the buffer holds.
+  // FAILED_PRECONDITION if a step has already been applied on a server.
+  virtual absl::Status InitWeights(const void* weights, DType dtype) = 0;
+
+  // Runs training step `step` (1, 2, ...) for this worker: sends `grads`
+  // (N elements of config().grad_dtype) to all servers in parallel, pipelined per
+  // chunk, and writes the updated weights (N elements of config().weight_dtype)
+  // into `weights_out`. Returns once every chunk's weights have arrived. Calling it
+  // again for a step that the servers already applied returns the same weights and
+  // applies nothing twice. `group_hparams` overrides lr and weight_decay per param
+  // group for this step (every worker must pass the same). `result` may be null.
+  virtual absl::Status Step(uint64_t step, const void* grads, void* weights_out,
+                            StepResult* result,
+                            const std::vector<GroupHyperParams>& group_hparams =
+                                {}) = 0;
+
+  // Copies weights [begin, end) into `out` as `dtype` (kFloat32 gives the master
+  // weights exactly). OUT_OF_RANGE unless begin <= end <= N.
+  virtual absl::Status Pull(uint64_t begin, uint64_t end, DType dtype,
+                            void* out) = 0;
+
+  // Each server's status, in server order.
+  virtual absl::StatusOr<std::vector<ServerJobStatus>> Status(
+      bool with_checksum) = 0;
+
+  // Deletes the job on every server, freeing its state.
+  virtual absl::Status Delete() = 0;
+
+ protected:
+  Job(JobConfig config, Layout layout, ShardPlan plan, uint64_t fingerprint,
+      uint32_t worker_rank)
+      : config_(std::move(config)),
+        layout_(std::move(layout)),
+        plan_(std::move(plan)),
+        fingerprint_(fingerprint),
+        worker_rank_(worker_rank) {}
+
+ private:
+  JobConfig config_;
+  Layout layout_;
+  ShardPlan plan_;
+  uint64_t fingerprint_;
+  uint32_t worker_rank_;
+};
+
+class Client {
+ public:
+  virtual ~Client() = default;
+
+  // Opens channels to options.servers. Does not wait for them to be up; the first
+  // RPC does. INVALID_ARGUMENT if the list is empty or an address is malformed.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
+
+  // Waits until every server's health service reports SERVING, or the deadline.
+  // UNAVAILABLE (naming the server) if one does not.
+  virtual absl::Status WaitForServers(absl::Duration timeout) = 0;
+
+  // Creates the job on every server, or attaches to it if one with the same name
+  // and identical config exists. config.num_servers is set from the server list.
+  // FAILED_PRECONDITION if a job of that name exists with a different config;
+  // RESOURCE_EXHAUSTED if a server's memory budget would be exceeded;
+  // INVALID_ARGUMENT for an invalid config or a worker_rank >= num_workers.
+  virtual absl::StatusOr<std::unique_ptr<Job>> OpenJob(JobConfig config,
+                                                        uint32_t worker_rank) = 0;
+
+  const ClientOptions& options() const { return options_; }
+
+ protected:
+  explicit Client(ClientOptions options) : options_(std::move(options)) {}
+
+ private:
+  ClientOptions options_;
+};
+
+}  // namespace depot
+
+#endif  // DEPOT_CLIENT_H_
