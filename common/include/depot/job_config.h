@@ -54,6 +54,14 @@ struct JobConfig {
   uint32_t num_servers = 1;
 };
 
+// Per-step hyperparameters of one param group. A step may carry one per group; a
+// group without one uses OptimizerConfig's lr and weight_decay.
+struct GroupHyperParams {
+  uint32_t param_group = 0;
+  double lr = 0.0;
+  double weight_decay = 0.0;
+};
+
 // Validates everything, the layout included. INVALID_ARGUMENT with a message naming
 // the field when: name is empty; num_workers or num_servers is 0; chunk_elems is 0
 // or not a multiple of alignment_elems; the layout or optimizer config is invalid.
