@@ -1,0 +1,112 @@
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "depot/job_config.h"
+#include "gtest/gtest.h"
+
+namespace depot {
+namespace {
+
+JobConfig BaseJob() {
+  JobConfig config;
+  config.name = "gpt";
+  config.tensors = {{"wte", 5000, 0}, {"ln_f", 64, 1}};
+  config.num_workers = 2;
+  config.optimizer.kind = OptimizerKind::kAdamW;
+  config.grad_dtype = DType::kBFloat16;
+  config.weight_dtype = DType::kBFloat16;
+  config.chunk_elems = 1024;
+  config.alignment_elems = 64;
+  config.num_servers = 3;
+  return config;
+}
+
+using Mutation = std::pair<std::string, std::function<void(JobConfig&)>>;
+
+// One change to each field of JobConfig, OptimizerConfig and TensorSpec.
+std::vector<Mutation> SingleFieldMutations() {
+  return {
+      {"name", [](JobConfig& c) { c.name = "gpu"; }},
+      {"tensor name", [](JobConfig& c) { c.tensors[0].name = "wpe"; }},
+      {"tensor numel", [](JobConfig& c) { c.tensors[1].numel = 65; }},
+      {"tensor param_group",
+       [](JobConfig& c) { c.tensors[0].param_group = 1; }},
+      {"tensor added",
+       [](JobConfig& c) {
+         c.tensors.push_back({"x", 1, 0});
+       }},
+      {"tensor removed", [](JobConfig& c) { c.tensors.pop_back(); }},
+      {"num_workers", [](JobConfig& c) { c.num_workers = 3; }},
+      {"kind", [](JobConfig& c) { c.optimizer.kind = OptimizerKind::kAdam; }},
+      {"lr", [](JobConfig& c) { c.optimizer.lr = 2e-3; }},
+      {"lr by one ulp",
+       [](JobConfig& c) { c.optimizer.lr = std::nextafter(1e-3, 1.0); }},
+      {"weight_decay", [](JobConfig& c) { c.optimizer.weight_decay = 0.1; }},
+      {"adam_beta1", [](JobConfig& c) { c.optimizer.adam_beta1 = 0.8; }},
+      {"adam_beta2", [](JobConfig& c) { c.optimizer.adam_beta2 = 0.95; }},
+      {"adam_eps", [](JobConfig& c) { c.optimizer.adam_eps = 1e-6; }},
+      {"sgd_momentum", [](JobConfig& c) { c.optimizer.sgd_momentum = 0.5; }},
+      {"sgd_dampening", [](JobConfig& c) { c.optimizer.sgd_dampening = 0.1; }},
+      {"sgd_nesterov", [](JobConfig& c) { c.optimizer.sgd_nesterov = true; }},
+      {"grad_dtype", [](JobConfig& c) { c.grad_dtype = DType::kFloat32; }},
+      {"weight_dtype", [](JobConfig& c) { c.weight_dtype = DType::kFloat16; }},
+      {"chunk_elems", [](JobConfig& c) { c.chunk_elems = 2048; }},
+      {"alignment_elems", [](JobConfig& c) { c.alignment_elems = 128; }},
+      {"num_servers", [](JobConfig& c) { c.num_servers = 4; }},
+  };
+}
+
+TEST(FingerprintTest, EqualConfigsHaveEqualFingerprints) {
+  EXPECT_EQ(Fingerprint(BaseJob()), Fingerprint(BaseJob()));
+}
+
+TEST(FingerprintTest, ChangingAnySingleFieldChangesIt) {
+  const uint64_t base = Fingerprint(BaseJob());
+  for (const auto& [what, mutate] : SingleFieldMutations()) {
+    JobConfig config = BaseJob();
+    mutate(config);
+    EXPECT_NE(Fingerprint(config), base) << what;
+  }
+}
+
+TEST(FingerprintTest, DifferentMutationsGiveDifferentFingerprints) {
+  std::set<uint64_t> seen = {Fingerprint(BaseJob())};
+  for (const auto& [what, mutate] : SingleFieldMutations()) {
+    JobConfig config = BaseJob();
+    mutate(config);
+    EXPECT_TRUE(seen.insert(Fingerprint(config)).second) << what;
+  }
+}
+
+TEST(FingerprintTest, TensorOrderMatters) {
+  JobConfig swapped = BaseJob();
+  std::swap(swapped.tensors[0], swapped.tensors[1]);
+  EXPECT_NE(Fingerprint(swapped), Fingerprint(BaseJob()));
+}
+
+TEST(FingerprintTest, StringBoundariesMatter) {
+  // Same characters in sequence, split differently between two strings.
+  JobConfig a = BaseJob();
+  JobConfig b = BaseJob();
+  a.name = "ab";
+  a.tensors[0].name = "c";
+  b.name = "a";
+  b.tensors[0].name = "bc";
+  EXPECT_NE(Fingerprint(a), Fingerprint(b));
+}
+
+TEST(FingerprintTest, IsStableAcrossBuildsAndMachines) {
+  // A golden value: the fingerprint travels between processes and hosts, so
+  // its encoding must not change silently. If this fails after an intended
+  // encoding change, bump kFingerprintTag in job_config.cc and update the
+  // value.
+  EXPECT_EQ(Fingerprint(BaseJob()), uint64_t{8013233409877181372u});
+}
+
+}  // namespace
+}  // namespace depot

@@ -1,0 +1,135 @@
+#include "tests/unit/optimizer_reference.h"
+
+#include <bit>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace depot::testing {
+namespace {
+
+void ReferenceAdamStep(const OptimizerConfig& config,
+                       const UpdateHyperParams& hparams,
+                       const std::vector<float>& grad, ReferenceState& state) {
+  const double b1 = config.adam_beta1;
+  const double b2 = config.adam_beta2;
+  const double lr = hparams.lr;
+  const double wd = hparams.weight_decay;
+  const double step = static_cast<double>(hparams.step);
+  const double bias_correction1 = 1 - std::pow(b1, step);
+  const double bias_correction2 = 1 - std::pow(b2, step);
+  const bool decoupled = config.kind == OptimizerKind::kAdamW;
+  for (size_t i = 0; i < grad.size(); ++i) {
+    Tracked g = Exact(grad[i]);
+    Tracked& p = state.master[i];
+    Tracked& m = state.slots[0][i];
+    Tracked& v = state.slots[1][i];
+    if (decoupled) {
+      p = (1 - lr * wd) * p;
+    } else if (wd != 0) {
+      g = g + wd * p;
+    }
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * (g * g);
+    const Tracked denom =
+        (1 / std::sqrt(bias_correction2)) * Sqrt(v) + Exact(config.adam_eps);
+    p = p - (lr / bias_correction1) * (m / denom);
+  }
+}
+
+void ReferenceSgdStep(const OptimizerConfig& config,
+                      const UpdateHyperParams& hparams,
+                      const std::vector<float>& grad, ReferenceState& state) {
+  const double mu = config.sgd_momentum;
+  for (size_t i = 0; i < grad.size(); ++i) {
+    Tracked g = Exact(grad[i]);
+    Tracked& p = state.master[i];
+    if (hparams.weight_decay != 0) g = g + hparams.weight_decay * p;
+    if (mu > 0) {
+      Tracked& buf = state.slots[0][i];
+      buf = hparams.step == 1 ? g : mu * buf + (1 - config.sgd_dampening) * g;
+      g = config.sgd_nesterov ? g + mu * buf : buf;
+    }
+    p = p - hparams.lr * g;
+  }
+}
+
+// Random magnitudes spread over several decades, random signs.
+float RandomSigned(std::mt19937& rng, double log10_min, double log10_max) {
+  std::uniform_real_distribution<double> exponent(log10_min, log10_max);
+  const float magnitude = static_cast<float>(std::pow(10.0, exponent(rng)));
+  return (rng() & 1) != 0 ? magnitude : -magnitude;
+}
+
+}  // namespace
+
+void ReferenceStep(const OptimizerConfig& config,
+                   const UpdateHyperParams& hparams,
+                   const std::vector<float>& grad, ReferenceState& state) {
+  if (config.kind == OptimizerKind::kSgd) {
+    ReferenceSgdStep(config, hparams, grad, state);
+  } else {
+    ReferenceAdamStep(config, hparams, grad, state);
+  }
+}
+
+std::vector<UpdateHyperParams> VaryingLrSteps(int count, double base_lr,
+                                              double weight_decay) {
+  std::vector<UpdateHyperParams> steps;
+  for (int k = 1; k <= count; ++k) {
+    steps.push_back({base_lr * (0.5 + 0.25 * (k % 4)), weight_decay,
+                     static_cast<uint64_t>(k)});
+  }
+  return steps;
+}
+
+void ExpectKernelTracksReference(const OptimizerConfig& config,
+                                 const std::vector<UpdateHyperParams>& steps) {
+  constexpr size_t kElems = 4099;  // odd, so vector loops leave a tail
+  constexpr int kMaxReports = 5;
+  std::mt19937 rng(7);
+  const int slots = OptimizerStateSlots(config);
+  std::vector<float> master(kElems);
+  std::vector<float> slot_data[2];
+  ReferenceState reference;
+  // Every eighth weight starts at zero, where the update is the whole value and
+  // its error is not hidden behind the weight's magnitude.
+  for (size_t i = 0; i < kElems; ++i) {
+    master[i] = i % 8 == 0 ? 0.0f : RandomSigned(rng, -0.3, 0.3);
+  }
+  for (float p : master) reference.master.push_back(Exact(p));
+  for (int k = 0; k < slots; ++k) {
+    slot_data[k].assign(kElems, 0.0f);
+    reference.slots[k].assign(kElems, Tracked{});
+  }
+  const ParamRun run{
+      master.data(), {slot_data[0].data(), slot_data[1].data()}, kElems};
+  const std::unique_ptr<OptimizerKernel> kernel = MakeOptimizerKernel(config);
+  ASSERT_NE(kernel, nullptr);
+  int reports = 0;
+  int step_index = 0;
+  for (const UpdateHyperParams& hparams : steps) {
+    ++step_index;
+    std::vector<float> grad(kElems);
+    for (float& g : grad) g = RandomSigned(rng, -3, 0);
+    kernel->Update(grad.data(), run, hparams);
+    ReferenceStep(config, hparams, grad, reference);
+    auto check = [&](const char* what, const std::vector<float>& actual,
+                     const std::vector<Tracked>& expected) {
+      for (size_t i = 0; i < kElems; ++i) {
+        if (WithinTolerance(actual[i], expected[i], step_index)) continue;
+        if (++reports > kMaxReports) return;
+        ADD_FAILURE() << what << "[" << i << "] after step " << hparams.step
+                      << ": kernel " << actual[i] << ", reference "
+                      << expected[i].value << " (magnitude "
+                      << expected[i].magnitude << ")";
+      }
+    };
+    check("master", master, reference.master);
+    for (int k = 0; k < slots; ++k) {
+      check("slot", slot_data[k], reference.slots[k]);
+    }
+  }
+}
+
+}  // namespace depot::testing
