@@ -1,0 +1,58 @@
+// The client's connection to one depot-server: address, channel and stubs, plus
+// the small helpers every RPC of the client shares (deadlines, error prefixes).
+#ifndef DEPOT_CLIENT_SRC_CHANNEL_H_
+#define DEPOT_CLIENT_SRC_CHANNEL_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "depot/v1/depot.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/client_context.h"
+
+namespace depot::client_internal {
+
+// The largest gRPC message either side accepts; the server sets the same limit.
+inline constexpr size_t kMaxMessageBytes = size_t{64} << 20;
+
+// Room left in a message for everything but a chunk's payload (tags, index,
+// header).
+inline constexpr size_t kMessageOverheadBytes = 4096;
+
+// The health-service name under which a server reports that it accepts RPCs.
+inline constexpr char kDepotServiceName[] = "depot.v1.Depot";
+
+struct ServerConnection {
+  std::string address;
+  std::unique_ptr<v1::Depot::Stub> depot;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health;
+};
+
+// The client's servers, in shard-plan order.
+using Connections = std::vector<std::unique_ptr<ServerConnection>>;
+
+// OK for "host:port" with a non-empty host and a port in 1..65535 (the host may
+// be a bracketed IPv6 literal). INVALID_ARGUMENT naming the address otherwise.
+absl::Status ValidateServerAddress(absl::string_view address);
+
+// Opens an insecure channel to `address` with the message-size limits above.
+// Does not wait for the connection. REQUIRES:
+// ValidateServerAddress(address).ok().
+std::unique_ptr<ServerConnection> Connect(const std::string& address);
+
+// Sets the context's deadline to `deadline`.
+void SetDeadline(grpc::ClientContext* context, absl::Time deadline);
+
+// `status` with its message prefixed by the server's address, code kept; OK
+// stays OK.
+absl::Status WithServer(const absl::Status& status, absl::string_view address);
+
+}  // namespace depot::client_internal
+
+#endif  // DEPOT_CLIENT_SRC_CHANNEL_H_

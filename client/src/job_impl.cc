@@ -1,0 +1,262 @@
+#include "job_impl.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "call_group.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/support/sync_stream.h"
+#include "step_stream.h"
+#include "wire/wire.h"
+
+namespace depot::client_internal {
+
+JobImpl::JobImpl(JobConfig config, Layout layout, ShardPlan plan,
+                 uint64_t fingerprint, uint32_t worker_rank,
+                 std::shared_ptr<const Connections> connections,
+                 ClientOptions options, std::vector<uint64_t> job_ids)
+    : Job(std::move(config), std::move(layout), std::move(plan), fingerprint,
+          worker_rank),
+      connections_(std::move(connections)),
+      options_(std::move(options)),
+      job_ids_(std::move(job_ids)) {}
+
+std::vector<uint32_t> JobImpl::ServersWithChunks() const {
+  std::vector<uint32_t> servers;
+  for (uint32_t s = 0; s < plan().num_servers(); ++s) {
+    if (plan().shard(s).num_chunks() > 0) servers.push_back(s);
+  }
+  return servers;
+}
+
+absl::Status JobImpl::InitWeights(const void* weights, DType dtype) {
+  if (weights == nullptr) {
+    return absl::InvalidArgumentError("InitWeights: weights is null");
+  }
+  const absl::Time deadline = absl::Now() + options_.step_timeout;
+  return RunOnServers(*connections_, ServersWithChunks(),
+                      [&](uint32_t server, CallGroup& group) {
+                        return InitShard(server, weights, dtype, deadline,
+                                         group);
+                      });
+}
+
+absl::Status JobImpl::InitShard(uint32_t server, const void* weights,
+                                DType dtype, absl::Time deadline,
+                                CallGroup& group) const {
+  GroupContext context(group, deadline);
+  v1::InitWeightsResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::InitWeightsRequest>> writer =
+      (*connections_)[server]->depot->InitWeights(context.get(), &response);
+
+  v1::InitWeightsRequest request;
+  v1::InitHeader* header = request.mutable_header();
+  header->set_job_id(job_ids_[server]);
+  header->set_fingerprint(fingerprint());
+  header->set_dtype(DTypeToProto(dtype));
+  bool writing = writer->Write(request);
+
+  const ShardRange& shard = plan().shard(server);
+  const size_t size = DTypeSize(dtype);
+  const char* bytes = static_cast<const char*>(weights);
+  for (uint64_t index = shard.first_chunk; writing && index < shard.end_chunk;
+       ++index) {
+    const ChunkRange chunk = plan().chunk(index);
+    v1::Chunk* message = request.mutable_chunk();  // reuses its buffer
+    message->set_index(index);
+    message->mutable_payload()->assign(bytes + chunk.begin * size,
+                                       chunk.size() * size);
+    writing = writer->Write(request);
+  }
+  if (writing) writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (response.chunks() != shard.num_chunks()) {
+    return absl::InternalError(
+        absl::StrCat("InitWeights: server accepted ", response.chunks(),
+                     " chunks of the shard's ", shard.num_chunks()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
+                           StepResult* result,
+                           const std::vector<GroupHyperParams>& group_hparams) {
+  if (step == 0) {
+    return absl::InvalidArgumentError("Step: steps are numbered from 1");
+  }
+  if (grads == nullptr || weights_out == nullptr) {
+    return absl::InvalidArgumentError("Step: grads or weights_out is null");
+  }
+  const absl::Time start = absl::Now();
+  StepStreamParams params;
+  params.fingerprint = fingerprint();
+  params.step = step;
+  params.worker_rank = worker_rank();
+  params.group_hparams = &group_hparams;
+  params.plan = &plan();
+  params.grad_dtype = config().grad_dtype;
+  params.weight_dtype = config().weight_dtype;
+  params.grads = grads;
+  params.weights_out = weights_out;
+  params.max_inflight_chunks = options_.max_inflight_chunks;
+  params.deadline = start + options_.step_timeout;
+
+  std::vector<StepStreamStats> stats(plan().num_servers());
+  absl::Status status = RunOnServers(
+      *connections_, ServersWithChunks(),
+      [&](uint32_t server, CallGroup& group) {
+        StepStreamParams server_params = params;
+        server_params.job_id = job_ids_[server];
+        server_params.server = server;
+        absl::StatusOr<StepStreamStats> server_stats = RunStepStream(
+            *(*connections_)[server]->depot, server_params, group);
+        if (!server_stats.ok()) return server_stats.status();
+        stats[server] = *server_stats;
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
+  if (result != nullptr) {
+    *result = StepResult();
+    result->step = step;
+    for (const StepStreamStats& s : stats) {
+      result->chunks += s.chunks;
+      result->chunks_replayed += s.chunks_replayed;
+      result->bytes_sent += s.bytes_sent;
+      result->bytes_received += s.bytes_received;
+      result->update_seconds += s.update_seconds;
+    }
+    result->wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobImpl::Pull(uint64_t begin, uint64_t end, DType dtype,
+                           void* out) {
+  if (begin > end || end > total_elems()) {
+    return absl::OutOfRangeError(absl::StrCat("Pull: range [", begin, ", ", end,
+                                              ") is not inside the job's [0, ",
+                                              total_elems(), ")"));
+  }
+  if (begin == end) return absl::OkStatus();
+  if (out == nullptr) return absl::InvalidArgumentError("Pull: out is null");
+  // Each server returns the part of the range that lies in its shard.
+  std::vector<uint32_t> servers;
+  for (uint32_t s = 0; s < plan().num_servers(); ++s) {
+    const ShardRange& shard = plan().shard(s);
+    if (std::max(begin, shard.begin) < std::min(end, shard.end)) {
+      servers.push_back(s);
+    }
+  }
+  const absl::Time deadline = absl::Now() + options_.step_timeout;
+  char* bytes = static_cast<char*>(out);
+  const size_t size = DTypeSize(dtype);
+  return RunOnServers(
+      *connections_, servers, [&](uint32_t server, CallGroup& group) {
+        const ShardRange& shard = plan().shard(server);
+        const uint64_t from = std::max(begin, shard.begin);
+        return PullRange(server, from, std::min(end, shard.end), dtype,
+                         bytes + (from - begin) * size, deadline, group);
+      });
+}
+
+absl::Status JobImpl::PullRange(uint32_t server, uint64_t begin, uint64_t end,
+                                DType dtype, void* out, absl::Time deadline,
+                                CallGroup& group) const {
+  GroupContext context(group, deadline);
+  v1::PullRequest request;
+  request.set_job_id(job_ids_[server]);
+  request.set_fingerprint(fingerprint());
+  request.set_begin(begin);
+  request.set_end(end);
+  request.set_dtype(DTypeToProto(dtype));
+  std::unique_ptr<grpc::ClientReader<v1::PullResponse>> reader =
+      (*connections_)[server]->depot->PullWeights(context.get(), request);
+
+  const size_t size = DTypeSize(dtype);
+  uint64_t received = 0;  // elements; pieces must tile [begin, end) exactly
+  absl::Status protocol_error;
+  v1::PullResponse response;
+  while (reader->Read(&response)) {
+    const uint64_t offset = response.offset();
+    const size_t payload_bytes = response.payload().size();
+    const uint64_t elems = payload_bytes / size;
+    if (payload_bytes % size != 0 || offset < begin || offset > end ||
+        elems > end - offset || received + elems > end - begin) {
+      protocol_error = absl::InternalError(absl::StrCat(
+          "PullWeights: piece at offset ", offset, " with ", payload_bytes,
+          " payload bytes does not fit the requested range [", begin, ", ", end,
+          ") of ", std::string(DTypeName(dtype))));
+      context.get()->TryCancel();
+      break;
+    }
+    std::memcpy(static_cast<char*>(out) + (offset - begin) * size,
+                response.payload().data(), payload_bytes);
+    received += elems;
+  }
+  const grpc::Status status = reader->Finish();
+  if (!protocol_error.ok()) return protocol_error;
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (received != end - begin) {
+    return absl::InternalError(
+        absl::StrCat("PullWeights: server sent ", received, " of the ",
+                     end - begin, " elements of [", begin, ", ", end, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ServerJobStatus>> JobImpl::Status(
+    bool with_checksum) {
+  std::vector<ServerJobStatus> statuses(plan().num_servers());
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  absl::Status status = RunOnServers(
+      *connections_, AllServers(statuses.size()),
+      [&](uint32_t server, CallGroup& group) {
+        GroupContext context(group, deadline);
+        v1::GetJobRequest request;
+        request.set_job_id(job_ids_[server]);
+        request.set_with_checksum(with_checksum);
+        v1::JobStatus response;
+        const grpc::Status rpc = (*connections_)[server]->depot->GetJob(
+            context.get(), request, &response);
+        if (!rpc.ok()) return FromGrpcStatus(rpc);
+        if (response.fingerprint() != fingerprint()) {
+          return absl::FailedPreconditionError(absl::StrFormat(
+              "job %d has fingerprint %#x, expected %#x: the server holds "
+              "another job under this id (was it restarted?)",
+              job_ids_[server], response.fingerprint(), fingerprint()));
+        }
+        ServerJobStatus& out = statuses[server];
+        out.server = (*connections_)[server]->address;
+        out.job_id = response.job_id();
+        out.step = response.step();
+        out.shard_begin = response.shard_begin();
+        out.shard_end = response.shard_end();
+        out.state_bytes = response.state_bytes();
+        out.state_checksum = with_checksum ? response.state_checksum() : 0;
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
+  return statuses;
+}
+
+absl::Status JobImpl::Delete() {
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  return RunOnServers(
+      *connections_, AllServers(plan().num_servers()),
+      [&](uint32_t server, CallGroup& group) {
+        GroupContext context(group, deadline);
+        v1::DeleteJobRequest request;
+        request.set_job_id(job_ids_[server]);
+        request.set_fingerprint(fingerprint());
+        v1::DeleteJobResponse response;
+        return FromGrpcStatus((*connections_)[server]->depot->DeleteJob(
+            context.get(), request, &response));
+      });
+}
+
+}  // namespace depot::client_internal

@@ -1,0 +1,53 @@
+// JobImpl: depot::Job over gRPC. Each operation fans out to the servers in
+// parallel (call_group.h); Step's per-server streams live in step_stream.h.
+#ifndef DEPOT_CLIENT_SRC_JOB_IMPL_H_
+#define DEPOT_CLIENT_SRC_JOB_IMPL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "call_group.h"
+#include "channel.h"
+#include "depot/client.h"
+
+namespace depot::client_internal {
+
+class JobImpl : public Job {
+ public:
+  // REQUIRES: job_ids[s] is the id server s returned for this job, for every s;
+  // config, layout, plan and fingerprint agree (OpenJob computed them
+  // together).
+  JobImpl(JobConfig config, Layout layout, ShardPlan plan, uint64_t fingerprint,
+          uint32_t worker_rank, std::shared_ptr<const Connections> connections,
+          ClientOptions options, std::vector<uint64_t> job_ids);
+
+  absl::Status InitWeights(const void* weights, DType dtype) override;
+  absl::Status Step(
+      uint64_t step, const void* grads, void* weights_out, StepResult* result,
+      const std::vector<GroupHyperParams>& group_hparams) override;
+  absl::Status Pull(uint64_t begin, uint64_t end, DType dtype,
+                    void* out) override;
+  absl::StatusOr<std::vector<ServerJobStatus>> Status(
+      bool with_checksum) override;
+  absl::Status Delete() override;
+
+ private:
+  // The servers whose shard holds at least one chunk: the only ones that take
+  // part in InitWeights and Step.
+  std::vector<uint32_t> ServersWithChunks() const;
+
+  absl::Status InitShard(uint32_t server, const void* weights, DType dtype,
+                         absl::Time deadline, CallGroup& group) const;
+  absl::Status PullRange(uint32_t server, uint64_t begin, uint64_t end,
+                         DType dtype, void* out, absl::Time deadline,
+                         CallGroup& group) const;
+
+  std::shared_ptr<const Connections> connections_;
+  ClientOptions options_;
+  std::vector<uint64_t> job_ids_;
+};
+
+}  // namespace depot::client_internal
+
+#endif  // DEPOT_CLIENT_SRC_JOB_IMPL_H_

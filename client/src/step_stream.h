@@ -1,0 +1,57 @@
+// One worker's Step stream to one server for one step, pipelined: gradient
+// chunks go out in ascending index order while at most `max_inflight_chunks` of
+// them wait for their updated weights, and a reader thread copies each answered
+// chunk's weights into place as it arrives.
+#ifndef DEPOT_CLIENT_SRC_STEP_STREAM_H_
+#define DEPOT_CLIENT_SRC_STEP_STREAM_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "call_group.h"
+#include "depot/dtype.h"
+#include "depot/job_config.h"
+#include "depot/shard_plan.h"
+#include "depot/v1/depot.grpc.pb.h"
+
+namespace depot::client_internal {
+
+struct StepStreamParams {
+  uint64_t job_id = 0;
+  uint64_t fingerprint = 0;
+  uint64_t step = 0;
+  uint32_t worker_rank = 0;
+  const std::vector<GroupHyperParams>* group_hparams = nullptr;
+  const ShardPlan* plan = nullptr;
+  uint32_t server = 0;  // the shard this stream covers; REQUIRES: not empty
+  DType grad_dtype = DType::kFloat32;
+  DType weight_dtype = DType::kFloat32;
+  const void* grads = nullptr;  // the whole flat gradient buffer
+  void* weights_out = nullptr;  // the whole flat weight buffer
+  int max_inflight_chunks = 1;  // >= 1
+  absl::Time deadline;
+};
+
+// What one server reported for its shard.
+struct StepStreamStats {
+  uint64_t chunks = 0;
+  uint64_t chunks_replayed = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  double update_seconds = 0.0;
+};
+
+// Runs the stream to completion. Returns the server's status on failure (its
+// code kept), or INTERNAL when the server's answers break the protocol (a chunk
+// outside the shard, answered twice, with the wrong payload size, or missing at
+// the end). The stream's context joins `group`, so another server's failure
+// cancels it.
+absl::StatusOr<StepStreamStats> RunStepStream(v1::Depot::Stub& stub,
+                                              const StepStreamParams& params,
+                                              CallGroup& group);
+
+}  // namespace depot::client_internal
+
+#endif  // DEPOT_CLIENT_SRC_STEP_STREAM_H_
