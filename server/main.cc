@@ -1,1 +1,177 @@
-int main() { return 0; }  // placeholder: replaced by the server implementation
+// depot-server: the Depot parameter server daemon. Flags are documented by
+// --help; docs/protocol.md describes the service.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
+#include "server/daemon.h"
+#include "server/port_file.h"
+#include "server/server_options.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "gRPC address to serve on, host:port (IPv6: [host]:port). Port 0 "
+          "picks a free port; see --port_file.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, once serving, atomically write the bound gRPC address "
+          "(host:port) on line 1 and, when metrics are enabled, the bound "
+          "metrics address on line 2.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "Address of the Prometheus /metrics endpoint, host:port (port 0 "
+          "picks a free port). Empty disables metrics.");
+ABSL_FLAG(int32_t, threads, 0,
+          "Threads of the optimizer update pool. 0: one per hardware thread.");
+ABSL_FLAG(uint64_t, memory_limit_bytes, 0,
+          "Budget for job state (master weights and optimizer moments), all "
+          "jobs together; CreateJob beyond it fails with RESOURCE_EXHAUSTED. "
+          "0: 80% of physical RAM.");
+ABSL_FLAG(double, shutdown_grace_seconds, 10,
+          "On SIGTERM/SIGINT, how long in-flight steps may run on before the "
+          "remaining streams fail with UNAVAILABLE.");
+
+namespace {
+
+// Exit code for a bad command line.
+constexpr int kUsageError = 2;
+
+// absl::ParseCommandLine ends the process with status 1 both after printing
+// usage
+// (--help and its kin) and on a malformed command line (an unknown flag, a
+// value that does not parse). depot-server exits 0 after usage and 2 on a bad
+// command line, so an exit handler armed only while parsing sets the status.
+enum class ExitDuringParse { kNotParsing, kUsageRequested, kBadCommandLine };
+std::atomic<ExitDuringParse> g_exit_during_parse{ExitDuringParse::kNotParsing};
+
+void FixExitStatusDuringParse() {
+  const ExitDuringParse kind = g_exit_during_parse.load();
+  if (kind == ExitDuringParse::kNotParsing) return;
+  std::cout.flush();
+  std::fflush(nullptr);
+  std::_Exit(kind == ExitDuringParse::kUsageRequested ? 0 : kUsageError);
+}
+
+// True for the flags with which absl prints usage and exits.
+bool RequestsUsage(absl::string_view arg) {
+  if (!absl::ConsumePrefix(&arg, "--")) absl::ConsumePrefix(&arg, "-");
+  arg = arg.substr(0, arg.find('='));
+  for (absl::string_view flag :
+       {"help", "helpfull", "helpshort", "helppackage", "helpon", "helpmatch",
+        "version", "only_check_args"}) {
+    if (arg == flag) return true;
+  }
+  return false;
+}
+
+// Parses the flags; returns the positional arguments (argv[0] first).
+std::vector<char*> ParseFlags(int argc, char** argv) {
+  // --help lists the flags of this file (absl's default looks for a file named
+  // after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage(
+      "Depot parameter server: holds fp32 master weights and optimizer state "
+      "in host memory and runs the optimizer step on gradients streamed by "
+      "trainers.\nUsage: depot-server [--listen=HOST:PORT] [flags]");
+
+  bool usage_requested = false;
+  for (int i = 1; i < argc; ++i) usage_requested |= RequestsUsage(argv[i]);
+  g_exit_during_parse = usage_requested ? ExitDuringParse::kUsageRequested
+                                        : ExitDuringParse::kBadCommandLine;
+  std::atexit(FixExitStatusDuringParse);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  g_exit_during_parse = ExitDuringParse::kNotParsing;
+  return args;
+}
+
+depot::ServerOptions OptionsFromFlags() {
+  depot::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.port_file = absl::GetFlag(FLAGS_port_file);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit_bytes);
+  const double grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
+  // A non-finite grace becomes an infinite one, which validation rejects.
+  options.shutdown_grace =
+      std::isfinite(grace) ? absl::Seconds(grace) : absl::InfiniteDuration();
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<char*> args = ParseFlags(argc, argv);
+  if (args.size() > 1) {
+    std::fprintf(stderr,
+                 "depot-server: unexpected argument \"%s\" (see --help)\n",
+                 args[1]);
+    return kUsageError;
+  }
+  absl::StatusOr<depot::ServerOptions> options =
+      depot::ResolveServerOptions(OptionsFromFlags());
+  if (!options.ok()) {
+    std::fprintf(stderr, "depot-server: %s\n",
+                 std::string(options.status().message()).c_str());
+    return kUsageError;
+  }
+
+  // Blocked before any thread starts, so every thread inherits the mask and the
+  // signals reach only the sigwait below.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<depot::DepotDaemon>> daemon =
+      depot::DepotDaemon::Start(*options);
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "depot-server: %s\n",
+                 daemon.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("depot-server listening on %s\n", (*daemon)->address().c_str());
+  if (!(*daemon)->metrics_address().empty()) {
+    std::printf("depot-server metrics on %s\n",
+                (*daemon)->metrics_address().c_str());
+  }
+  std::fflush(stdout);
+  // Last: a reader that sees the port file finds the server ready and its
+  // lines above printed.
+  if (!options->port_file.empty()) {
+    if (absl::Status s =
+            depot::WritePortFile(options->port_file, (*daemon)->address(),
+                                 (*daemon)->metrics_address());
+        !s.ok()) {
+      std::fprintf(stderr, "depot-server: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  std::fprintf(stderr, "depot-server: %s received, shutting down\n",
+               signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*daemon)->Shutdown();
+  std::fprintf(stderr, "depot-server: stopped\n");
+  return 0;
+}

@@ -1,0 +1,69 @@
+// DepotDaemon: one running depot server — the gRPC service with its health
+// service, the metrics exposer, the update thread pool and the job store —
+// wired together from ServerOptions. main.cc adds flags and signals; tests
+// start it in-process on ephemeral ports.
+#ifndef DEPOT_SERVER_DAEMON_H_
+#define DEPOT_SERVER_DAEMON_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/server.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "server/depot_service.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
+#include "server/server_options.h"
+#include "server/thread_pool.h"
+
+namespace depot {
+
+class DepotDaemon {
+ public:
+  // Binds, starts serving and reports SERVING on the health service.
+  // REQUIRES: `options` went through ResolveServerOptions.
+  // UNAVAILABLE when an address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<DepotDaemon>> Start(
+      const ServerOptions& options);
+
+  // Shuts down if Shutdown has not run.
+  ~DepotDaemon();
+
+  DepotDaemon(const DepotDaemon&) = delete;
+  DepotDaemon& operator=(const DepotDaemon&) = delete;
+
+  // The bound gRPC address, host:port with the real port.
+  const std::string& address() const { return address_; }
+  // The bound metrics address, host:port; empty when metrics are disabled.
+  const std::string& metrics_address() const { return metrics_address_; }
+
+  // The graceful shutdown: reports NOT_SERVING, rejects new RPCs with
+  // UNAVAILABLE, lets open Step streams run until the grace period ends, fails
+  // the rest with UNAVAILABLE, then stops the gRPC server, the update pool and
+  // the exposer. Idempotent.
+  void Shutdown();
+
+ private:
+  explicit DepotDaemon(const ServerOptions& options);
+
+  const ServerOptions options_;
+  std::string address_;
+  std::string metrics_address_;
+  bool shut_down_ = false;
+
+  // Declared in construction order; destroyed in reverse, so the pool has run
+  // every queued update before the metrics it reports to go away.
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<JobStore> jobs_;
+  std::unique_ptr<DepotService> service_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+}  // namespace depot
+
+#endif  // DEPOT_SERVER_DAEMON_H_

@@ -1,0 +1,100 @@
+// DepotService: the gRPC handlers of depot.v1.Depot. Each handler translates
+// the request, validates what only the wire can get wrong, and delegates to
+// JobStore and ShardState; the behaviour itself lives there (see
+// docs/protocol.md).
+//
+// It also tracks the open Step streams, so that deleting a job or shutting the
+// server down can end the streams that would otherwise wait forever.
+#ifndef DEPOT_SERVER_DEPOT_SERVICE_H_
+#define DEPOT_SERVER_DEPOT_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "depot/v1/depot.grpc.pb.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
+#include "server/step_stream.h"
+
+namespace depot {
+
+class DepotService final
+    : public v1::Depot::WithCallbackMethod_Step<v1::Depot::Service> {
+ public:
+  // `jobs` and `metrics` must outlive the service.
+  DepotService(JobStore* jobs, ServerMetrics* metrics);
+
+  grpc::Status CreateJob(grpc::ServerContext* context,
+                         const v1::CreateJobRequest* request,
+                         v1::CreateJobResponse* response) override;
+  grpc::Status InitWeights(grpc::ServerContext* context,
+                           grpc::ServerReader<v1::InitWeightsRequest>* reader,
+                           v1::InitWeightsResponse* response) override;
+  grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* Step(
+      grpc::CallbackServerContext* context) override;
+  grpc::Status PullWeights(
+      grpc::ServerContext* context, const v1::PullRequest* request,
+      grpc::ServerWriter<v1::PullResponse>* writer) override;
+  grpc::Status GetJob(grpc::ServerContext* context,
+                      const v1::GetJobRequest* request,
+                      v1::JobStatus* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context,
+                         const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* response) override;
+
+  // From now on every new RPC fails with UNAVAILABLE; RPCs already running,
+  // Step streams included, go on.
+  void StopAcceptingRpcs();
+  // Waits until no Step stream is open, or until `deadline`. True if none is.
+  bool WaitForStepStreams(absl::Time deadline);
+  // Ends every open Step stream with `status` (see StepStream::Fail).
+  void FailStepStreams(const absl::Status& status);
+
+ private:
+  // One Step stream's reactor (step_reactor.cc).
+  class StepReactor;
+
+  // Counts the RPC, rejects it when shutting down, runs `body`, records a
+  // failure, and converts the status.
+  grpc::Status Serve(Rpc rpc, absl::FunctionRef<absl::Status()> body);
+  // Counts and logs an RPC that ends with `status` (not OK).
+  void RecordFailure(Rpc rpc, const absl::Status& status);
+  bool accepting() const { return accepting_.load(std::memory_order_acquire); }
+
+  absl::Status DoCreateJob(const v1::CreateJobRequest& request,
+                           v1::CreateJobResponse* response);
+  absl::Status DoInitWeights(grpc::ServerReader<v1::InitWeightsRequest>* reader,
+                             v1::InitWeightsResponse* response);
+  absl::Status DoPullWeights(const v1::PullRequest& request,
+                             grpc::ServerWriter<v1::PullResponse>* writer);
+  absl::Status DoGetJob(const v1::GetJobRequest& request,
+                        v1::JobStatus* response);
+  absl::Status DoDeleteJob(const v1::DeleteJobRequest& request);
+
+  // Records an open Step stream and its job (0 until its header is read), or
+  // updates its job.
+  void TrackStepStream(StepStream* stream, uint64_t job_id);
+  // Forgets the stream once its RPC is over.
+  void UntrackStepStream(StepStream* stream);
+  bool NoStepStreams() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(streams_mu_);
+
+  JobStore* const jobs_;
+  ServerMetrics* const metrics_;
+  std::atomic<bool> accepting_{true};
+
+  mutable absl::Mutex streams_mu_;
+  // Open Step streams and their jobs; each is kept alive by its reactor until
+  // the reactor untracks it.
+  std::map<StepStream*, uint64_t> streams_ ABSL_GUARDED_BY(streams_mu_);
+};
+
+}  // namespace depot
+
+#endif  // DEPOT_SERVER_DEPOT_SERVICE_H_

@@ -1,0 +1,51 @@
+#include "server/job_shape.h"
+
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace depot {
+namespace {
+
+// shard elements * 4 * (1 + slots), saturated: a layout may have up to 2^62
+// elements, and a job that large must fail the budget check, not wrap around.
+uint64_t StateBytes(uint64_t shard_elems, int slots) {
+  const uint64_t per_elem = sizeof(float) * (1 + static_cast<uint64_t>(slots));
+  if (shard_elems > std::numeric_limits<uint64_t>::max() / per_elem) {
+    return std::numeric_limits<uint64_t>::max();
+  }
+  return shard_elems * per_elem;
+}
+
+}  // namespace
+
+absl::StatusOr<JobShape> JobShape::Create(JobConfig config,
+                                          uint32_t server_index) {
+  if (absl::Status s = ValidateJobConfig(config); !s.ok()) return s;
+  if (server_index >= config.num_servers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "server_index ", server_index, " is out of range: the job has ",
+        config.num_servers, " servers"));
+  }
+  absl::StatusOr<Layout> layout =
+      Layout::Create(config.tensors, config.alignment_elems);
+  if (!layout.ok()) return layout.status();
+  absl::StatusOr<ShardPlan> plan = ShardPlan::Create(
+      layout->total_elems(), config.num_servers, config.chunk_elems);
+  if (!plan.ok()) return plan.status();
+  return JobShape(std::move(config), *std::move(layout), *std::move(plan),
+                  server_index);
+}
+
+JobShape::JobShape(JobConfig config, Layout layout, ShardPlan plan,
+                   uint32_t server_index)
+    : config_(std::move(config)),
+      layout_(std::move(layout)),
+      plan_(std::move(plan)),
+      fingerprint_(Fingerprint(config_)),
+      server_index_(server_index),
+      slots_(OptimizerStateSlots(config_.optimizer)),
+      state_bytes_(StateBytes(plan_.shard(server_index).size(), slots_)) {}
+
+}  // namespace depot

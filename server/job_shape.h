@@ -1,0 +1,51 @@
+// JobShape: everything the server derives from a job's config before holding
+// any state: the layout, the shard plan, which shard this server holds, the
+// fingerprint and the bytes of state the shard needs. A pure function of
+// (config, server index), so the memory budget can be checked before anything
+// is allocated.
+#ifndef DEPOT_SERVER_JOB_SHAPE_H_
+#define DEPOT_SERVER_JOB_SHAPE_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "depot/job_config.h"
+#include "depot/layout.h"
+#include "depot/shard_plan.h"
+
+namespace depot {
+
+class JobShape {
+ public:
+  // INVALID_ARGUMENT when the config is invalid (ValidateJobConfig) or
+  // server_index >= config.num_servers.
+  static absl::StatusOr<JobShape> Create(JobConfig config,
+                                         uint32_t server_index);
+
+  const JobConfig& config() const { return config_; }
+  const Layout& layout() const { return layout_; }
+  const ShardPlan& plan() const { return plan_; }
+  uint64_t fingerprint() const { return fingerprint_; }
+  uint32_t server_index() const { return server_index_; }
+  const ShardRange& shard() const { return plan_.shard(server_index_); }
+  // fp32 arrays per parameter besides the master weights.
+  int slots() const { return slots_; }
+  // shard elements * 4 * (1 + slots): what the job counts against the budget.
+  uint64_t state_bytes() const { return state_bytes_; }
+
+ private:
+  JobShape(JobConfig config, Layout layout, ShardPlan plan,
+           uint32_t server_index);
+
+  JobConfig config_;
+  Layout layout_;
+  ShardPlan plan_;
+  uint64_t fingerprint_;
+  uint32_t server_index_;
+  int slots_;
+  uint64_t state_bytes_;
+};
+
+}  // namespace depot
+
+#endif  // DEPOT_SERVER_JOB_SHAPE_H_

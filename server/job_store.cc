@@ -1,0 +1,116 @@
+#include "server/job_store.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace depot {
+
+JobStore::JobStore(uint64_t memory_limit_bytes, ThreadPool* pool,
+                   ServerMetrics* metrics)
+    : memory_limit_bytes_(memory_limit_bytes), pool_(pool), metrics_(metrics) {}
+
+absl::StatusOr<OpenedJob> JobStore::CreateOrAttach(JobConfig config,
+                                                   uint32_t server_index) {
+  absl::StatusOr<JobShape> shape =
+      JobShape::Create(std::move(config), server_index);
+  if (!shape.ok()) return shape.status();
+  const std::string name = shape->config().name;
+
+  absl::MutexLock lock(&mu_);
+  if (auto it = ids_by_name_.find(name); it != ids_by_name_.end()) {
+    std::shared_ptr<ShardState> existing = jobs_.at(it->second);
+    const JobShape& have = existing->shape();
+    if (have.fingerprint() != shape->fingerprint()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "job \"%s\" already exists (id %d) with a different config: its "
+          "fingerprint is %016x, the request's is %016x",
+          name, existing->job_id(), have.fingerprint(), shape->fingerprint()));
+    }
+    if (have.server_index() != shape->server_index()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "job \"%s\" already exists (id %d) as server index %d, the request "
+          "asks for server index %d",
+          name, existing->job_id(), have.server_index(),
+          shape->server_index()));
+    }
+    return OpenedJob{std::move(existing), false};
+  }
+
+  const uint64_t needed = shape->state_bytes();
+  if (needed > memory_limit_bytes_ - state_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "job \"%s\" needs %d bytes of state, but %d of this server's %d byte "
+        "budget are in use (%d free)",
+        name, needed, state_bytes_, memory_limit_bytes_,
+        memory_limit_bytes_ - state_bytes_));
+  }
+  absl::StatusOr<std::shared_ptr<ShardState>> shard =
+      ShardState::Create(next_id_, *std::move(shape), pool_, metrics_);
+  if (!shard.ok()) return shard.status();
+  const uint64_t id = next_id_++;
+  jobs_.emplace(id, *shard);
+  ids_by_name_.emplace(name, id);
+  state_bytes_ += needed;
+  UpdateGaugesLocked();
+  return OpenedJob{*std::move(shard), true};
+}
+
+absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Find(
+    uint64_t job_id) const {
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Find(
+    uint64_t job_id, uint64_t fingerprint) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return FindLocked(job_id, fingerprint);
+}
+
+absl::StatusOr<std::shared_ptr<ShardState>> JobStore::FindLocked(
+    uint64_t job_id, uint64_t fingerprint) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  }
+  const uint64_t have = it->second->shape().fingerprint();
+  if (fingerprint != have) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "fingerprint mismatch for job %d: the request has %016x, the job has "
+        "%016x",
+        job_id, fingerprint, have));
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Delete(
+    uint64_t job_id, uint64_t fingerprint) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::shared_ptr<ShardState>> shard =
+      FindLocked(job_id, fingerprint);
+  if (!shard.ok()) return shard.status();
+  (*shard)->MarkDeleted();
+  jobs_.erase(job_id);
+  ids_by_name_.erase((*shard)->shape().config().name);
+  state_bytes_ -= (*shard)->shape().state_bytes();
+  UpdateGaugesLocked();
+  return shard;
+}
+
+uint64_t JobStore::state_bytes() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return state_bytes_;
+}
+
+void JobStore::UpdateGaugesLocked() {
+  metrics_->state_bytes.Set(static_cast<double>(state_bytes_));
+  metrics_->jobs.Set(static_cast<double>(jobs_.size()));
+}
+
+}  // namespace depot

@@ -1,0 +1,82 @@
+// JobStore: the jobs this server holds, by id and by name, within a memory
+// budget. CreateOrAttach is idempotent for a job with the same name, config and
+// server index, so every worker may call it; ids are assigned 1, 2, 3, ... and
+// never reused.
+//
+// Thread safety: all methods may be called concurrently.
+#ifndef DEPOT_SERVER_JOB_STORE_H_
+#define DEPOT_SERVER_JOB_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "depot/job_config.h"
+#include "server/metrics.h"
+#include "server/shard_state.h"
+#include "server/thread_pool.h"
+
+namespace depot {
+
+struct OpenedJob {
+  std::shared_ptr<ShardState> shard;
+  bool created = false;  // false: an identical job existed and was attached to
+};
+
+class JobStore {
+ public:
+  // `pool` and `metrics` must outlive the store and every job it hands out.
+  JobStore(uint64_t memory_limit_bytes, ThreadPool* pool,
+           ServerMetrics* metrics);
+
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // Creates the job, or attaches to the job of the same name when its
+  // fingerprint and server index match. INVALID_ARGUMENT: invalid config or
+  // server index. FAILED_PRECONDITION: a job of that name exists with another
+  // fingerprint or server index. RESOURCE_EXHAUSTED: the budget (or the system)
+  // cannot hold the new job's state; nothing is allocated then.
+  absl::StatusOr<OpenedJob> CreateOrAttach(JobConfig config,
+                                           uint32_t server_index);
+
+  // NOT_FOUND for an unknown (or deleted) id.
+  absl::StatusOr<std::shared_ptr<ShardState>> Find(uint64_t job_id) const;
+  // Find, then FAILED_PRECONDITION unless `fingerprint` is the job's.
+  absl::StatusOr<std::shared_ptr<ShardState>> Find(uint64_t job_id,
+                                                   uint64_t fingerprint) const;
+
+  // Removes the job (errors as Find with a fingerprint), marks it deleted and
+  // returns its budget. Returns the removed job; its memory is freed once the
+  // last holder (a running update or RPC) lets go of it.
+  absl::StatusOr<std::shared_ptr<ShardState>> Delete(uint64_t job_id,
+                                                     uint64_t fingerprint);
+
+  // Bytes of state counted against the budget, all jobs.
+  uint64_t state_bytes() const;
+  uint64_t memory_limit_bytes() const { return memory_limit_bytes_; }
+
+ private:
+  absl::StatusOr<std::shared_ptr<ShardState>> FindLocked(
+      uint64_t job_id, uint64_t fingerprint) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint64_t memory_limit_bytes_;
+  ThreadPool* const pool_;
+  ServerMetrics* const metrics_;
+
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, std::shared_ptr<ShardState>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> ids_by_name_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t state_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace depot
+
+#endif  // DEPOT_SERVER_JOB_STORE_H_

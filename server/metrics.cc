@@ -1,0 +1,118 @@
+#include "server/metrics.h"
+
+#include <string>
+
+#include "prometheus/family.h"
+
+namespace depot {
+namespace {
+
+prometheus::Family<prometheus::Counter>& CounterFamily(
+    prometheus::Registry& registry, const std::string& name,
+    const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+}
+
+prometheus::Counter& Counter(prometheus::Registry& registry,
+                             const std::string& name, const std::string& help) {
+  return CounterFamily(registry, name, help).Add({});
+}
+
+prometheus::Gauge& Gauge(prometheus::Registry& registry,
+                         const std::string& name, const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry).Add(
+      {});
+}
+
+prometheus::Histogram& Histogram(
+    prometheus::Registry& registry, const std::string& name,
+    const std::string& help, prometheus::Histogram::BucketBoundaries bounds) {
+  return prometheus::BuildHistogram()
+      .Name(name)
+      .Help(help)
+      .Register(registry)
+      .Add({}, std::move(bounds));
+}
+
+constexpr const char* kRpcLabels[kNumRpcs] = {"create_job", "init_weights",
+                                              "step",       "pull_weights",
+                                              "get_job",    "delete_job"};
+
+}  // namespace
+
+// Registering one family twice is an error in prometheus-cpp, so the labelled
+// families are built once and shared by the constructor's member initialisers.
+struct ServerMetrics::Families {
+  explicit Families(prometheus::Registry& registry)
+      : received(CounterFamily(
+            registry, "depot_received_bytes_total",
+            "Payload bytes of accepted gradient (rpc=step) and initial weight "
+            "(rpc=init) chunks.")),
+        sent(CounterFamily(registry, "depot_sent_bytes_total",
+                           "Weight payload bytes sent by Step (rpc=step) and "
+                           "PullWeights (rpc=pull).")),
+        rpcs(CounterFamily(registry, "depot_rpcs_total",
+                           "RPCs started, by method.")),
+        errors(CounterFamily(registry, "depot_errors_total",
+                             "RPCs that ended with a non-OK status, by gRPC "
+                             "status code name.")) {}
+
+  prometheus::Family<prometheus::Counter>& received;
+  prometheus::Family<prometheus::Counter>& sent;
+  prometheus::Family<prometheus::Counter>& rpcs;
+  prometheus::Family<prometheus::Counter>& errors;
+};
+
+ServerMetrics::ServerMetrics(prometheus::Registry& registry)
+    : ServerMetrics(registry, Families(registry)) {}
+
+ServerMetrics::ServerMetrics(prometheus::Registry& registry,
+                             const Families& families)
+    : received_step_bytes(families.received.Add({{"rpc", "step"}})),
+      received_init_bytes(families.received.Add({{"rpc", "init"}})),
+      sent_step_bytes(families.sent.Add({{"rpc", "step"}})),
+      sent_pull_bytes(families.sent.Add({{"rpc", "pull"}})),
+      chunks_updated(Counter(registry, "depot_chunks_updated_total",
+                             "Chunk optimizer updates applied.")),
+      steps_completed(
+          Counter(registry, "depot_steps_completed_total",
+                  "Steps applied to every chunk of a job's shard.")),
+      chunk_update_seconds(Histogram(
+          registry, "depot_chunk_update_seconds",
+          "CPU time of one chunk update: sum of contributions, optimizer "
+          "kernel and weight conversion.",
+          {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25,
+           0.5, 1, 2.5, 5, 10})),
+      step_seconds(Histogram(
+          registry, "depot_step_seconds",
+          "Time from a step's first contribution to its last chunk update on "
+          "this server.",
+          {1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+           30, 60, 120, 300})),
+      state_bytes(Gauge(registry, "depot_state_bytes",
+                        "Bytes of job state (master weights and optimizer "
+                        "slots) held, all jobs.")),
+      jobs(Gauge(registry, "depot_jobs", "Jobs held by this server.")),
+      active_streams(Gauge(registry, "depot_active_streams",
+                           "Step streams currently open.")) {
+  for (int i = 0; i < kNumRpcs; ++i) {
+    rpcs_[i] = &families.rpcs.Add({{"rpc", kRpcLabels[i]}});
+  }
+  for (int code = 1; code < static_cast<int>(errors_.size()); ++code) {
+    errors_[code] = &families.errors.Add(
+        {{"code",
+          absl::StatusCodeToString(static_cast<absl::StatusCode>(code))}});
+  }
+}
+
+void ServerMetrics::CountRpc(Rpc rpc) {
+  rpcs_[static_cast<int>(rpc)]->Increment();
+}
+
+void ServerMetrics::CountError(absl::StatusCode code) {
+  const int index = static_cast<int>(code);
+  if (index <= 0 || index >= static_cast<int>(errors_.size())) return;
+  errors_[index]->Increment();
+}
+
+}  // namespace depot

@@ -1,0 +1,68 @@
+// ServerMetrics: the daemon's Prometheus series (names per DESIGN.md: depot_
+// prefix, base units, _total counters, no per-step/chunk/job labels). Every
+// labelled series the server can emit is created up front, so it is exported as
+// 0 before it first moves. All members are safe to update from any thread.
+#ifndef DEPOT_SERVER_METRICS_H_
+#define DEPOT_SERVER_METRICS_H_
+
+#include <array>
+
+#include "absl/status/status.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace depot {
+
+// The RPCs of depot.v1.Depot, as counted in depot_rpcs_total{rpc=...}.
+enum class Rpc {
+  kCreateJob,
+  kInitWeights,
+  kStep,
+  kPullWeights,
+  kGetJob,
+  kDeleteJob,
+};
+inline constexpr int kNumRpcs = 6;
+
+class ServerMetrics {
+ public:
+  // Registers the series in `registry`, which must outlive this object.
+  explicit ServerMetrics(prometheus::Registry& registry);
+
+  ServerMetrics(const ServerMetrics&) = delete;
+  ServerMetrics& operator=(const ServerMetrics&) = delete;
+
+  // depot_rpcs_total{rpc}: one per RPC started.
+  void CountRpc(Rpc rpc);
+  // depot_errors_total{code}: one per RPC that ended with `code`. Ignores OK.
+  void CountError(absl::StatusCode code);
+
+  // Payload bytes of accepted gradient (Step) and weight (InitWeights) chunks.
+  prometheus::Counter& received_step_bytes;
+  prometheus::Counter& received_init_bytes;
+  // Weight payload bytes sent by Step and PullWeights.
+  prometheus::Counter& sent_step_bytes;
+  prometheus::Counter& sent_pull_bytes;
+  prometheus::Counter& chunks_updated;
+  prometheus::Counter& steps_completed;
+  prometheus::Histogram& chunk_update_seconds;
+  // From a step's first contribution to its last chunk update on this server.
+  prometheus::Histogram& step_seconds;
+  prometheus::Gauge& state_bytes;
+  prometheus::Gauge& jobs;
+  prometheus::Gauge& active_streams;
+
+ private:
+  struct Families;
+  ServerMetrics(prometheus::Registry& registry, const Families& families);
+
+  std::array<prometheus::Counter*, kNumRpcs> rpcs_;
+  // Indexed by absl::StatusCode value; OK (0) is unused.
+  std::array<prometheus::Counter*, 17> errors_{};
+};
+
+}  // namespace depot
+
+#endif  // DEPOT_SERVER_METRICS_H_

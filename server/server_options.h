@@ -1,0 +1,49 @@
+// ServerOptions: the daemon's configuration, as set by its flags (main.cc), and
+// the checks and machine-dependent defaults applied to it.
+#ifndef DEPOT_SERVER_SERVER_OPTIONS_H_
+#define DEPOT_SERVER_SERVER_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace depot {
+
+struct ServerOptions {
+  // gRPC address, host:port; port 0 picks a free port.
+  std::string listen = "127.0.0.1:50051";
+  // When set, the bound addresses are written here once the server is up.
+  std::string port_file;
+  // Prometheus /metrics address, host:port (port 0 allowed); empty disables it.
+  std::string metrics_listen = "127.0.0.1:9464";
+  // Update thread pool size; 0 means the hardware concurrency.
+  int threads = 0;
+  // Budget for job state; 0 means 80% of physical RAM.
+  uint64_t memory_limit_bytes = 0;
+  // How long in-flight steps may run on after SIGTERM/SIGINT.
+  absl::Duration shutdown_grace = absl::Seconds(10);
+};
+
+// A host:port address. `host` is kept as written (an IPv6 host in brackets).
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+
+// Parses "host:port" or "[v6-host]:port", port in [0, 65535].
+// INVALID_ARGUMENT otherwise.
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view address);
+
+std::string FormatHostPort(absl::string_view host, int port);
+
+// Checks every value and replaces the 0 defaults of threads and
+// memory_limit_bytes by this machine's values. INVALID_ARGUMENT naming the
+// flag.
+absl::StatusOr<ServerOptions> ResolveServerOptions(ServerOptions options);
+
+}  // namespace depot
+
+#endif  // DEPOT_SERVER_SERVER_OPTIONS_H_

@@ -1,0 +1,431 @@
+#include "server/shard_state.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/checksum.h"
+#include "server/gradient_sum.h"
+#include "server/step_hparams.h"
+
+namespace depot {
+namespace {
+
+// Floats per array are rounded up to this so that every array starts on a
+// 64-byte boundary.
+constexpr size_t kFloatsPerLine = AlignedBuffer::kAlignment / sizeof(float);
+
+// Floats from the start of one state array to the next.
+size_t ArrayStride(uint64_t shard_elems) {
+  return (shard_elems + kFloatsPerLine - 1) / kFloatsPerLine * kFloatsPerLine;
+}
+
+// Writes zeros to the elements of [range.begin, range.end) that belong to no
+// tensor. `data` holds the range's elements.
+void ZeroPadding(const Layout& layout, const ChunkRange& range, float* data) {
+  uint64_t pos = range.begin;
+  for (const Segment& segment : layout.SegmentsIn(range.begin, range.end)) {
+    std::fill(data + (pos - range.begin), data + (segment.begin - range.begin),
+              0.0f);
+    pos = segment.end;
+  }
+  std::fill(data + (pos - range.begin), data + range.size(), 0.0f);
+}
+
+}  // namespace
+
+// The contributions to a chunk's next step (applied step + 1), one slot per
+// worker.
+struct ShardState::PendingStep {
+  explicit PendingStep(uint32_t workers)
+      : payloads(workers), sinks(workers), present(workers, false) {}
+
+  std::vector<std::string> payloads;  // moved out by the update
+  std::vector<std::weak_ptr<WeightsSink>> sinks;
+  std::vector<bool> present;
+  uint32_t count = 0;
+};
+
+struct ShardState::ChunkState {
+  // True while no update task owns the chunk's arrays.
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !updating; }
+
+  mutable absl::Mutex mu;
+  uint64_t applied_step ABSL_GUARDED_BY(mu) = 0;
+  // Set once all workers have contributed, until the update is done. While set,
+  // only the update task touches the chunk's master weights and slots.
+  bool updating ABSL_GUARDED_BY(mu) = false;
+  std::unique_ptr<PendingStep> pending ABSL_GUARDED_BY(mu);
+};
+
+absl::StatusOr<std::shared_ptr<ShardState>> ShardState::Create(
+    uint64_t job_id, JobShape shape, ThreadPool* pool, ServerMetrics* metrics) {
+  const uint64_t arrays = 1 + static_cast<uint64_t>(shape.slots());
+  const uint64_t shard_elems = shape.shard().size();
+  const uint64_t max_elems =
+      std::numeric_limits<size_t>::max() / sizeof(float) / arrays -
+      kFloatsPerLine;
+  if (shard_elems > max_elems) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a shard of ", shard_elems, " elements does not fit in memory"));
+  }
+  const size_t stride = ArrayStride(shard_elems);
+  absl::StatusOr<AlignedBuffer> state =
+      AlignedBuffer::Allocate(stride * sizeof(float) * arrays);
+  if (!state.ok()) return state.status();
+  return std::shared_ptr<ShardState>(new ShardState(
+      job_id, std::move(shape), *std::move(state), pool, metrics));
+}
+
+ShardState::ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
+                       ThreadPool* pool, ServerMetrics* metrics)
+    : job_id_(job_id),
+      shape_(std::move(shape)),
+      state_(std::move(state)),
+      slot_stride_(ArrayStride(shape_.shard().size())),
+      kernel_(MakeOptimizerKernel(shape_.config().optimizer)),
+      pool_(pool),
+      metrics_(metrics),
+      chunks_(new ChunkState[shape_.shard().num_chunks()]) {}
+
+ShardState::~ShardState() = default;
+
+absl::Status ShardState::CheckNotDeleted() const {
+  if (deleted_.load(std::memory_order_acquire)) {
+    return absl::AbortedError(absl::StrCat("job ", job_id_, " was deleted"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardState::CheckChunkPayload(uint64_t chunk_index,
+                                           size_t payload_bytes,
+                                           size_t dtype_size) const {
+  const ShardRange& shard = shape_.shard();
+  if (chunk_index < shard.first_chunk || chunk_index >= shard.end_chunk) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "chunk ", chunk_index, " is not in this server's shard: chunks [",
+        shard.first_chunk, ", ", shard.end_chunk, ")"));
+  }
+  const uint64_t expected =
+      shape_.plan().chunk(chunk_index).size() * dtype_size;
+  if (payload_bytes != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk ", chunk_index, ": payload has ", payload_bytes,
+                     " bytes, expected ", expected));
+  }
+  return absl::OkStatus();
+}
+
+ShardState::ChunkState& ShardState::chunk_state(uint64_t chunk_index) const {
+  return chunks_[chunk_index - shape_.shard().first_chunk];
+}
+
+float* ShardState::master(const ChunkRange& chunk) const {
+  return static_cast<float*>(state_.data()) +
+         (chunk.begin - shape_.shard().begin);
+}
+
+float* ShardState::slot(int k, const ChunkRange& chunk) const {
+  return master(chunk) + (static_cast<size_t>(k) + 1) * slot_stride_;
+}
+
+std::string ShardState::EncodeMaster(uint64_t begin, uint64_t end,
+                                     DType dtype) const {
+  std::string payload((end - begin) * DTypeSize(dtype), '\0');
+  const float* src =
+      static_cast<const float*>(state_.data()) + (begin - shape_.shard().begin);
+  ConvertFromFloat(src, dtype, payload.data(), end - begin);
+  return payload;
+}
+
+absl::Status ShardState::InitChunk(uint64_t chunk_index, DType dtype,
+                                   std::string_view payload) {
+  if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  if (absl::Status s =
+          CheckChunkPayload(chunk_index, payload.size(), DTypeSize(dtype));
+      !s.ok()) {
+    return s;
+  }
+  const ChunkRange range = shape_.plan().chunk(chunk_index);
+  ChunkState& chunk = chunk_state(chunk_index);
+  absl::MutexLock lock(&chunk.mu);
+  if (chunk.updating || chunk.pending != nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("chunk ", chunk_index,
+                     " cannot be initialised: it has contributions for step ",
+                     chunk.applied_step + 1));
+  }
+  if (chunk.applied_step > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("chunk ", chunk_index, " cannot be initialised: step ",
+                     chunk.applied_step, " was already applied to it"));
+  }
+  float* dst = master(range);
+  ConvertToFloat(dtype, payload.data(), dst, range.size());
+  ZeroPadding(shape_.layout(), range, dst);
+  return absl::OkStatus();
+}
+
+absl::Status ShardState::BeginStep(
+    uint64_t step, uint32_t worker_rank,
+    std::vector<GroupHyperParams> group_hparams) {
+  if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  const uint32_t workers = shape_.config().num_workers;
+  if (worker_rank >= workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker_rank ", worker_rank,
+                     " is out of range: the job has ", workers, " workers"));
+  }
+  if (step == 0) {
+    return absl::InvalidArgumentError("step must be >= 1");
+  }
+  if (absl::Status s = ValidateGroupHyperParams(shape_.layout(), group_hparams);
+      !s.ok()) {
+    return s;
+  }
+  std::sort(group_hparams.begin(), group_hparams.end(),
+            [](const GroupHyperParams& a, const GroupHyperParams& b) {
+              return a.param_group < b.param_group;
+            });
+  absl::MutexLock lock(&steps_mu_);
+  // Every chunk's applied step is completed_step_ or one more, so only these
+  // steps can be replayed or applied; the chunks of any other step are ABORTED
+  // one by one, and remembering it would only grow the map.
+  if (step < completed_step_ || step > completed_step_ + 2) {
+    return absl::OkStatus();
+  }
+  auto [it, inserted] = steps_.try_emplace(step);
+  if (inserted) {
+    it->second.group_hparams = std::move(group_hparams);
+    return absl::OkStatus();
+  }
+  if (!SameGroupHyperParams(it->second.group_hparams, group_hparams)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "group_hparams of step ", step,
+        " differ from those of the step's first header on this server"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardState::Contribute(Contribution contribution) {
+  if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  const uint64_t index = contribution.chunk_index;
+  const uint64_t step = contribution.step;
+  const uint32_t worker = contribution.worker_rank;
+  const JobConfig& config = shape_.config();
+  if (absl::Status s = CheckChunkPayload(index, contribution.payload.size(),
+                                         DTypeSize(config.grad_dtype));
+      !s.ok()) {
+    return s;
+  }
+  if (worker >= config.num_workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker_rank ", worker, " is out of range: the job has ",
+                     config.num_workers, " workers"));
+  }
+  ChunkState& chunk = chunk_state(index);
+  std::optional<ChunkWeights> replay;
+  bool first_of_chunk = false;
+  {
+    absl::MutexLock lock(&chunk.mu);
+    const uint64_t applied = chunk.applied_step;
+    if (step == applied + 1) {
+      if (chunk.pending == nullptr) {
+        chunk.pending = std::make_unique<PendingStep>(config.num_workers);
+        first_of_chunk = true;
+      }
+      PendingStep& pending = *chunk.pending;
+      if (pending.present[worker]) {
+        std::shared_ptr<WeightsSink> previous = pending.sinks[worker].lock();
+        if (previous != nullptr && previous->IsOpen()) {
+          return absl::AlreadyExistsError(
+              absl::StrCat("duplicate contribution: worker ", worker,
+                           " already sent chunk ", index, " of step ", step));
+        }
+        // The worker's earlier stream has ended and it is retrying: the retry
+        // takes that stream's place. Once the update has started it owns the
+        // earlier payload, which a correct retry repeats anyway.
+        pending.sinks[worker] = contribution.sink;
+        if (!chunk.updating) {
+          pending.payloads[worker] = std::move(contribution.payload);
+        }
+        return absl::OkStatus();
+      }
+      pending.present[worker] = true;
+      pending.payloads[worker] = std::move(contribution.payload);
+      pending.sinks[worker] = contribution.sink;
+      if (++pending.count == config.num_workers) {
+        chunk.updating = true;
+        pool_->Schedule([self = shared_from_this(), index, step] {
+          self->RunUpdate(index, step);
+        });
+      }
+    } else if (step == applied && applied > 0) {
+      if (chunk.updating) {
+        return absl::AbortedError(
+            absl::StrCat("step ", step, " can no longer be replayed for chunk ",
+                         index, ": step ", step + 1, " is being applied"));
+      }
+      const ChunkRange range = shape_.plan().chunk(index);
+      replay = ChunkWeights{index,
+                            std::make_shared<const std::string>(EncodeMaster(
+                                range.begin, range.end, config.weight_dtype)),
+                            0.0, true};
+    } else {
+      return absl::AbortedError(
+          absl::StrCat("step ", step, " is out of order for chunk ", index,
+                       ": its last applied step is ", applied));
+    }
+  }
+  if (first_of_chunk) NoteContributionStart(step);
+  if (replay.has_value()) contribution.sink->Deliver(*std::move(replay));
+  return absl::OkStatus();
+}
+
+void ShardState::NoteContributionStart(uint64_t step) {
+  absl::MutexLock lock(&steps_mu_);
+  auto it = steps_.find(step);
+  if (it == steps_.end() || it->second.started) return;
+  it->second.started = true;
+  it->second.first_contribution = std::chrono::steady_clock::now();
+}
+
+void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
+  const auto start = std::chrono::steady_clock::now();
+  const JobConfig& config = shape_.config();
+  const ChunkRange range = shape_.plan().chunk(chunk_index);
+  ChunkState& chunk = chunk_state(chunk_index);
+  std::vector<std::string> payloads;
+  {
+    absl::MutexLock lock(&chunk.mu);
+    payloads = std::move(chunk.pending->payloads);
+  }
+
+  // Reused across updates: a pool thread keeps one chunk-sized sum buffer.
+  thread_local std::vector<float> grad;
+  grad.resize(range.size());
+  SumGradients(config.grad_dtype, payloads, grad.data(), range.size());
+  payloads = {};
+
+  const std::vector<GroupHyperParams> step_groups = StepGroupHyperParams(step);
+  float* chunk_master = master(range);
+  for (const Segment& segment :
+       shape_.layout().SegmentsIn(range.begin, range.end)) {
+    const size_t offset = segment.begin - range.begin;
+    ParamRun run;
+    run.master = chunk_master + offset;
+    for (int k = 0; k < shape_.slots(); ++k)
+      run.slots[k] = slot(k, range) + offset;
+    run.n = segment.end - segment.begin;
+    kernel_->Update(grad.data() + offset, run,
+                    ResolveHyperParams(config.optimizer, step_groups,
+                                       segment.param_group, step));
+  }
+  auto weights = std::make_shared<const std::string>(
+      EncodeMaster(range.begin, range.end, config.weight_dtype));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+
+  std::vector<std::shared_ptr<WeightsSink>> sinks;
+  {
+    absl::MutexLock lock(&chunk.mu);
+    chunk.applied_step = step;
+    chunk.updating = false;
+    for (const std::weak_ptr<WeightsSink>& weak : chunk.pending->sinks) {
+      if (std::shared_ptr<WeightsSink> sink = weak.lock())
+        sinks.push_back(sink);
+    }
+    chunk.pending.reset();
+  }
+  metrics_->chunks_updated.Increment();
+  metrics_->chunk_update_seconds.Observe(seconds);
+  // Before delivering, so that a worker that has all its weights sees the step
+  // completed in GetJob.
+  NoteChunkApplied(step);
+  for (const std::shared_ptr<WeightsSink>& sink : sinks) {
+    sink->Deliver({chunk_index, weights, seconds, false});
+  }
+}
+
+std::vector<GroupHyperParams> ShardState::StepGroupHyperParams(
+    uint64_t step) const {
+  absl::MutexLock lock(&steps_mu_);
+  auto it = steps_.find(step);
+  if (it == steps_.end()) return {};
+  return it->second.group_hparams;
+}
+
+void ShardState::NoteChunkApplied(uint64_t step) {
+  absl::MutexLock lock(&steps_mu_);
+  StepProgress& progress = steps_[step];
+  if (++progress.chunks_applied < shape_.shard().num_chunks()) return;
+  if (progress.started) {
+    metrics_->step_seconds.Observe(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                      progress.first_contribution)
+            .count());
+  }
+  metrics_->steps_completed.Increment();
+  completed_step_ = std::max(completed_step_, step);
+  // Steps before the completed one can no longer be replayed by any chunk.
+  steps_.erase(steps_.begin(), steps_.lower_bound(completed_step_));
+}
+
+absl::Status ShardState::ReadWeights(
+    uint64_t begin, uint64_t end, DType dtype,
+    const std::function<bool(uint64_t offset, std::string payload)>& emit)
+    const {
+  const ShardRange& shard = shape_.shard();
+  if (begin > end || begin < shard.begin || end > shard.end) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "range [", begin, ", ", end, ") is not inside this server's shard [",
+        shard.begin, ", ", shard.end, ")"));
+  }
+  const ShardPlan& plan = shape_.plan();
+  for (uint64_t pos = begin; pos < end;) {
+    const uint64_t index = pos / plan.chunk_elems();
+    const uint64_t piece_end = std::min(end, plan.chunk(index).end);
+    std::string payload;
+    {
+      ChunkState& chunk = chunk_state(index);
+      absl::MutexLock lock(&chunk.mu);
+      chunk.mu.Await(absl::Condition(&chunk, &ChunkState::Idle));
+      payload = EncodeMaster(pos, piece_end, dtype);
+    }
+    if (!emit(pos, std::move(payload))) {
+      return absl::CancelledError("the client stopped reading the weights");
+    }
+    pos = piece_end;
+  }
+  return absl::OkStatus();
+}
+
+uint64_t ShardState::completed_step() const {
+  absl::MutexLock lock(&steps_mu_);
+  return completed_step_;
+}
+
+uint64_t ShardState::Checksum() const {
+  Checksum64 hash;
+  const ShardRange& shard = shape_.shard();
+  for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
+    const ChunkRange range = shape_.plan().chunk(index);
+    ChunkState& chunk = chunk_state(index);
+    absl::MutexLock lock(&chunk.mu);
+    chunk.mu.Await(absl::Condition(&chunk, &ChunkState::Idle));
+    const size_t bytes = range.size() * sizeof(float);
+    hash.Update(master(range), bytes);
+    for (int k = 0; k < shape_.slots(); ++k) hash.Update(slot(k, range), bytes);
+    hash.UpdateU64(chunk.applied_step);
+  }
+  return hash.Digest();
+}
+
+void ShardState::MarkDeleted() {
+  deleted_.store(true, std::memory_order_release);
+}
+
+}  // namespace depot

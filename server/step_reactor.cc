@@ -1,0 +1,135 @@
+// DepotService::StepReactor: one Step stream on gRPC's callback API. It reads
+// the header and the gradient chunks and hands them to the job's ShardState;
+// the sending side (weights, stats, the final status) is the StepStream's, for
+// which the reactor is the transport.
+#include <memory>
+#include <utility>
+
+#include "grpcpp/support/server_callback.h"
+#include "server/depot_service.h"
+#include "server/shard_state.h"
+#include "server/step_stream.h"
+#include "wire/wire.h"
+
+namespace depot {
+
+class DepotService::StepReactor final
+    : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>,
+      public StepTransport {
+ public:
+  explicit StepReactor(DepotService* service)
+      : service_(service),
+        stream_(std::make_shared<StepStream>(this, service->metrics_)) {
+    service_->metrics_->CountRpc(Rpc::kStep);
+    service_->TrackStepStream(stream_.get(), /*job_id=*/0);
+    if (!service_->accepting()) {
+      stream_->Fail(absl::UnavailableError("server is shutting down"));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The worker half-closed (or the RPC is over, and this changes nothing).
+      if (shard_ == nullptr) {
+        stream_->Fail(absl::InvalidArgumentError(
+            "the first message of a Step stream must be its header"));
+      } else {
+        stream_->ReadsDone();
+      }
+      return;
+    }
+    if (stream_->ended()) return;
+    absl::Status status = shard_ == nullptr ? AcceptHeader() : AcceptChunk();
+    if (!status.ok()) {
+      stream_->Fail(std::move(status));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnWriteDone(bool ok) override { stream_->OnWriteDone(ok); }
+
+  void OnCancel() override {
+    stream_->Fail(absl::CancelledError("the client cancelled the Step stream"));
+  }
+
+  void OnDone() override {
+    service_->UntrackStepStream(stream_.get());
+    stream_->Detach();
+    delete this;
+  }
+
+  // StepTransport. After a finishing call the reactor may be deleted at any
+  // moment (OnDone), so none touches a member after calling into gRPC.
+  void StartWriting(const v1::StepResponse* response) override {
+    StartWrite(response);
+  }
+  void WriteLastAndFinish(const v1::StepResponse* response) override {
+    StartWriteAndFinish(response, grpc::WriteOptions(), grpc::Status::OK);
+  }
+  void FinishWithError(const absl::Status& status) override {
+    service_->RecordFailure(Rpc::kStep, status);
+    Finish(ToGrpcStatus(status));
+  }
+
+ private:
+  absl::Status AcceptHeader() {
+    if (!request_.has_header()) {
+      return absl::InvalidArgumentError(
+          "the first message of a Step stream must be its header");
+    }
+    header_ = request_.header();
+    absl::StatusOr<std::shared_ptr<ShardState>> shard =
+        service_->jobs_->Find(header_.job_id(), header_.fingerprint());
+    if (!shard.ok()) return shard.status();
+    if (absl::Status s =
+            (*shard)->BeginStep(header_.step(), header_.worker_rank(),
+                                GroupHyperParamsFromProto(header_));
+        !s.ok()) {
+      return s;
+    }
+    shard_ = *std::move(shard);
+    stream_->set_step(header_.step());
+    service_->TrackStepStream(stream_.get(), header_.job_id());
+    return absl::OkStatus();
+  }
+
+  absl::Status AcceptChunk() {
+    if (!request_.has_chunk()) {
+      return absl::InvalidArgumentError(
+          "a Step stream carries one header, then only chunks");
+    }
+    const size_t bytes = request_.chunk().payload().size();
+    Contribution contribution;
+    contribution.step = header_.step();
+    contribution.worker_rank = header_.worker_rank();
+    contribution.chunk_index = request_.chunk().index();
+    contribution.payload =
+        std::move(*request_.mutable_chunk()->mutable_payload());
+    contribution.sink = stream_;
+    if (absl::Status s = shard_->Contribute(std::move(contribution)); !s.ok()) {
+      return s;
+    }
+    stream_->ExpectChunk();
+    service_->metrics_->received_step_bytes.Increment(
+        static_cast<double>(bytes));
+    return absl::OkStatus();
+  }
+
+  DepotService* const service_;
+  const std::shared_ptr<StepStream> stream_;
+  // Reads are sequential (the next starts after OnReadDone), so these need no
+  // lock.
+  v1::StepRequest request_;
+  v1::StepHeader header_;
+  std::shared_ptr<ShardState> shard_;
+};
+
+grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* DepotService::Step(
+    grpc::CallbackServerContext*) {
+  return new StepReactor(this);
+}
+
+}  // namespace depot

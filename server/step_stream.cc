@@ -1,0 +1,145 @@
+#include "server/step_stream.h"
+
+#include <utility>
+
+namespace depot {
+
+StepStream::StepStream(StepTransport* transport, ServerMetrics* metrics)
+    : metrics_(metrics), transport_(transport) {}
+
+void StepStream::set_step(uint64_t step) {
+  absl::MutexLock lock(&mu_);
+  step_ = step;
+}
+
+void StepStream::ExpectChunk() {
+  absl::MutexLock lock(&mu_);
+  ++expected_;
+}
+
+void StepStream::ReadsDone() {
+  Action action;
+  {
+    absl::MutexLock lock(&mu_);
+    reads_done_ = true;
+    action = NextActionLocked();
+  }
+  Perform(action);
+}
+
+void StepStream::Deliver(ChunkWeights weights) {
+  Action action;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finishing_ || !failure_.ok()) return;
+    outbox_.push_back(std::move(weights));
+    action = NextActionLocked();
+  }
+  Perform(action);
+}
+
+bool StepStream::IsOpen() const {
+  absl::MutexLock lock(&mu_);
+  return transport_ != nullptr && !finishing_ && failure_.ok();
+}
+
+bool StepStream::ended() const {
+  absl::MutexLock lock(&mu_);
+  return finishing_ || !failure_.ok();
+}
+
+void StepStream::OnWriteDone(bool ok) {
+  Action action;
+  {
+    absl::MutexLock lock(&mu_);
+    write_in_flight_ = false;
+    if (ok) {
+      ++sent_;
+      if (in_flight_.replayed) ++replayed_;
+      update_seconds_ += in_flight_.update_seconds;
+      metrics_->sent_step_bytes.Increment(
+          static_cast<double>(in_flight_.payload->size()));
+    } else if (failure_.ok()) {
+      failure_ = absl::CancelledError(
+          "the client went away before the step's weights were sent");
+    }
+    in_flight_ = ChunkWeights();
+    action = NextActionLocked();
+  }
+  Perform(action);
+}
+
+void StepStream::Fail(absl::Status status) {
+  Action action;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finishing_ || !failure_.ok()) return;
+    failure_ = std::move(status);
+    outbox_.clear();
+    action = NextActionLocked();
+  }
+  Perform(action);
+}
+
+void StepStream::Detach() {
+  absl::MutexLock lock(&mu_);
+  transport_ = nullptr;
+  outbox_.clear();
+}
+
+StepStream::Action StepStream::NextActionLocked() {
+  Action action;
+  if (transport_ == nullptr || finishing_ || write_in_flight_) return action;
+  action.transport = transport_;
+  if (!failure_.ok()) {
+    finishing_ = true;
+    action.kind = Action::kFinishWithError;
+    action.status = failure_;
+    return action;
+  }
+  if (!outbox_.empty()) {
+    in_flight_ = std::move(outbox_.front());
+    outbox_.pop_front();
+    write_in_flight_ = true;
+    response_.Clear();
+    v1::Chunk* chunk = response_.mutable_chunk();
+    chunk->set_index(in_flight_.chunk_index);
+    chunk->set_payload(*in_flight_.payload);
+    action.kind = Action::kWrite;
+    action.response = &response_;
+    return action;
+  }
+  if (reads_done_ && sent_ == expected_) {
+    finishing_ = true;
+    response_.Clear();
+    v1::StepStats* stats = response_.mutable_stats();
+    stats->set_step(step_);
+    stats->set_chunks(sent_);
+    stats->set_chunks_replayed(replayed_);
+    stats->set_update_seconds(update_seconds_);
+    action.kind = Action::kWriteLastAndFinish;
+    action.response = &response_;
+  }
+  return action;
+}
+
+void StepStream::Perform(const Action& action) {
+  // The transport is alive here although mu_ is released: it is detached only
+  // once the RPC is over, which cannot happen before the call below (a finish
+  // is decided only while no write is in flight, and only once).
+  switch (action.kind) {
+    case Action::kNone:
+      return;
+    case Action::kWrite:
+      action.transport->StartWriting(action.response);
+      return;
+    case Action::kWriteLastAndFinish:
+      action.transport->WriteLastAndFinish(action.response);
+      return;
+    case Action::kFinishWithError:
+      action.transport->FinishWithError(action.status);
+      return;
+  }
+}
+
+}  // namespace depot

@@ -1,0 +1,116 @@
+// StepStream: the sending half of one Step RPC, as a state machine over a
+// non-blocking transport (the gRPC callback reactor; a fake in tests).
+//
+// Chunk weights delivered by update threads (or by a replay) are queued and
+// written one at a time, so neither the reader of the stream nor the update
+// pool ever waits on the network. Once the worker has half-closed and every
+// chunk it contributed has been written, the stream writes its StepStats and
+// finishes OK. A failure (bad message, job deleted, shutdown, client gone)
+// finishes it at once with that status, after the write in flight if any: the
+// transport is never asked to finish twice, nor to write after finishing.
+//
+// Thread safety: all methods may be called from any thread. The transport is
+// called with no lock held.
+#ifndef DEPOT_SERVER_STEP_STREAM_H_
+#define DEPOT_SERVER_STEP_STREAM_H_
+
+#include <cstdint>
+#include <deque>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "depot/v1/depot.pb.h"
+#include "server/metrics.h"
+#include "server/weights_sink.h"
+
+namespace depot {
+
+// What a StepStream needs from its RPC. None of these may block, nor call back
+// into the StepStream before returning.
+class StepTransport {
+ public:
+  virtual ~StepTransport() = default;
+  // Starts writing `response`; the transport then calls
+  // StepStream::OnWriteDone. `response` stays valid and unchanged until then.
+  virtual void StartWriting(const v1::StepResponse* response) = 0;
+  // Writes `response` as the last message and ends the RPC OK.
+  virtual void WriteLastAndFinish(const v1::StepResponse* response) = 0;
+  // Ends the RPC with `status` (not OK).
+  virtual void FinishWithError(const absl::Status& status) = 0;
+};
+
+class StepStream final : public WeightsSink {
+ public:
+  // `transport` must stay valid until Detach; `metrics` must outlive the
+  // stream.
+  StepStream(StepTransport* transport, ServerMetrics* metrics);
+
+  StepStream(const StepStream&) = delete;
+  StepStream& operator=(const StepStream&) = delete;
+
+  // The step the stream's header named, reported in its StepStats.
+  void set_step(uint64_t step);
+
+  // Records that one more chunk's weights are owed to this stream (the reader
+  // had a contribution accepted).
+  void ExpectChunk();
+  // The worker has half-closed: finish once every expected chunk is written.
+  void ReadsDone();
+
+  // WeightsSink: queues the weights to be written; dropped once the stream
+  // ends.
+  void Deliver(ChunkWeights weights) override;
+  // False once the stream has failed, finished or been detached.
+  bool IsOpen() const override;
+
+  // The transport finished the write started last; `ok` false means the client
+  // is gone, which fails the stream with CANCELLED.
+  void OnWriteDone(bool ok);
+
+  // Ends the stream with `status` (not OK): queued weights are dropped, and the
+  // RPC finishes once no write is in flight. The first failure wins; ignored
+  // once the stream has decided to finish.
+  void Fail(absl::Status status);
+
+  // True once the stream has failed or decided to finish: the reader stops.
+  bool ended() const;
+
+  // The RPC is over (the transport is gone): later calls touch no transport.
+  void Detach();
+
+ private:
+  // The transport call decided under the lock, made after releasing it.
+  struct Action {
+    enum Kind { kNone, kWrite, kWriteLastAndFinish, kFinishWithError };
+    Kind kind = kNone;
+    StepTransport* transport = nullptr;
+    const v1::StepResponse* response = nullptr;
+    absl::Status status;
+  };
+  Action NextActionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Perform(const Action& action);
+
+  ServerMetrics* const metrics_;
+
+  mutable absl::Mutex mu_;
+  StepTransport* transport_ ABSL_GUARDED_BY(mu_);
+  uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<ChunkWeights> outbox_ ABSL_GUARDED_BY(mu_);
+  uint64_t expected_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t replayed_ ABSL_GUARDED_BY(mu_) = 0;
+  double update_seconds_ ABSL_GUARDED_BY(mu_) = 0.0;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  // The chunk being written and its message; valid while write_in_flight_.
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  ChunkWeights in_flight_ ABSL_GUARDED_BY(mu_);
+  v1::StepResponse response_ ABSL_GUARDED_BY(mu_);
+  // Set once the transport has been (or is about to be) told to finish.
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace depot
+
+#endif  // DEPOT_SERVER_STEP_STREAM_H_

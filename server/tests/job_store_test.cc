@@ -1,0 +1,118 @@
+#include "server/job_store.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "server/metrics.h"
+#include "server/tests/test_util.h"
+#include "server/thread_pool.h"
+
+namespace depot {
+namespace {
+
+using ::depot::testing::PlainSgdConfig;
+
+// 64 elements in one tensor, two servers of 32 each; Adam keeps 2 slots, so a
+// shard costs 32 * 4 * 3 = 384 bytes.
+JobConfig AdamConfig(const std::string& name) {
+  JobConfig config = PlainSgdConfig({{"w", 64, 0}}, 1, 16, 16);
+  config.name = name;
+  config.optimizer.kind = OptimizerKind::kAdam;
+  config.num_servers = 2;
+  return config;
+}
+constexpr uint64_t kShardBytes = 384;
+
+class JobStoreTest : public ::testing::Test {
+ protected:
+  prometheus::Registry registry_;
+  ServerMetrics metrics_{registry_};
+  ThreadPool pool_{1};
+  JobStore store_{/*memory_limit_bytes=*/1000, &pool_, &metrics_};
+};
+
+TEST_F(JobStoreTest, CreatedJobsGetIdsOneTwoThree) {
+  for (uint64_t id = 1; id <= 2; ++id) {
+    auto opened = store_.CreateOrAttach(AdamConfig(absl::StrCat("j", id)), 0);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    EXPECT_TRUE(opened->created);
+    EXPECT_EQ(opened->shard->job_id(), id);
+  }
+  EXPECT_EQ(store_.state_bytes(), 2 * kShardBytes);
+  EXPECT_EQ(metrics_.jobs.Value(), 2.0);
+}
+
+TEST_F(JobStoreTest, SameNameConfigAndServerIndexAttaches) {
+  auto first = store_.CreateOrAttach(AdamConfig("run"), 1);
+  auto second = store_.CreateOrAttach(AdamConfig("run"), 1);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_FALSE(second->created);
+  EXPECT_EQ(second->shard, first->shard);
+  EXPECT_EQ(store_.state_bytes(), kShardBytes);
+}
+
+TEST_F(JobStoreTest, SameNameWithOtherConfigIsFailedPrecondition) {
+  ASSERT_TRUE(store_.CreateOrAttach(AdamConfig("run"), 0).ok());
+  JobConfig other = AdamConfig("run");
+  other.optimizer.lr = 0.1;
+  auto opened = store_.CreateOrAttach(other, 0);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(opened.status().message().find("fingerprint"), std::string::npos);
+}
+
+TEST_F(JobStoreTest, SameNameWithOtherServerIndexIsFailedPrecondition) {
+  ASSERT_TRUE(store_.CreateOrAttach(AdamConfig("run"), 0).ok());
+  auto opened = store_.CreateOrAttach(AdamConfig("run"), 1);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(opened.status().message().find("server index"), std::string::npos);
+}
+
+TEST_F(JobStoreTest, ServerIndexBeyondTheServerCountIsInvalidArgument) {
+  EXPECT_EQ(store_.CreateOrAttach(AdamConfig("run"), 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobStoreTest, JobOverTheBudgetIsResourceExhaustedAndAllocatesNothing) {
+  ASSERT_TRUE(store_.CreateOrAttach(AdamConfig("a"), 0).ok());
+  ASSERT_TRUE(store_.CreateOrAttach(AdamConfig("b"), 0).ok());
+  auto third = store_.CreateOrAttach(AdamConfig("c"), 0);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store_.state_bytes(), 2 * kShardBytes);
+  // The failed attempt used no id.
+  store_.Delete(1, store_.Find(1).value()->shape().fingerprint()).IgnoreError();
+  EXPECT_EQ(store_.CreateOrAttach(AdamConfig("c"), 0).value().shard->job_id(),
+            3u);
+}
+
+TEST_F(JobStoreTest, DeleteFreesTheBudgetAndForgetsTheJob) {
+  auto opened = store_.CreateOrAttach(AdamConfig("run"), 0);
+  const uint64_t fingerprint = opened->shard->shape().fingerprint();
+  ASSERT_TRUE(store_.Delete(1, fingerprint).ok());
+  EXPECT_EQ(store_.state_bytes(), 0u);
+  EXPECT_EQ(store_.Find(1).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(opened->shard->BeginStep(1, 0, {}).code(),
+            absl::StatusCode::kAborted);
+}
+
+TEST_F(JobStoreTest, UnknownJobIsNotFound) {
+  absl::Status s = store_.Find(7).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(s.message(), "job 7 not found");
+}
+
+TEST_F(JobStoreTest, WrongFingerprintIsFailedPreconditionNamingBoth) {
+  auto opened = store_.CreateOrAttach(AdamConfig("run"), 0);
+  const uint64_t fingerprint = opened->shard->shape().fingerprint();
+  absl::Status s = store_.Find(1, 0xabcdef).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("0000000000abcdef"), std::string::npos) << s;
+  EXPECT_NE(s.message().find(absl::StrFormat("%016x", fingerprint)),
+            std::string::npos)
+      << s;
+}
+
+}  // namespace
+}  // namespace depot

@@ -1,0 +1,116 @@
+#include "server/step_stream.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "server/metrics.h"
+
+namespace depot {
+namespace {
+
+// Records the transport calls; the test completes writes by hand.
+class FakeTransport : public StepTransport {
+ public:
+  void StartWriting(const v1::StepResponse* response) override {
+    writes.push_back(*response);
+  }
+  void WriteLastAndFinish(const v1::StepResponse* response) override {
+    writes.push_back(*response);
+    finished_ok = true;
+  }
+  void FinishWithError(const absl::Status& status) override { error = status; }
+
+  std::vector<v1::StepResponse> writes;
+  bool finished_ok = false;
+  absl::Status error;
+};
+
+ChunkWeights Weights(uint64_t chunk, std::string bytes, double seconds,
+                     bool replayed) {
+  return {chunk, std::make_shared<const std::string>(std::move(bytes)), seconds,
+          replayed};
+}
+
+class StepStreamTest : public ::testing::Test {
+ protected:
+  prometheus::Registry registry_;
+  ServerMetrics metrics_{registry_};
+  FakeTransport transport_;
+  StepStream stream_{&transport_, &metrics_};
+};
+
+TEST_F(StepStreamTest, WritesOneChunkAtATime) {
+  stream_.Deliver(Weights(4, "abcd", 0.0, false));
+  stream_.Deliver(Weights(5, "efgh", 0.0, false));
+  ASSERT_EQ(transport_.writes.size(), 1u);
+  EXPECT_EQ(transport_.writes[0].chunk().index(), 4u);
+  EXPECT_EQ(transport_.writes[0].chunk().payload(), "abcd");
+  stream_.OnWriteDone(true);
+  ASSERT_EQ(transport_.writes.size(), 2u);
+  EXPECT_EQ(transport_.writes[1].chunk().index(), 5u);
+}
+
+TEST_F(StepStreamTest, FinishesWithStatsOnceEveryExpectedChunkIsWritten) {
+  stream_.set_step(3);
+  stream_.ExpectChunk();
+  stream_.ExpectChunk();
+  stream_.Deliver(Weights(4, "abcd", 0.0, /*replayed=*/true));
+  stream_.ReadsDone();
+  stream_.OnWriteDone(true);
+  EXPECT_FALSE(transport_.finished_ok);  // chunk 5 is still owed
+
+  stream_.Deliver(Weights(5, "efgh", 0.25, false));
+  stream_.OnWriteDone(true);
+  ASSERT_TRUE(transport_.finished_ok);
+  ASSERT_EQ(transport_.writes.size(), 3u);
+  const v1::StepStats& stats = transport_.writes[2].stats();
+  EXPECT_EQ(stats.step(), 3u);
+  EXPECT_EQ(stats.chunks(), 2u);
+  EXPECT_EQ(stats.chunks_replayed(), 1u);
+  EXPECT_EQ(stats.update_seconds(), 0.25);
+  EXPECT_EQ(metrics_.sent_step_bytes.Value(), 8.0);
+}
+
+TEST_F(StepStreamTest, FailFinishesAtOnceWhenNoWriteIsInFlight) {
+  stream_.ExpectChunk();
+  stream_.Fail(absl::UnavailableError("server is shutting down"));
+  EXPECT_EQ(transport_.error.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(stream_.ended());
+  EXPECT_FALSE(stream_.IsOpen());
+}
+
+TEST_F(StepStreamTest, FailWaitsForTheWriteInFlightAndDropsTheRest) {
+  stream_.Deliver(Weights(4, "abcd", 0.0, false));
+  stream_.Deliver(Weights(5, "efgh", 0.0, false));
+  stream_.Fail(absl::AbortedError("job 1 was deleted"));
+  EXPECT_TRUE(transport_.error.ok());
+  stream_.OnWriteDone(true);
+  EXPECT_EQ(transport_.error.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(transport_.writes.size(), 1u);
+}
+
+TEST_F(StepStreamTest, FailedWriteFinishesWithCancelled) {
+  stream_.Deliver(Weights(4, "abcd", 0.0, false));
+  stream_.OnWriteDone(false);
+  EXPECT_EQ(transport_.error.code(), absl::StatusCode::kCancelled);
+}
+
+TEST_F(StepStreamTest, FirstFailureWins) {
+  stream_.Fail(absl::AbortedError("job 1 was deleted"));
+  stream_.Fail(absl::UnavailableError("server is shutting down"));
+  EXPECT_EQ(transport_.error.code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(StepStreamTest, DetachedStreamIsNotOpenAndIgnoresDeliveries) {
+  EXPECT_TRUE(stream_.IsOpen());
+  stream_.Detach();
+  EXPECT_FALSE(stream_.IsOpen());
+  stream_.Deliver(Weights(0, "abcd", 0.0, false));
+  EXPECT_TRUE(transport_.writes.empty());
+}
+
+}  // namespace
+}  // namespace depot

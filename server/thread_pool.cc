@@ -1,0 +1,47 @@
+#include "server/thread_pool.h"
+
+#include <utility>
+
+namespace depot {
+
+ThreadPool::ThreadPool(int num_threads) {
+  threads_.reserve(num_threads);
+  for (int i = 0; i < num_threads; ++i) {
+    threads_.emplace_back([this] { WorkerLoop(); });
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void ThreadPool::Schedule(std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(task));
+}
+
+bool ThreadPool::HasWorkOrStopping() const {
+  return stopping_ || !queue_.empty();
+}
+
+void ThreadPool::WorkerLoop() {
+  while (true) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &ThreadPool::HasWorkOrStopping));
+      // Drain the queue before stopping: a queued update owns contributions
+      // that must not be dropped.
+      if (queue_.empty()) return;
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+}  // namespace depot

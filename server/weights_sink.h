@@ -1,0 +1,41 @@
+// WeightsSink: where a chunk's updated weights go once its update is done. A
+// Step stream is one; ShardState knows it only through this interface, so the
+// shard's logic is tested without gRPC.
+#ifndef DEPOT_SERVER_WEIGHTS_SINK_H_
+#define DEPOT_SERVER_WEIGHTS_SINK_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace depot {
+
+// The updated weights of one chunk, in the job's weight dtype. One payload is
+// shared by every stream that receives the chunk.
+struct ChunkWeights {
+  uint64_t chunk_index = 0;
+  std::shared_ptr<const std::string> payload;
+  // CPU time of the update that produced them; 0 for a replay.
+  double update_seconds = 0.0;
+  // True when the chunk had already applied the step (a resent contribution).
+  bool replayed = false;
+};
+
+class WeightsSink {
+ public:
+  virtual ~WeightsSink() = default;
+
+  // Takes one chunk's weights. Called from an update thread, or from the caller
+  // of ShardState::Contribute for a replay, with no ShardState lock held. Must
+  // not block.
+  virtual void Deliver(ChunkWeights weights) = 0;
+
+  // False once the stream has ended (finished, failed, or cancelled by its
+  // client). A contribution whose sink is no longer open may be replaced by a
+  // retry of the same worker. May be called with a ShardState lock held.
+  virtual bool IsOpen() const = 0;
+};
+
+}  // namespace depot
+
+#endif  // DEPOT_SERVER_WEIGHTS_SINK_H_
