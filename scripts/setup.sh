@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs the Debian (bookworm) packages Depot needs to build, test and run its demo.
+# Only missing packages are installed; when everything is present no apt command runs.
+# Uses sudo when not run as root.
+#
+# Extra packages can be requested with DEPOT_OPTIONAL_PACKAGES, e.g.
+#   DEPOT_OPTIONAL_PACKAGES="python3-torch" ./scripts/setup.sh
+# (python3-torch is what the Python package's tests will need; it is not installed
+# by default because it is large and nothing built today uses it.)
+set -euo pipefail
+
+REQUIRED_PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev prometheus-cpp-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus curl ca-certificates
+  python3 python3-numpy python3-pytest
+)
+read -r -a OPTIONAL_PACKAGES <<<"${DEPOT_OPTIONAL_PACKAGES:-}"
+
+is_installed() {
+  [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" == "install ok installed" ]]
+}
+
+missing=()
+for pkg in "${REQUIRED_PACKAGES[@]}" "${OPTIONAL_PACKAGES[@]}"; do
+  is_installed "${pkg}" || missing+=("${pkg}")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: all packages are installed"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+as_root=()
+if ((EUID != 0)); then
+  as_root=(sudo)
+fi
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
+"${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y --no-install-recommends "${missing[@]}"
