@@ -19,19 +19,66 @@ enum class OptimizerKind : uint8_t {
   kAdamW = 1,  // torch.optim.AdamW (decoupled weight decay)
   kAdam = 2,   // torch.optim.Adam (L2 weight decay added to the gradient)
   kSgd = 3,    // torch.optim.SGD (momentum, dampening, Nesterov)
+  kAdagrad = 4,  // torch.optim.Adagrad (lr decay, initial accumulator)
+  kLion = 5,     // Lion (Chen et al. 2023, "Symbolic Discovery of Optimization
+                 // Algorithms"), decoupled weight decay
 };
 
-// Field names and defaults follow Megatron-Core's OptimizerConfig where they apply.
+// The norm used for global gradient clipping (Megatron's clip_grad norm_type).
+// Values equal the wire enum depot.v1.GradNormType.
+enum class GradNormType : uint8_t {
+  kL2 = 1,
+  kInf = 2,
+};
+
+// Field names and defaults follow Megatron-Core's OptimizerConfig where they apply
+// (docs/optimizers.md maps every Megatron field and flag). Fields that only the
+// client uses (schedules live elsewhere; loss scaling and clipping settings here)
+// are still part of the job's identity and fingerprint.
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdamW;
+  // Base learning rate and weight decay; per-group values may travel with each
+  // step (GroupHyperParams), e.g. from a schedule.
   double lr = 1e-3;
+  double min_lr = 0.0;
   double weight_decay = 0.01;
+
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
+
   double sgd_momentum = 0.9;
   double sgd_dampening = 0.0;
   bool sgd_nesterov = false;
+
+  double adagrad_lr_decay = 0.0;
+  double adagrad_initial_accumulator_value = 0.0;
+  double adagrad_eps = 1e-10;
+
+  double lion_beta1 = 0.9;
+  double lion_beta2 = 0.99;
+
+  // Storage dtype of Adam's moments (Megatron's precision-aware optimizer):
+  // kFloat32 or kBFloat16. Arithmetic is fp32 either way.
+  DType exp_avg_dtype = DType::kFloat32;
+  DType exp_avg_sq_dtype = DType::kFloat32;
+
+  // Global gradient clipping: clip when the total norm exceeds clip_grad; 0 turns
+  // it off. (Megatron's default is 1.0; Depot's is 0 so that a job behaves like the
+  // torch.optim optimizer it replaces unless clipping is asked for.)
+  double clip_grad = 0.0;
+  GradNormType clip_grad_norm_type = GradNormType::kL2;
+  // Skip the step when the grad norm exceeds this; 0 turns it off.
+  double grad_norm_skip_threshold = 0.0;
+
+  // Loss scaling. loss_scale > 0: a constant scale. Otherwise, with fp16
+  // gradients, a dynamic scale with the parameters below (Megatron's
+  // DynamicGradScaler); otherwise none.
+  double loss_scale = 0.0;
+  double initial_loss_scale = 4294967296.0;  // 2^32
+  double min_loss_scale = 1.0;
+  double loss_scale_window = 1000;
+  int hysteresis = 2;
 };
 
 // INVALID_ARGUMENT with the offending field named when: lr or weight_decay is
@@ -71,8 +118,9 @@ absl::Status ValidateJobConfig(const JobConfig& config);
 // machines (it hashes a canonical byte encoding, not memory).
 uint64_t Fingerprint(const JobConfig& config);
 
-// Number of fp32 state slots per parameter besides the master weight:
-// Adam/AdamW 2 (exp_avg, exp_avg_sq); SGD 1 when momentum > 0, else 0.
+// Number of state slots per parameter besides the master weight:
+// Adam/AdamW 2 (exp_avg, exp_avg_sq); SGD 1 when momentum > 0, else 0;
+// Adagrad 1 (state_sum); Lion 1 (exp_avg).
 int OptimizerStateSlots(const OptimizerConfig& config);
 
 }  // namespace depot
