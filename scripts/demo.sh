@@ -85,7 +85,7 @@ echo "demo: server B on ${grpc_addr[B]} (metrics http://${metrics_addr[B]}/metri
 servers="${grpc_addr[A]},${grpc_addr[B]}"
 for rank in 0 1; do
   "${TRAINER_BIN}" --servers="${servers}" --num_workers=2 --worker_rank="${rank}" \
-    --steps="${STEPS}" &
+    --steps="${STEPS}" > >(tee "${workdir}/worker${rank}.log") &
   trainer_pids+=($!)
 done
 trainer_status=0
@@ -128,6 +128,38 @@ for name in A B; do
 done
 echo
 
+# The counters must account for exactly the work done: each of the W = 2 workers
+# sent every gradient element once per step, and each server completed every step.
+# And the exposition must be valid Prometheus text.
+check_status=0
+read -r elements elem_bytes < <(sed -n \
+  's/^\[worker 0\] job .*: \([0-9]*\) elements, \([0-9]*\) gradient bytes each$/\1 \2/p' \
+  "${workdir}/worker0.log")
+expected_bytes=$((2 * elements * elem_bytes * STEPS))
+received_bytes=0
+for name in A B; do
+  text="$(curl -fsS "http://${metrics_addr[${name}]}/metrics")"
+  if command -v promtool >/dev/null; then
+    if ! promtool check metrics <<<"${text}"; then
+      echo "demo: server ${name}'s metrics fail promtool check metrics" >&2
+      check_status=1
+    fi
+  fi
+  steps_done="$(metric "${text}" depot_steps_completed_total)"
+  if [[ "${steps_done}" != "${STEPS}" ]]; then
+    echo "demo: server ${name} completed ${steps_done} steps, expected ${STEPS}" >&2
+    check_status=1
+  fi
+  received_bytes=$((received_bytes + $(metric "${text}" 'depot_received_bytes_total{rpc="step"}')))
+done
+if ((received_bytes == expected_bytes)); then
+  echo "demo: metrics consistent: gradient bytes received = 2 workers x ${elements} x ${elem_bytes} B x ${STEPS} steps = ${received_bytes}; promtool check metrics passed"
+else
+  echo "demo: gradient bytes received ${received_bytes}, expected ${expected_bytes}" >&2
+  check_status=1
+fi
+echo
+
 server_status=0
 for name in A B; do
   kill -TERM "${server_pid[${name}]}"
@@ -146,4 +178,7 @@ if ((trainer_status != 0)); then
   echo "demo: a trainer failed (status ${trainer_status})" >&2
   exit "${trainer_status}"
 fi
-exit "${server_status}"
+if ((server_status != 0)); then
+  exit "${server_status}"
+fi
+exit "${check_status}"

@@ -141,6 +141,9 @@ absl::Status Train() {
 
   const Mlp model(kWidths, (*job)->layout());
   const uint64_t n = (*job)->total_elems();
+  // scripts/demo.sh reads this line to check the servers' byte counters.
+  absl::PrintF("[worker %d] job %s: %d elements, %d gradient bytes each\n", rank,
+               config.name, n, DTypeSize(config.grad_dtype));
   std::vector<float> weights(n, 0.0f);
   std::vector<float> teacher(n, 0.0f);
   model.InitParams(seed, weights.data());
