@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -180,9 +181,14 @@ absl::StatusOr<double> MetricValue(absl::string_view exposition,
   return absl::NotFoundError(absl::StrCat("no sample for ", series));
 }
 
-absl::Status WaitForMetricAtLeast(const std::string& host_port,
-                                  absl::string_view series, double value,
-                                  absl::Duration timeout) {
+namespace {
+
+// Scrapes until `reached(value of series)` or the deadline; `goal` describes
+// the condition for the error message.
+absl::Status WaitForMetric(const std::string& host_port,
+                           absl::string_view series,
+                           const std::function<bool(double)>& reached,
+                           absl::string_view goal, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   // Each probe is a full scrape; the short pause between probes only keeps the
   // loop from spinning on a busy machine. Nothing depends on its length.
@@ -193,7 +199,7 @@ absl::Status WaitForMetricAtLeast(const std::string& host_port,
     absl::StatusOr<std::string> text = ScrapeMetrics(host_port);
     if (text.ok()) {
       absl::StatusOr<double> current = MetricValue(*text, series);
-      if (current.ok() && *current >= value) return absl::OkStatus();
+      if (current.ok() && reached(*current)) return absl::OkStatus();
       last = current.ok() ? absl::FailedPreconditionError(
                                 absl::StrCat(series, " is ", *current))
                           : current.status();
@@ -203,8 +209,26 @@ absl::Status WaitForMetricAtLeast(const std::string& host_port,
     absl::SleepFor(pause);
     pause = std::min(pause * 2, absl::Milliseconds(50));
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "waiting for ", series, " >= ", value, ": ", last.message()));
+  return absl::DeadlineExceededError(
+      absl::StrCat("waiting for ", series, " ", goal, ": ", last.message()));
+}
+
+}  // namespace
+
+absl::Status WaitForMetricAtLeast(const std::string& host_port,
+                                  absl::string_view series, double value,
+                                  absl::Duration timeout) {
+  return WaitForMetric(
+      host_port, series, [value](double v) { return v >= value; },
+      absl::StrCat(">= ", value), timeout);
+}
+
+absl::Status WaitForMetricAtMost(const std::string& host_port,
+                                 absl::string_view series, double value,
+                                 absl::Duration timeout) {
+  return WaitForMetric(
+      host_port, series, [value](double v) { return v <= value; },
+      absl::StrCat("<= ", value), timeout);
 }
 
 }  // namespace depot::testing

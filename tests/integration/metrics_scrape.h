@@ -35,6 +35,13 @@ absl::Status WaitForMetricAtLeast(const std::string& host_port,
                                   absl::string_view series, double value,
                                   absl::Duration timeout);
 
+// The same, until `series` is at most `value` (e.g. depot_active_streams
+// falling to 0: a stream stops counting only once the server has released it,
+// which may be just after the client has its final status).
+absl::Status WaitForMetricAtMost(const std::string& host_port,
+                                 absl::string_view series, double value,
+                                 absl::Duration timeout);
+
 }  // namespace depot::testing
 
 #endif  // DEPOT_TESTS_INTEGRATION_METRICS_SCRAPE_H_

@@ -57,6 +57,12 @@ class MetricsTest : public TwoServers {
 TEST_F(MetricsTest, CountersMatchTheRunsTraffic) {
   for (uint32_t s = 0; s < 2; ++s) {
     SCOPED_TRACE(absl::StrCat("server ", s));
+    // The last stream of the run may still be releasing when its client
+    // returns.
+    absl::Status settled =
+        WaitForMetricAtMost(server(s).metrics_address(), "depot_active_streams",
+                            0, absl::Seconds(30));
+    ASSERT_TRUE(settled.ok()) << settled;
     absl::StatusOr<std::string> text =
         ScrapeMetrics(server(s).metrics_address());
     ASSERT_TRUE(text.ok()) << text.status();
