@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "server/step_numerics.h"
+
 namespace depot {
 namespace {
 
@@ -12,12 +14,8 @@ constexpr size_t kBlockElems = 4096;
 }  // namespace
 
 void SumGradients(DType dtype, const std::vector<std::string>& payloads,
-                  float* sum, size_t n) {
+                  float* sum, size_t n, float scale) {
   const size_t elem_bytes = DTypeSize(dtype);
-  if (payloads.size() == 1) {
-    ConvertToFloat(dtype, payloads[0].data(), sum, n);
-    return;
-  }
   float part[kBlockElems];
   for (size_t begin = 0; begin < n; begin += kBlockElems) {
     const size_t m = std::min(kBlockElems, n - begin);
@@ -27,6 +25,8 @@ void SumGradients(DType dtype, const std::vector<std::string>& payloads,
       ConvertToFloat(dtype, payloads[w].data() + begin * elem_bytes, part, m);
       for (size_t i = 0; i < m; ++i) block[i] += part[i];
     }
+    // While the block is still in cache.
+    if (scale != 1.0f) ScaleGradient(scale, block, m);
   }
 }
 

@@ -8,10 +8,9 @@
 namespace depot {
 namespace {
 
-// shard elements * 4 * (1 + slots), saturated: a layout may have up to 2^62
+// shard elements * bytes per element, saturated: a layout may have up to 2^62
 // elements, and a job that large must fail the budget check, not wrap around.
-uint64_t StateBytes(uint64_t shard_elems, int slots) {
-  const uint64_t per_elem = sizeof(float) * (1 + static_cast<uint64_t>(slots));
+uint64_t StateBytes(uint64_t shard_elems, uint64_t per_elem) {
   if (shard_elems > std::numeric_limits<uint64_t>::max() / per_elem) {
     return std::numeric_limits<uint64_t>::max();
   }
@@ -46,6 +45,8 @@ JobShape::JobShape(JobConfig config, Layout layout, ShardPlan plan,
       fingerprint_(Fingerprint(config_)),
       server_index_(server_index),
       slots_(OptimizerStateSlots(config_.optimizer)),
-      state_bytes_(StateBytes(plan_.shard(server_index).size(), slots_)) {}
+      state_bytes_(StateBytes(plan_.shard(server_index).size(),
+                              OptimizerStateBytesPerParam(config_.optimizer))) {
+}
 
 }  // namespace depot

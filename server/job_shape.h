@@ -28,9 +28,11 @@ class JobShape {
   uint64_t fingerprint() const { return fingerprint_; }
   uint32_t server_index() const { return server_index_; }
   const ShardRange& shard() const { return plan_.shard(server_index_); }
-  // fp32 arrays per parameter besides the master weights.
+  // Optimizer state slots per parameter besides the master weights
+  // (OptimizerStateSlots).
   int slots() const { return slots_; }
-  // shard elements * 4 * (1 + slots): what the job counts against the budget.
+  // shard elements * OptimizerStateBytesPerParam (4 for the master plus each
+  // slot's dtype size): what the job counts against the budget.
   uint64_t state_bytes() const { return state_bytes_; }
 
  private:

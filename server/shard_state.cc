@@ -7,19 +7,37 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/checksum.h"
-#include "server/gradient_sum.h"
+#include "server/chunk_state.h"
 #include "server/step_hparams.h"
 
 namespace depot {
 namespace {
 
-// Floats per array are rounded up to this so that every array starts on a
-// 64-byte boundary.
-constexpr size_t kFloatsPerLine = AlignedBuffer::kAlignment / sizeof(float);
+// Bytes from the start of a state array of `elems` elements of `elem_size`
+// bytes to the next array: rounded up so that every array starts on a 64-byte
+// boundary. REQUIRES: no overflow (Create checks).
+size_t ArrayBytes(uint64_t elems, size_t elem_size) {
+  constexpr size_t kLine = AlignedBuffer::kAlignment;
+  return (elems * elem_size + kLine - 1) / kLine * kLine;
+}
 
-// Floats from the start of one state array to the next.
-size_t ArrayStride(uint64_t shard_elems) {
-  return (shard_elems + kFloatsPerLine - 1) / kFloatsPerLine * kFloatsPerLine;
+// The byte offset of each state array in the job's one buffer: the fp32 master
+// weights first, then each slot in its own dtype (OptimizerSlotDType).
+struct StateArrays {
+  size_t slot_offset[2] = {0, 0};
+  size_t total_bytes = 0;
+};
+
+StateArrays PlanStateArrays(uint64_t shard_elems,
+                            const OptimizerConfig& config) {
+  StateArrays arrays;
+  arrays.total_bytes = ArrayBytes(shard_elems, sizeof(float));
+  for (int k = 0; k < OptimizerStateSlots(config); ++k) {
+    arrays.slot_offset[k] = arrays.total_bytes;
+    arrays.total_bytes +=
+        ArrayBytes(shard_elems, DTypeSize(OptimizerSlotDType(config, k)));
+  }
+  return arrays;
 }
 
 // Writes zeros to the elements of [range.begin, range.end) that belong to no
@@ -36,44 +54,21 @@ void ZeroPadding(const Layout& layout, const ChunkRange& range, float* data) {
 
 }  // namespace
 
-// The contributions to a chunk's next step (applied step + 1), one slot per
-// worker.
-struct ShardState::PendingStep {
-  explicit PendingStep(uint32_t workers)
-      : payloads(workers), sinks(workers), present(workers, false) {}
-
-  std::vector<std::string> payloads;  // moved out by the update
-  std::vector<std::weak_ptr<WeightsSink>> sinks;
-  std::vector<bool> present;
-  uint32_t count = 0;
-};
-
-struct ShardState::ChunkState {
-  // True while no update task owns the chunk's arrays.
-  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !updating; }
-
-  mutable absl::Mutex mu;
-  uint64_t applied_step ABSL_GUARDED_BY(mu) = 0;
-  // Set once all workers have contributed, until the update is done. While set,
-  // only the update task touches the chunk's master weights and slots.
-  bool updating ABSL_GUARDED_BY(mu) = false;
-  std::unique_ptr<PendingStep> pending ABSL_GUARDED_BY(mu);
-};
-
 absl::StatusOr<std::shared_ptr<ShardState>> ShardState::Create(
     uint64_t job_id, JobShape shape, ThreadPool* pool, ServerMetrics* metrics) {
   const uint64_t arrays = 1 + static_cast<uint64_t>(shape.slots());
   const uint64_t shard_elems = shape.shard().size();
+  // Each array may round up by less than a line.
   const uint64_t max_elems =
-      std::numeric_limits<size_t>::max() / sizeof(float) / arrays -
-      kFloatsPerLine;
+      (std::numeric_limits<size_t>::max() -
+       arrays * AlignedBuffer::kAlignment) /
+      OptimizerStateBytesPerParam(shape.config().optimizer);
   if (shard_elems > max_elems) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "a shard of ", shard_elems, " elements does not fit in memory"));
   }
-  const size_t stride = ArrayStride(shard_elems);
-  absl::StatusOr<AlignedBuffer> state =
-      AlignedBuffer::Allocate(stride * sizeof(float) * arrays);
+  absl::StatusOr<AlignedBuffer> state = AlignedBuffer::Allocate(
+      PlanStateArrays(shard_elems, shape.config().optimizer).total_bytes);
   if (!state.ok()) return state.status();
   return std::shared_ptr<ShardState>(new ShardState(
       job_id, std::move(shape), *std::move(state), pool, metrics));
@@ -84,11 +79,25 @@ ShardState::ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
     : job_id_(job_id),
       shape_(std::move(shape)),
       state_(std::move(state)),
-      slot_stride_(ArrayStride(shape_.shard().size())),
       kernel_(MakeOptimizerKernel(shape_.config().optimizer)),
       pool_(pool),
       metrics_(metrics),
-      chunks_(new ChunkState[shape_.shard().num_chunks()]) {}
+      chunks_(new ChunkState[shape_.shard().num_chunks()]) {
+  const OptimizerConfig& optimizer = shape_.config().optimizer;
+  const StateArrays arrays = PlanStateArrays(shape_.shard().size(), optimizer);
+  ParamRun whole_shard;
+  whole_shard.master = static_cast<float*>(state_.data());
+  for (int k = 0; k < shape_.slots(); ++k) {
+    slot_begin_[k] =
+        static_cast<unsigned char*>(state_.data()) + arrays.slot_offset[k];
+    slot_elem_bytes_[k] = DTypeSize(OptimizerSlotDType(optimizer, k));
+    whole_shard.slots[k] = slot_begin_[k];
+  }
+  whole_shard.n = shape_.shard().size();
+  // Before any other method can run: InitChunk and the updates then only ever
+  // see the initial values (Adagrad's state_sum starts at its accumulator).
+  InitOptimizerSlots(optimizer, whole_shard);
+}
 
 ShardState::~ShardState() = default;
 
@@ -127,8 +136,8 @@ float* ShardState::master(const ChunkRange& chunk) const {
          (chunk.begin - shape_.shard().begin);
 }
 
-float* ShardState::slot(int k, const ChunkRange& chunk) const {
-  return master(chunk) + (static_cast<size_t>(k) + 1) * slot_stride_;
+void* ShardState::slot(int k, uint64_t index) const {
+  return slot_begin_[k] + (index - shape_.shard().begin) * slot_elem_bytes_[k];
 }
 
 std::string ShardState::EncodeMaster(uint64_t begin, uint64_t end,
@@ -170,7 +179,8 @@ absl::Status ShardState::InitChunk(uint64_t chunk_index, DType dtype,
 
 absl::Status ShardState::BeginStep(
     uint64_t step, uint32_t worker_rank,
-    std::vector<GroupHyperParams> group_hparams) {
+    std::vector<GroupHyperParams> group_hparams, const StepNumerics& numerics,
+    const std::shared_ptr<WeightsSink>& stats_sink) {
   if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
   const uint32_t workers = shape_.config().num_workers;
   if (worker_rank >= workers) {
@@ -185,27 +195,47 @@ absl::Status ShardState::BeginStep(
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = ValidateStepNumerics(numerics); !s.ok()) return s;
+  if (numerics.two_phase && stats_sink == nullptr) {
+    return absl::InvalidArgumentError(
+        "a two-phase step needs a stream to send its GradStats to");
+  }
   std::sort(group_hparams.begin(), group_hparams.end(),
             [](const GroupHyperParams& a, const GroupHyperParams& b) {
               return a.param_group < b.param_group;
             });
-  absl::MutexLock lock(&steps_mu_);
-  // Every chunk's applied step is completed_step_ or one more, so only these
-  // steps can be replayed or applied; the chunks of any other step are ABORTED
-  // one by one, and remembering it would only grow the map.
-  if (step < completed_step_ || step > completed_step_ + 2) {
-    return absl::OkStatus();
+  std::shared_ptr<TwoPhaseStep> two_phase;
+  {
+    absl::MutexLock lock(&steps_mu_);
+    // Every chunk's applied step is completed_step_ or one more, so only these
+    // steps can be replayed or applied; the chunks of any other step are
+    // ABORTED one by one, and remembering it would only grow the map.
+    if (step < completed_step_ || step > completed_step_ + 2) {
+      return absl::OkStatus();
+    }
+    auto [it, inserted] = steps_.try_emplace(step);
+    StepProgress& progress = it->second;
+    if (inserted) {
+      progress.group_hparams = std::move(group_hparams);
+      progress.numerics = numerics;
+      if (numerics.two_phase) {
+        progress.two_phase =
+            std::make_shared<TwoPhaseStep>(step, shape_.shard().num_chunks());
+      }
+    } else if (!SameGroupHyperParams(progress.group_hparams, group_hparams)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group_hparams of step ", step,
+          " differ from those of the step's first header on this server"));
+    } else if (!SameStepNumerics(progress.numerics, numerics)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "loss_scale, two_phase or commit of step ", step,
+          " differ from those of the step's first header on this server: "
+          "every worker must send the same"));
+    }
+    two_phase = progress.two_phase;
   }
-  auto [it, inserted] = steps_.try_emplace(step);
-  if (inserted) {
-    it->second.group_hparams = std::move(group_hparams);
-    return absl::OkStatus();
-  }
-  if (!SameGroupHyperParams(it->second.group_hparams, group_hparams)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "group_hparams of step ", step,
-        " differ from those of the step's first header on this server"));
-  }
+  // Outside steps_mu_: the stats may be delivered at once.
+  if (two_phase != nullptr) two_phase->Subscribe(stats_sink);
   return absl::OkStatus();
 }
 
@@ -225,9 +255,13 @@ absl::Status ShardState::Contribute(Contribution contribution) {
         absl::StrCat("worker_rank ", worker, " is out of range: the job has ",
                      config.num_workers, " workers"));
   }
+  // Looked up before the chunk's lock, which is never held while taking
+  // steps_mu_.
+  const bool two_phase = TwoPhaseOf(step) != nullptr;
   ChunkState& chunk = chunk_state(index);
   std::optional<ChunkWeights> replay;
   bool first_of_chunk = false;
+  bool ack_retry = false;
   {
     absl::MutexLock lock(&chunk.mu);
     const uint64_t applied = chunk.applied_step;
@@ -245,22 +279,31 @@ absl::Status ShardState::Contribute(Contribution contribution) {
                            " already sent chunk ", index, " of step ", step));
         }
         // The worker's earlier stream has ended and it is retrying: the retry
-        // takes that stream's place. Once the update has started it owns the
+        // takes that stream's place. Once the sum has started it owns the
         // earlier payload, which a correct retry repeats anyway.
         pending.sinks[worker] = contribution.sink;
-        if (!chunk.updating) {
+        if (!pending.complete) {
           pending.payloads[worker] = std::move(contribution.payload);
         }
-        return absl::OkStatus();
-      }
-      pending.present[worker] = true;
-      pending.payloads[worker] = std::move(contribution.payload);
-      pending.sinks[worker] = contribution.sink;
-      if (++pending.count == config.num_workers) {
-        chunk.updating = true;
-        pool_->Schedule([self = shared_from_this(), index, step] {
-          self->RunUpdate(index, step);
-        });
+        // A summed chunk was acknowledged to the earlier stream only.
+        ack_retry = pending.summed_ready;
+      } else {
+        pending.present[worker] = true;
+        pending.payloads[worker] = std::move(contribution.payload);
+        pending.sinks[worker] = contribution.sink;
+        if (++pending.count == config.num_workers) {
+          pending.complete = true;
+          if (two_phase) {
+            pool_->Schedule([self = shared_from_this(), index, step] {
+              self->RunSum(index, step);
+            });
+          } else {
+            chunk.updating = true;
+            pool_->Schedule([self = shared_from_this(), index, step] {
+              self->RunUpdate(index, step);
+            });
+          }
+        }
       }
     } else if (step == applied && applied > 0) {
       if (chunk.updating) {
@@ -281,6 +324,7 @@ absl::Status ShardState::Contribute(Contribution contribution) {
   }
   if (first_of_chunk) NoteContributionStart(step);
   if (replay.has_value()) contribution.sink->Deliver(*std::move(replay));
+  if (ack_retry) contribution.sink->DeliverAck(index);
   return absl::OkStatus();
 }
 
@@ -290,72 +334,6 @@ void ShardState::NoteContributionStart(uint64_t step) {
   if (it == steps_.end() || it->second.started) return;
   it->second.started = true;
   it->second.first_contribution = std::chrono::steady_clock::now();
-}
-
-void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
-  const auto start = std::chrono::steady_clock::now();
-  const JobConfig& config = shape_.config();
-  const ChunkRange range = shape_.plan().chunk(chunk_index);
-  ChunkState& chunk = chunk_state(chunk_index);
-  std::vector<std::string> payloads;
-  {
-    absl::MutexLock lock(&chunk.mu);
-    payloads = std::move(chunk.pending->payloads);
-  }
-
-  // Reused across updates: a pool thread keeps one chunk-sized sum buffer.
-  thread_local std::vector<float> grad;
-  grad.resize(range.size());
-  SumGradients(config.grad_dtype, payloads, grad.data(), range.size());
-  payloads = {};
-
-  const std::vector<GroupHyperParams> step_groups = StepGroupHyperParams(step);
-  float* chunk_master = master(range);
-  for (const Segment& segment :
-       shape_.layout().SegmentsIn(range.begin, range.end)) {
-    const size_t offset = segment.begin - range.begin;
-    ParamRun run;
-    run.master = chunk_master + offset;
-    for (int k = 0; k < shape_.slots(); ++k)
-      run.slots[k] = slot(k, range) + offset;
-    run.n = segment.end - segment.begin;
-    kernel_->Update(grad.data() + offset, run,
-                    ResolveHyperParams(config.optimizer, step_groups,
-                                       segment.param_group, step));
-  }
-  auto weights = std::make_shared<const std::string>(
-      EncodeMaster(range.begin, range.end, config.weight_dtype));
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-
-  std::vector<std::shared_ptr<WeightsSink>> sinks;
-  {
-    absl::MutexLock lock(&chunk.mu);
-    chunk.applied_step = step;
-    chunk.updating = false;
-    for (const std::weak_ptr<WeightsSink>& weak : chunk.pending->sinks) {
-      if (std::shared_ptr<WeightsSink> sink = weak.lock())
-        sinks.push_back(sink);
-    }
-    chunk.pending.reset();
-  }
-  metrics_->chunks_updated.Increment();
-  metrics_->chunk_update_seconds.Observe(seconds);
-  // Before delivering, so that a worker that has all its weights sees the step
-  // completed in GetJob.
-  NoteChunkApplied(step);
-  for (const std::shared_ptr<WeightsSink>& sink : sinks) {
-    sink->Deliver({chunk_index, weights, seconds, false});
-  }
-}
-
-std::vector<GroupHyperParams> ShardState::StepGroupHyperParams(
-    uint64_t step) const {
-  absl::MutexLock lock(&steps_mu_);
-  auto it = steps_.find(step);
-  if (it == steps_.end()) return {};
-  return it->second.group_hparams;
 }
 
 void ShardState::NoteChunkApplied(uint64_t step) {
@@ -416,10 +394,11 @@ uint64_t ShardState::Checksum() const {
     ChunkState& chunk = chunk_state(index);
     absl::MutexLock lock(&chunk.mu);
     chunk.mu.Await(absl::Condition(&chunk, &ChunkState::Idle));
-    const size_t bytes = range.size() * sizeof(float);
-    hash.Update(master(range), bytes);
-    for (int k = 0; k < shape_.slots(); ++k) hash.Update(slot(k, range), bytes);
-    hash.UpdateU64(chunk.applied_step);
+    hash.Update(master(range), range.size() * sizeof(float));
+    for (int k = 0; k < shape_.slots(); ++k) {
+      hash.Update(slot(k, range.begin), range.size() * slot_elem_bytes_[k]);
+    }
+    hash.UpdateU64(chunk.optimizer_step);
   }
   return hash.Digest();
 }

@@ -7,9 +7,16 @@
 //   when s == a + 1, replayed (the chunk's current weights are sent back,
 //   nothing is applied) when s == a, and ABORTED otherwise.
 // - Once all W workers have contributed a chunk, an update task on the thread
-// pool
-//   sums the contributions in worker-rank order, runs the optimizer kernel on
-//   each tensor segment, and delivers the new weights to every subscribed sink.
+//   pool sums the contributions in worker-rank order, undoes the loss scale,
+//   applies the step's commit (clip coefficient, or skip: then nothing changes
+//   but the applied step), runs the optimizer kernel on each tensor segment,
+//   and delivers the new weights to every subscribed sink.
+// - In a two-phase step the sum runs first, on its own: each summed chunk is
+//   acknowledged and kept, the shard's gradient statistics go to the step's
+//   streams once every chunk is summed (TwoPhaseStep), and the updates start at
+//   the first commit.
+// - Each chunk counts its applied training steps and, separately, its
+//   optimizer steps (those not skipped), which drive bias correction.
 // - Every request is validated in full before any state changes: a rejected
 //   request leaves the state exactly as it was.
 //
@@ -40,7 +47,9 @@
 #include "server/job_shape.h"
 #include "server/metrics.h"
 #include "server/optimizer/optimizer_kernel.h"
+#include "server/step_numerics.h"
 #include "server/thread_pool.h"
+#include "server/two_phase_step.h"
 #include "server/weights_sink.h"
 
 namespace depot {
@@ -58,8 +67,10 @@ struct Contribution {
 
 class ShardState : public std::enable_shared_from_this<ShardState> {
  public:
-  // Allocates zeroed state for `shape`'s shard. Update tasks run on `pool`,
-  // which, like `metrics`, must outlive every task (destroy the pool first).
+  // Allocates the state for `shape`'s shard: master weights zero, optimizer
+  // slots at their initial values (InitOptimizerSlots). Update tasks run on
+  // `pool`, which, like `metrics`, must outlive every task (destroy the pool
+  // first).
   // RESOURCE_EXHAUSTED when the memory cannot be allocated.
   static absl::StatusOr<std::shared_ptr<ShardState>> Create(
       uint64_t job_id, JobShape shape, ThreadPool* pool,
@@ -80,14 +91,19 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   absl::Status InitChunk(uint64_t chunk_index, DType dtype,
                          std::string_view payload);
 
-  // Checks a Step stream's header and fixes the step's group hyperparameters on
-  // this server if it is the first header for that step.
+  // Checks a Step stream's header and fixes the step's group hyperparameters
+  // and numerics on this server if it is the first header for that step. In a
+  // two-phase step, `stats_sink` (the stream) will receive the shard's
+  // GradStats.
   // INVALID_ARGUMENT: worker_rank >= num_workers, step 0, a param group not in
-  // the layout or listed twice, lr or weight_decay negative or not finite.
+  // the layout or listed twice, lr or weight_decay negative or not finite,
+  // invalid numerics (ValidateStepNumerics), a two-phase step without a sink.
   // FAILED_PRECONDITION: an earlier header of the same step sent other
-  // hyperparameters. ABORTED: the job was deleted.
+  // hyperparameters or numerics. ABORTED: the job was deleted.
   absl::Status BeginStep(uint64_t step, uint32_t worker_rank,
-                         std::vector<GroupHyperParams> group_hparams);
+                         std::vector<GroupHyperParams> group_hparams,
+                         const StepNumerics& numerics = {},
+                         const std::shared_ptr<WeightsSink>& stats_sink = {});
 
   // Accepts one contribution (see the class comment). REQUIRES: BeginStep(step,
   // worker_rank, ...) succeeded. OUT_OF_RANGE: chunk outside the shard.
@@ -95,6 +111,12 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // contributed the chunk for this step from a stream that is still open.
   // ABORTED: step out of order for the chunk, or the job was deleted.
   absl::Status Contribute(Contribution contribution);
+
+  // A worker's commit of two-phase step `step`; the first one starts the
+  // updates of every chunk of the shard (TwoPhaseStep::Commit states the
+  // rules). FAILED_PRECONDITION also when `step` is not a two-phase step on
+  // this server. ABORTED: the job was deleted.
+  absl::Status Commit(uint64_t step, const CommitDecision& commit);
 
   // Reads master weights [begin, end) as `dtype`, one piece per chunk it
   // touches, in order, calling emit(offset, payload) with no lock held; stops
@@ -108,9 +130,10 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The last step applied to every chunk of the shard (0 before the first).
   uint64_t completed_step() const;
 
-  // A hash of the master weights, the slots and the per-chunk applied steps,
-  // chunk by chunk in index order (master, slot 0, slot 1, applied step). Equal
-  // state gives an equal checksum on any server.
+  // A hash of the master weights, the slots (as stored: bf16 slots are hashed
+  // as their 2-byte values) and the per-chunk optimizer step counts, chunk by
+  // chunk in index order (master, slot 0, slot 1, optimizer steps). Equal state
+  // gives an equal checksum on any server; a skipped step changes none of it.
   uint64_t Checksum() const;
 
   // Marks the job deleted: later InitChunk, BeginStep and Contribute calls fail
@@ -124,6 +147,8 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   struct StepProgress {
     // Fixed by the step's first header, sorted by param group.
     std::vector<GroupHyperParams> group_hparams;
+    StepNumerics numerics;
+    std::shared_ptr<TwoPhaseStep> two_phase;  // set in a two-phase step
     uint64_t chunks_applied = 0;
     bool started = false;
     std::chrono::steady_clock::time_point first_contribution;
@@ -138,23 +163,37 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   absl::Status CheckChunkPayload(uint64_t chunk_index, size_t payload_bytes,
                                  size_t dtype_size) const;
   ChunkState& chunk_state(uint64_t chunk_index) const;
-  // The chunk's arrays. slot(k) for k < shape_.slots().
+  // The chunk's master weights.
   float* master(const ChunkRange& chunk) const;
-  float* slot(int k, const ChunkRange& chunk) const;
+  // Element `index` (a flat index in the shard) of state slot k, in the slot's
+  // dtype. REQUIRES: k < shape_.slots().
+  void* slot(int k, uint64_t index) const;
   // The chunk's master weights as `dtype`. REQUIRES: no update runs on it.
   std::string EncodeMaster(uint64_t begin, uint64_t end, DType dtype) const;
 
   void NoteContributionStart(uint64_t step);
+  // Two-phase steps: runs on the pool once every worker has contributed
+  // `chunk_index` for `step`; sums, keeps the sum and reports its statistics.
+  void RunSum(uint64_t chunk_index, uint64_t step);
   // Runs on the pool once every worker has contributed `chunk_index` for
-  // `step`.
+  // `step` (one phase) or once the step is committed (two phases).
   void RunUpdate(uint64_t chunk_index, uint64_t step);
-  std::vector<GroupHyperParams> StepGroupHyperParams(uint64_t step) const;
+  // The optimizer update of the chunk `range` from its final gradient.
+  void ApplyOptimizer(const ChunkRange& range, const float* grad,
+                      const std::vector<GroupHyperParams>& step_groups,
+                      uint64_t optimizer_step);
+  // What the step's first header fixed (defaults if no header was seen).
+  StepProgress StepSettings(uint64_t step) const;
+  // The step's TwoPhaseStep; null in a one-phase (or unknown) step.
+  std::shared_ptr<TwoPhaseStep> TwoPhaseOf(uint64_t step) const;
   void NoteChunkApplied(uint64_t step);
 
   const uint64_t job_id_;
   const JobShape shape_;
   AlignedBuffer state_;
-  size_t slot_stride_;  // floats between the starts of consecutive arrays
+  // Where each slot's array starts in state_, and its element size.
+  unsigned char* slot_begin_[2] = {nullptr, nullptr};
+  size_t slot_elem_bytes_[2] = {0, 0};
   std::unique_ptr<OptimizerKernel> kernel_;
   ThreadPool* const pool_;
   ServerMetrics* const metrics_;

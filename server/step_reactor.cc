@@ -1,24 +1,34 @@
 // DepotService::StepReactor: one Step stream on gRPC's callback API. It reads
-// the header and the gradient chunks and hands them to the job's ShardState;
-// the sending side (weights, stats, the final status) is the StepStream's, for
-// which the reactor is the transport.
+// the header, the gradient chunks and (two phases) the commit, and hands them
+// to the job's ShardState; the sending side (weights, stats, the final status)
+// is the StepStream's, for which the reactor is the transport.
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "grpcpp/support/server_callback.h"
 #include "server/depot_service.h"
 #include "server/shard_state.h"
+#include "server/step_numerics.h"
 #include "server/step_stream.h"
 #include "wire/wire.h"
 
 namespace depot {
+namespace {
+
+CommitDecision CommitFromProto(const v1::StepCommit& commit) {
+  return CommitDecision{commit.clip_coef(), commit.skip()};
+}
+
+}  // namespace
 
 class DepotService::StepReactor final
     : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>,
       public StepTransport {
  public:
-  explicit StepReactor(DepotService* service)
+  StepReactor(DepotService* service, grpc::CallbackServerContext* context)
       : service_(service),
+        context_(context),
         stream_(std::make_shared<StepStream>(this, service->metrics_)) {
     service_->metrics_->CountRpc(Rpc::kStep);
     service_->TrackStepStream(stream_.get(), /*job_id=*/0);
@@ -35,13 +45,20 @@ class DepotService::StepReactor final
       if (shard_ == nullptr) {
         stream_->Fail(absl::InvalidArgumentError(
             "the first message of a Step stream must be its header"));
+      } else if (numerics_.two_phase && !committed_ &&
+                 !context_->IsCancelled()) {
+        // (A cancelled stream ends with CANCELLED from OnCancel instead.)
+        stream_->Fail(absl::FailedPreconditionError(absl::StrCat(
+            "the two-phase Step stream of step ", header_.step(),
+            " half-closed without its commit: send a StepCommit after the "
+            "server's GradStats")));
       } else {
         stream_->ReadsDone();
       }
       return;
     }
     if (stream_->ended()) return;
-    absl::Status status = shard_ == nullptr ? AcceptHeader() : AcceptChunk();
+    absl::Status status = shard_ == nullptr ? AcceptHeader() : AcceptMessage();
     if (!status.ok()) {
       stream_->Fail(std::move(status));
       return;
@@ -84,9 +101,19 @@ class DepotService::StepReactor final
     absl::StatusOr<std::shared_ptr<ShardState>> shard =
         service_->jobs_->Find(header_.job_id(), header_.fingerprint());
     if (!shard.ok()) return shard.status();
-    if (absl::Status s =
-            (*shard)->BeginStep(header_.step(), header_.worker_rank(),
-                                GroupHyperParamsFromProto(header_));
+    if (header_.two_phase() && header_.has_commit()) {
+      return absl::InvalidArgumentError(
+          "a Step header sets two_phase or carries a commit, not both: the "
+          "commit of a two-phase step comes after the server's GradStats");
+    }
+    numerics_.loss_scale =
+        header_.has_loss_scale() ? header_.loss_scale() : 1.0;
+    numerics_.two_phase = header_.two_phase();
+    if (header_.has_commit())
+      numerics_.commit = CommitFromProto(header_.commit());
+    if (absl::Status s = (*shard)->BeginStep(
+            header_.step(), header_.worker_rank(),
+            GroupHyperParamsFromProto(header_), numerics_, stream_);
         !s.ok()) {
       return s;
     }
@@ -96,10 +123,18 @@ class DepotService::StepReactor final
     return absl::OkStatus();
   }
 
-  absl::Status AcceptChunk() {
+  // A chunk, or (two phases) the commit.
+  absl::Status AcceptMessage() {
+    if (request_.has_commit()) return AcceptCommit();
     if (!request_.has_chunk()) {
       return absl::InvalidArgumentError(
-          "a Step stream carries one header, then only chunks");
+          "a Step stream carries one header, then only chunks (and, in a "
+          "two-phase step, one commit)");
+    }
+    if (committed_) {
+      return absl::InvalidArgumentError(
+          "a chunk after the commit: a two-phase step sends all its chunks "
+          "before its StepCommit");
     }
     const size_t bytes = request_.chunk().payload().size();
     Contribution contribution;
@@ -118,18 +153,40 @@ class DepotService::StepReactor final
     return absl::OkStatus();
   }
 
+  absl::Status AcceptCommit() {
+    if (!numerics_.two_phase) {
+      return absl::InvalidArgumentError(
+          "a StepCommit on a one-phase Step stream: only a header with "
+          "two_phase set is followed by a commit");
+    }
+    if (committed_) {
+      return absl::InvalidArgumentError(
+          "a second StepCommit on one Step stream: each worker commits once");
+    }
+    const CommitDecision commit = CommitFromProto(request_.commit());
+    if (absl::Status s = ValidateCommitDecision(commit); !s.ok()) return s;
+    if (absl::Status s = shard_->Commit(header_.step(), commit); !s.ok()) {
+      return s;
+    }
+    committed_ = true;
+    return absl::OkStatus();
+  }
+
   DepotService* const service_;
+  grpc::CallbackServerContext* const context_;
   const std::shared_ptr<StepStream> stream_;
   // Reads are sequential (the next starts after OnReadDone), so these need no
   // lock.
   v1::StepRequest request_;
   v1::StepHeader header_;
+  StepNumerics numerics_;
+  bool committed_ = false;
   std::shared_ptr<ShardState> shard_;
 };
 
 grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* DepotService::Step(
-    grpc::CallbackServerContext*) {
-  return new StepReactor(this);
+    grpc::CallbackServerContext* context) {
+  return new StepReactor(this, context);
 }
 
 }  // namespace depot

@@ -28,11 +28,32 @@ void StepStream::ReadsDone() {
 }
 
 void StepStream::Deliver(ChunkWeights weights) {
+  Outgoing message;
+  message.kind = Outgoing::kWeights;
+  message.weights = std::move(weights);
+  Enqueue(std::move(message));
+}
+
+void StepStream::DeliverAck(uint64_t chunk_index) {
+  Outgoing message;
+  message.kind = Outgoing::kAck;
+  message.ack_index = chunk_index;
+  Enqueue(std::move(message));
+}
+
+void StepStream::DeliverGradStats(const GradStats& stats) {
+  Outgoing message;
+  message.kind = Outgoing::kGradStats;
+  message.stats = stats;
+  Enqueue(std::move(message));
+}
+
+void StepStream::Enqueue(Outgoing message) {
   Action action;
   {
     absl::MutexLock lock(&mu_);
     if (finishing_ || !failure_.ok()) return;
-    outbox_.push_back(std::move(weights));
+    outbox_.push_back(std::move(message));
     action = NextActionLocked();
   }
   Perform(action);
@@ -53,17 +74,18 @@ void StepStream::OnWriteDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
     write_in_flight_ = false;
-    if (ok) {
+    if (ok && in_flight_.kind == Outgoing::kWeights) {
+      const ChunkWeights& weights = in_flight_.weights;
       ++sent_;
-      if (in_flight_.replayed) ++replayed_;
-      update_seconds_ += in_flight_.update_seconds;
+      if (weights.replayed) ++replayed_;
+      update_seconds_ += weights.update_seconds;
       metrics_->sent_step_bytes.Increment(
-          static_cast<double>(in_flight_.payload->size()));
-    } else if (failure_.ok()) {
+          static_cast<double>(weights.payload->size()));
+    } else if (!ok && failure_.ok()) {
       failure_ = absl::CancelledError(
           "the client went away before the step's weights were sent");
     }
-    in_flight_ = ChunkWeights();
+    in_flight_ = Outgoing();
     action = NextActionLocked();
   }
   Perform(action);
@@ -102,9 +124,25 @@ StepStream::Action StepStream::NextActionLocked() {
     outbox_.pop_front();
     write_in_flight_ = true;
     response_.Clear();
-    v1::Chunk* chunk = response_.mutable_chunk();
-    chunk->set_index(in_flight_.chunk_index);
-    chunk->set_payload(*in_flight_.payload);
+    switch (in_flight_.kind) {
+      case Outgoing::kWeights: {
+        v1::Chunk* chunk = response_.mutable_chunk();
+        chunk->set_index(in_flight_.weights.chunk_index);
+        chunk->set_payload(*in_flight_.weights.payload);
+        break;
+      }
+      case Outgoing::kAck:
+        response_.mutable_ack()->set_index(in_flight_.ack_index);
+        break;
+      case Outgoing::kGradStats: {
+        v1::GradStats* stats = response_.mutable_grad_stats();
+        stats->set_sum_squares(in_flight_.stats.sum_squares);
+        stats->set_max_abs(in_flight_.stats.max_abs);
+        stats->set_non_finite(in_flight_.stats.non_finite);
+        stats->set_zero_count(in_flight_.stats.zero_count);
+        break;
+      }
+    }
     action.kind = Action::kWrite;
     action.response = &response_;
     return action;

@@ -1,13 +1,15 @@
 // StepStream: the sending half of one Step RPC, as a state machine over a
 // non-blocking transport (the gRPC callback reactor; a fake in tests).
 //
-// Chunk weights delivered by update threads (or by a replay) are queued and
-// written one at a time, so neither the reader of the stream nor the update
-// pool ever waits on the network. Once the worker has half-closed and every
-// chunk it contributed has been written, the stream writes its StepStats and
-// finishes OK. A failure (bad message, job deleted, shutdown, client gone)
-// finishes it at once with that status, after the write in flight if any: the
-// transport is never asked to finish twice, nor to write after finishing.
+// Chunk weights delivered by update threads (or by a replay), and in a
+// two-phase step the chunk acks and the shard's GradStats, are queued and
+// written one at a time, in delivery order, so neither the reader of the
+// stream nor the update pool ever waits on the network. Once the worker has
+// half-closed and every chunk it contributed has been written, the stream
+// writes its StepStats and finishes OK. A failure (bad message, job deleted,
+// shutdown, client gone) finishes it at once with that status, after the write
+// in flight if any: the transport is never asked to finish twice, nor to write
+// after finishing.
 //
 // Thread safety: all methods may be called from any thread. The transport is
 // called with no lock held.
@@ -58,9 +60,11 @@ class StepStream final : public WeightsSink {
   // The worker has half-closed: finish once every expected chunk is written.
   void ReadsDone();
 
-  // WeightsSink: queues the weights to be written; dropped once the stream
-  // ends.
+  // WeightsSink: each queues its message to be written; dropped once the
+  // stream ends.
   void Deliver(ChunkWeights weights) override;
+  void DeliverAck(uint64_t chunk_index) override;
+  void DeliverGradStats(const GradStats& stats) override;
   // False once the stream has failed, finished or been detached.
   bool IsOpen() const override;
 
@@ -88,6 +92,16 @@ class StepStream final : public WeightsSink {
     const v1::StepResponse* response = nullptr;
     absl::Status status;
   };
+  // One message waiting to be written.
+  struct Outgoing {
+    enum Kind { kWeights, kAck, kGradStats };
+    Kind kind = kWeights;
+    ChunkWeights weights;    // kWeights
+    uint64_t ack_index = 0;  // kAck
+    GradStats stats;         // kGradStats
+  };
+  // Queues `message` and starts writing if the stream is idle.
+  void Enqueue(Outgoing message);
   Action NextActionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Perform(const Action& action);
 
@@ -96,16 +110,17 @@ class StepStream final : public WeightsSink {
   mutable absl::Mutex mu_;
   StepTransport* transport_ ABSL_GUARDED_BY(mu_);
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<ChunkWeights> outbox_ ABSL_GUARDED_BY(mu_);
+  std::deque<Outgoing> outbox_ ABSL_GUARDED_BY(mu_);
   uint64_t expected_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t replayed_ ABSL_GUARDED_BY(mu_) = 0;
   double update_seconds_ ABSL_GUARDED_BY(mu_) = 0.0;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
-  // The chunk being written and its message; valid while write_in_flight_.
+  // The message being written and its wire form; valid while
+  // write_in_flight_.
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
-  ChunkWeights in_flight_ ABSL_GUARDED_BY(mu_);
+  Outgoing in_flight_ ABSL_GUARDED_BY(mu_);
   v1::StepResponse response_ ABSL_GUARDED_BY(mu_);
   // Set once the transport has been (or is about to be) told to finish.
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;

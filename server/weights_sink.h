@@ -1,12 +1,15 @@
-// WeightsSink: where a chunk's updated weights go once its update is done. A
-// Step stream is one; ShardState knows it only through this interface, so the
-// shard's logic is tested without gRPC.
+// WeightsSink: where a chunk's updated weights go once its update is done, and,
+// in a two-phase step, the chunk's acknowledgement once summed and the shard's
+// gradient statistics. A Step stream is one; ShardState knows it only through
+// this interface, so the shard's logic is tested without gRPC.
 #ifndef DEPOT_SERVER_WEIGHTS_SINK_H_
 #define DEPOT_SERVER_WEIGHTS_SINK_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "server/grad_stats.h"
 
 namespace depot {
 
@@ -29,6 +32,15 @@ class WeightsSink {
   // of ShardState::Contribute for a replay, with no ShardState lock held. Must
   // not block.
   virtual void Deliver(ChunkWeights weights) = 0;
+
+  // Two-phase steps. Chunk `chunk_index` has every worker's contribution and
+  // is summed; called from an update thread (or from the caller of
+  // ShardState::Contribute for a retry) with no ShardState lock held. Must not
+  // block.
+  virtual void DeliverAck(uint64_t chunk_index) = 0;
+  // The statistics of the shard's whole summed gradient, once per step; same
+  // calling rules.
+  virtual void DeliverGradStats(const GradStats& stats) = 0;
 
   // False once the stream has ended (finished, failed, or cancelled by its
   // client). A contribution whose sink is no longer open may be replaced by a

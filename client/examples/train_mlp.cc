@@ -153,8 +153,9 @@ absl::Status Train() {
 
   // Biases are not decayed: the group override shows per-step hyperparameters
   // (a schedule would change lr here; every worker passes the same list).
-  const std::vector<GroupHyperParams> group_hparams = {
-      {kWeightGroup, lr, kWeightDecay}, {kBiasGroup, lr, 0.0}};
+  StepOptions step_options;
+  step_options.group_hparams = {{kWeightGroup, lr, kWeightDecay},
+                                {kBiasGroup, lr, 0.0}};
   std::mt19937_64 data_rng(seed ^ (kDataSeedSalt * (uint64_t{rank} + 1)));
   std::vector<float> input, target, output_grad, grads(n);
   Mlp::Activations acts;
@@ -169,8 +170,8 @@ absl::Status Train() {
     std::fill(grads.begin(), grads.end(), 0.0f);
     model.Backward(weights.data(), output_grad.data(), acts, grads.data());
     StepResult result;
-    absl::Status stepped = (*job)->Step(step, grads.data(), weights.data(),
-                                        &result, group_hparams);
+    absl::Status stepped =
+        (*job)->Step(step, grads.data(), weights.data(), &result, step_options);
     if (!stepped.ok()) return stepped;
     if (step == 1) first_loss = loss;
     absl::PrintF("[worker %d] step %d loss %.6f step_seconds %.4f\n", rank,

@@ -1,7 +1,9 @@
 #include "job_impl.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -10,6 +12,7 @@
 #include "call_group.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/sync_stream.h"
+#include "step_commit.h"
 #include "step_stream.h"
 #include "wire/wire.h"
 
@@ -83,21 +86,47 @@ absl::Status JobImpl::InitShard(uint32_t server, const void* weights,
   return absl::OkStatus();
 }
 
+bool JobImpl::NeedsTwoPhases(const StepOptions& options) const {
+  if (options.known_commit.has_value()) return false;
+  const OptimizerConfig& optimizer = config().optimizer;
+  const bool dynamic_loss_scale =
+      optimizer.loss_scale == 0.0 && config().grad_dtype == DType::kFloat16;
+  return optimizer.clip_grad > 0.0 ||
+         optimizer.grad_norm_skip_threshold > 0.0 || dynamic_loss_scale;
+}
+
 absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
-                           StepResult* result,
-                           const std::vector<GroupHyperParams>& group_hparams) {
+                           StepResult* result, const StepOptions& options) {
   if (step == 0) {
     return absl::InvalidArgumentError("Step: steps are numbered from 1");
   }
   if (grads == nullptr || weights_out == nullptr) {
     return absl::InvalidArgumentError("Step: grads or weights_out is null");
   }
+  if (!std::isfinite(options.loss_scale) || options.loss_scale <= 0.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Step: loss_scale must be finite and > 0 (1 = none), got ",
+                     options.loss_scale));
+  }
+  if (options.known_commit.has_value() && !options.known_commit->skip &&
+      !(options.known_commit->clip_coef > 0.0 &&
+        options.known_commit->clip_coef <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Step: known_commit.clip_coef must be in (0, 1] unless skip, got ",
+        options.known_commit->clip_coef));
+  }
   const absl::Time start = absl::Now();
+  const std::vector<uint32_t> servers = ServersWithChunks();
+  std::optional<CommitBarrier> barrier;
+  if (NeedsTwoPhases(options)) barrier.emplace(config().optimizer, servers);
   StepStreamParams params;
   params.fingerprint = fingerprint();
   params.step = step;
   params.worker_rank = worker_rank();
-  params.group_hparams = &group_hparams;
+  params.group_hparams = &options.group_hparams;
+  params.loss_scale = options.loss_scale;
+  params.known_commit = options.known_commit;
+  params.barrier = barrier.has_value() ? &*barrier : nullptr;
   params.plan = &plan();
   params.grad_dtype = config().grad_dtype;
   params.weight_dtype = config().weight_dtype;
@@ -108,14 +137,17 @@ absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
 
   std::vector<StepStreamStats> stats(plan().num_servers());
   absl::Status status = RunOnServers(
-      *connections_, ServersWithChunks(),
-      [&](uint32_t server, CallGroup& group) {
+      *connections_, servers, [&](uint32_t server, CallGroup& group) {
         StepStreamParams server_params = params;
         server_params.job_id = job_ids_[server];
         server_params.server = server;
         absl::StatusOr<StepStreamStats> server_stats = RunStepStream(
             *(*connections_)[server]->depot, server_params, group);
-        if (!server_stats.ok()) return server_stats.status();
+        if (!server_stats.ok()) {
+          // Streams waiting for this server's GradStats must not wait on.
+          if (barrier.has_value()) barrier->Abort(server_stats.status());
+          return server_stats.status();
+        }
         stats[server] = *server_stats;
         return absl::OkStatus();
       });
@@ -130,6 +162,18 @@ absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
       result->bytes_received += s.bytes_received;
       result->update_seconds += s.update_seconds;
     }
+    StepCommit applied = options.known_commit.value_or(StepCommit());
+    if (barrier.has_value()) {
+      // Every stream succeeded, so every server reported.
+      const GradDecision decision = *barrier->decision();
+      result->two_phase = true;
+      result->grad_norm = decision.grad_norm;
+      result->zero_count = decision.zero_count;
+      result->found_inf = decision.found_inf;
+      applied = decision.commit;
+    }
+    result->skipped = applied.skip;
+    result->clip_coef = applied.skip ? 1.0 : applied.clip_coef;
     result->wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   }
   return absl::OkStatus();

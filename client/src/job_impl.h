@@ -23,9 +23,8 @@ class JobImpl : public Job {
           ClientOptions options, std::vector<uint64_t> job_ids);
 
   absl::Status InitWeights(const void* weights, DType dtype) override;
-  absl::Status Step(
-      uint64_t step, const void* grads, void* weights_out, StepResult* result,
-      const std::vector<GroupHyperParams>& group_hparams) override;
+  absl::Status Step(uint64_t step, const void* grads, void* weights_out,
+                    StepResult* result, const StepOptions& options) override;
   absl::Status Pull(uint64_t begin, uint64_t end, DType dtype,
                     void* out) override;
   absl::StatusOr<std::vector<ServerJobStatus>> Status(
@@ -36,6 +35,10 @@ class JobImpl : public Job {
   // The servers whose shard holds at least one chunk: the only ones that take
   // part in InitWeights and Step.
   std::vector<uint32_t> ServersWithChunks() const;
+
+  // Whether a Step with `options` runs in two phases: no known commit, and the
+  // config clips, has a skip threshold or scales the loss dynamically.
+  bool NeedsTwoPhases(const StepOptions& options) const;
 
   absl::Status InitShard(uint32_t server, const void* weights, DType dtype,
                          absl::Time deadline, CallGroup& group) const;

@@ -16,6 +16,11 @@ namespace {
 
 using Stream = grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>;
 
+void CommitToProto(const StepCommit& commit, v1::StepCommit* out) {
+  out->set_clip_coef(commit.clip_coef);
+  out->set_skip(commit.skip);
+}
+
 class StepStream {
  public:
   StepStream(v1::Depot::Stub& stub, const StepStreamParams& params,
@@ -23,18 +28,22 @@ class StepStream {
       : params_(params),
         shard_(params.plan->shard(params.server)),
         window_(static_cast<uint64_t>(params.max_inflight_chunks)),
+        two_phase_(params.barrier != nullptr),
         context_(group, params.deadline),
         stream_(stub.Step(context_.get())) {
     seen_.assign(shard_.num_chunks(), false);
+    answered_.assign(shard_.num_chunks(), false);
   }
 
   absl::StatusOr<StepStreamStats> Run() {
     std::thread reader([this] { ReadAnswers(); });
-    SendGradients();
+    absl::Status writer = SendGradients();
+    if (!writer.ok()) context_.get()->TryCancel();
     reader.join();
     const grpc::Status finish = stream_->Finish();
     // After the reader has stopped, its fields are ours to read.
     if (!protocol_error_.ok()) return protocol_error_;
+    if (!writer.ok()) return writer;
     if (!finish.ok()) return FromGrpcStatus(finish);
     if (stats_.chunks != shard_.num_chunks()) {
       return absl::InternalError(absl::StrCat(
@@ -50,8 +59,10 @@ class StepStream {
   }
 
  private:
-  // The writer: runs on the caller's thread.
-  void SendGradients() {
+  // The writer: runs on the caller's thread. Returns an error only for what
+  // the stream itself cannot tell (the barrier's); a broken stream returns OK
+  // and Finish() tells why.
+  absl::Status SendGradients() {
     const size_t grad_size = DTypeSize(params_.grad_dtype);
     v1::StepRequest request;
     v1::StepHeader* header = request.mutable_header();
@@ -62,21 +73,36 @@ class StepStream {
     if (params_.group_hparams != nullptr) {
       GroupHyperParamsToProto(*params_.group_hparams, header);
     }
-    if (!stream_->Write(request)) return;  // Finish() tells why.
+    if (params_.loss_scale != 1.0) header->set_loss_scale(params_.loss_scale);
+    header->set_two_phase(two_phase_);
+    if (params_.known_commit.has_value()) {
+      CommitToProto(*params_.known_commit, header->mutable_commit());
+    }
+    if (!stream_->Write(request)) return absl::OkStatus();
 
     const char* grads = static_cast<const char*>(params_.grads);
     for (uint64_t index = shard_.first_chunk; index < shard_.end_chunk;
          ++index) {
-      if (!WaitForWindow()) return;
+      if (!WaitForWindow()) return absl::OkStatus();
       const ChunkRange chunk = params_.plan->chunk(index);
       v1::Chunk* message = request.mutable_chunk();  // reuses its buffer
       message->set_index(index);
       message->mutable_payload()->assign(grads + chunk.begin * grad_size,
                                          chunk.size() * grad_size);
-      if (!stream_->Write(request)) return;
+      if (!stream_->Write(request)) return absl::OkStatus();
       bytes_sent_ += message->payload().size();
     }
+    if (two_phase_) {
+      std::optional<v1::GradStats> stats = WaitForGradStats();
+      if (!stats.has_value()) return absl::OkStatus();
+      absl::StatusOr<StepCommit> commit =
+          params_.barrier->Report(params_.server, *stats, params_.deadline);
+      if (!commit.ok()) return commit.status();
+      CommitToProto(*commit, request.mutable_commit());
+      if (!stream_->Write(request)) return absl::OkStatus();
+    }
     stream_->WritesDone();
+    return absl::OkStatus();
   }
 
   // Blocks until one more chunk may be sent, and counts it as sent (before the
@@ -91,7 +117,19 @@ class StepStream {
   }
 
   bool MaySendOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return reader_done_ || sent_ - answered_ < window_;
+    return reader_done_ || sent_ - answered_count_ < window_;
+  }
+
+  // Blocks until the server's GradStats have arrived; nullopt once the reader
+  // has stopped without them.
+  std::optional<v1::GradStats> WaitForGradStats() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &StepStream::HaveGradStatsOrStop));
+    return grad_stats_;
+  }
+
+  bool HaveGradStatsOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return reader_done_ || grad_stats_.has_value();
   }
 
   // The reader: runs on its own thread until the stream ends or breaks
@@ -111,43 +149,101 @@ class StepStream {
   }
 
   absl::Status Accept(const v1::StepResponse& response) {
-    if (response.has_stats()) {
-      if (have_server_stats_) {
-        return absl::InternalError("server sent StepStats twice");
-      }
-      if (response.stats().step() != params_.step) {
-        return absl::InternalError(absl::StrCat(
-            "server sent StepStats for step ", response.stats().step(),
-            " on the stream of step ", params_.step));
-      }
-      have_server_stats_ = true;
-      stats_.chunks_replayed = response.stats().chunks_replayed();
-      stats_.update_seconds = response.stats().update_seconds();
-      return absl::OkStatus();
+    switch (response.kind_case()) {
+      case v1::StepResponse::kStats:
+        return AcceptStats(response.stats());
+      case v1::StepResponse::kChunk:
+        return AcceptWeights(response.chunk());
+      case v1::StepResponse::kAck:
+        return AcceptAck(response.ack());
+      case v1::StepResponse::kGradStats:
+        return AcceptGradStats(response.grad_stats());
+      case v1::StepResponse::KIND_NOT_SET:
+        break;
     }
-    if (!response.has_chunk()) {
-      return absl::InternalError("server sent an empty StepResponse");
-    }
+    return absl::InternalError("server sent an empty StepResponse");
+  }
+
+  absl::Status AcceptStats(const v1::StepStats& stats) {
     if (have_server_stats_) {
-      return absl::InternalError("server sent a chunk after StepStats");
+      return absl::InternalError("server sent StepStats twice");
     }
-    const v1::Chunk& chunk = response.chunk();
-    const uint64_t index = chunk.index();
+    if (stats.step() != params_.step) {
+      return absl::InternalError(
+          absl::StrCat("server sent StepStats for step ", stats.step(),
+                       " on the stream of step ", params_.step));
+    }
+    have_server_stats_ = true;
+    stats_.chunks_replayed = stats.chunks_replayed();
+    stats_.update_seconds = stats.update_seconds();
+    return absl::OkStatus();
+  }
+
+  absl::Status AcceptGradStats(const v1::GradStats& stats) {
+    if (!two_phase_) {
+      return absl::InternalError("server sent GradStats in a one-phase step");
+    }
+    absl::MutexLock lock(&mu_);
+    if (grad_stats_.has_value()) {
+      return absl::InternalError("server sent GradStats twice");
+    }
+    grad_stats_ = stats;
+    return absl::OkStatus();
+  }
+
+  // INTERNAL unless `index` is a chunk of the shard that was sent, or a
+  // message follows StepStats.
+  absl::Status CheckAnsweredChunk(uint64_t index, const char* what) {
+    if (have_server_stats_) {
+      return absl::InternalError(
+          absl::StrCat("server sent ", what, " after StepStats"));
+    }
     if (index < shard_.first_chunk || index >= shard_.end_chunk) {
+      return absl::InternalError(
+          absl::StrCat("server sent ", what, " of chunk ", index,
+                       " outside its shard's chunks [", shard_.first_chunk,
+                       ", ", shard_.end_chunk, ")"));
+    }
+    absl::MutexLock lock(&mu_);
+    if (index >= shard_.first_chunk + sent_) {
       return absl::InternalError(absl::StrCat(
-          "server answered chunk ", index, " outside its shard's chunks [",
-          shard_.first_chunk, ", ", shard_.end_chunk, ")"));
+          "server sent ", what, " of chunk ", index, " before it was sent"));
+    }
+    return absl::OkStatus();
+  }
+
+  // The first answer of a chunk (ack or weights) frees a place in the window.
+  void NoteAnswered(uint64_t index) {
+    absl::MutexLock lock(&mu_);
+    if (answered_[index - shard_.first_chunk]) return;
+    answered_[index - shard_.first_chunk] = true;
+    ++answered_count_;
+  }
+
+  absl::Status AcceptAck(const v1::ChunkAck& ack) {
+    if (!two_phase_) {
+      return absl::InternalError("server sent a ChunkAck in a one-phase step");
+    }
+    const uint64_t index = ack.index();
+    if (absl::Status s = CheckAnsweredChunk(index, "an ack"); !s.ok()) return s;
+    if (acked_.empty()) acked_.assign(shard_.num_chunks(), false);
+    if (acked_[index - shard_.first_chunk]) {
+      return absl::InternalError(
+          absl::StrCat("server acked chunk ", index, " twice"));
+    }
+    acked_[index - shard_.first_chunk] = true;
+    NoteAnswered(index);
+    return absl::OkStatus();
+  }
+
+  absl::Status AcceptWeights(const v1::Chunk& chunk) {
+    const uint64_t index = chunk.index();
+    if (absl::Status s = CheckAnsweredChunk(index, "weights"); !s.ok()) {
+      return s;
     }
     if (seen_[index - shard_.first_chunk]) {
       return absl::InternalError(
           absl::StrCat("server answered chunk ", index, " twice"));
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      if (index >= shard_.first_chunk + sent_) {
-        return absl::InternalError(absl::StrCat("server answered chunk ", index,
-                                                " before it was sent"));
-      }
     }
     const ChunkRange range = params_.plan->chunk(index);
     const size_t weight_size = DTypeSize(params_.weight_dtype);
@@ -163,26 +259,30 @@ class StepStream {
     seen_[index - shard_.first_chunk] = true;
     ++stats_.chunks;
     stats_.bytes_received += expected;
-    absl::MutexLock lock(&mu_);
-    ++answered_;
+    NoteAnswered(index);
     return absl::OkStatus();
   }
 
   const StepStreamParams& params_;
   const ShardRange& shard_;
   const uint64_t window_;
+  const bool two_phase_;
   GroupContext context_;
   std::unique_ptr<Stream> stream_;
 
   mutable absl::Mutex mu_;
   uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;  // chunks counted by WaitForWindow
-  uint64_t answered_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per chunk of the shard: it has had an ack or its weights.
+  std::vector<bool> answered_ ABSL_GUARDED_BY(mu_);
+  uint64_t answered_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<v1::GradStats> grad_stats_ ABSL_GUARDED_BY(mu_);
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;
 
   uint64_t bytes_sent_ = 0;  // writer only
 
   // Reader only until it is joined.
-  std::vector<bool> seen_;
+  std::vector<bool> seen_;   // weights received, per chunk of the shard
+  std::vector<bool> acked_;  // two phases: acks received, per chunk
   absl::Status protocol_error_;
   bool have_server_stats_ = false;
   StepStreamStats stats_;

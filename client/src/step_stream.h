@@ -1,20 +1,28 @@
 // One worker's Step stream to one server for one step, pipelined: gradient
 // chunks go out in ascending index order while at most `max_inflight_chunks` of
-// them wait for their updated weights, and a reader thread copies each answered
-// chunk's weights into place as it arrives.
+// them are unanswered, and a reader thread copies each answered chunk's
+// weights into place as it arrives. A chunk is answered by its weights, or in
+// a two-phase step first by its ack (summed on the server): the window then
+// bounds the server's unsummed payloads, and cannot deadlock although no
+// weights come before the commit. In two phases the writer, after the chunks,
+// waits for the server's GradStats, hands them to the step's CommitBarrier and
+// sends the commit it returns.
 #ifndef DEPOT_CLIENT_SRC_STEP_STREAM_H_
 #define DEPOT_CLIENT_SRC_STEP_STREAM_H_
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "call_group.h"
+#include "depot/client.h"
 #include "depot/dtype.h"
 #include "depot/job_config.h"
 #include "depot/shard_plan.h"
 #include "depot/v1/depot.grpc.pb.h"
+#include "step_commit.h"
 
 namespace depot::client_internal {
 
@@ -24,6 +32,11 @@ struct StepStreamParams {
   uint64_t step = 0;
   uint32_t worker_rank = 0;
   const std::vector<GroupHyperParams>* group_hparams = nullptr;
+  double loss_scale = 1.0;
+  // One phase with a known decision (sent in the header); else the default.
+  std::optional<StepCommit> known_commit;
+  // Two phases: the step's barrier, shared by its streams; null in one phase.
+  CommitBarrier* barrier = nullptr;
   const ShardPlan* plan = nullptr;
   uint32_t server = 0;  // the shard this stream covers; REQUIRES: not empty
   DType grad_dtype = DType::kFloat32;
@@ -44,10 +57,11 @@ struct StepStreamStats {
 };
 
 // Runs the stream to completion. Returns the server's status on failure (its
-// code kept), or INTERNAL when the server's answers break the protocol (a chunk
-// outside the shard, answered twice, with the wrong payload size, or missing at
-// the end). The stream's context joins `group`, so another server's failure
-// cancels it.
+// code kept), the barrier's (two phases), or INTERNAL when the server's
+// answers break the protocol (a chunk outside the shard, answered twice, with
+// the wrong payload size, or missing at the end; an ack or GradStats in a
+// one-phase step, or either twice). The stream's context joins `group`, so
+// another server's failure cancels it.
 absl::StatusOr<StepStreamStats> RunStepStream(v1::Depot::Stub& stub,
                                               const StepStreamParams& params,
                                               CallGroup& group);

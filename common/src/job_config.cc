@@ -3,6 +3,7 @@
 #include <bit>
 #include <cmath>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,110 @@ absl::Status CheckBeta(const char* field, double value) {
   // Written so that NaN fails too.
   if (!(value >= 0 && value < 1)) {
     return FieldError(field, "must be in [0, 1)", value);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPositiveFinite(const char* field, double value) {
+  if (!std::isfinite(value) || !(value > 0)) {
+    return FieldError(field, "must be finite and > 0", value);
+  }
+  return absl::OkStatus();
+}
+
+// The dtype field that sets the storage of each state slot, per kind; nullptr
+// for a slot the kind does not keep.
+struct SlotDTypeField {
+  const char* name;
+  DType OptimizerConfig::*member;
+};
+
+constexpr SlotDTypeField kExpAvg = {"optimizer.exp_avg_dtype",
+                                    &OptimizerConfig::exp_avg_dtype};
+constexpr SlotDTypeField kExpAvgSq = {"optimizer.exp_avg_sq_dtype",
+                                      &OptimizerConfig::exp_avg_sq_dtype};
+
+// The field that sets slot `slot`'s dtype. REQUIRES: slot < the kind's slots.
+const SlotDTypeField& SlotField(const OptimizerConfig& config, int slot) {
+  switch (config.kind) {
+    case OptimizerKind::kAdagrad:
+      return kExpAvgSq;  // state_sum is a sum of squares
+    case OptimizerKind::kAdamW:
+    case OptimizerKind::kAdam:
+      return slot == 0 ? kExpAvg : kExpAvgSq;
+    default:
+      return kExpAvg;  // SGD's momentum_buffer, Lion's exp_avg
+  }
+}
+
+// Both moment dtypes are fp32 or bf16, and bf16 only where the optimizer keeps
+// the slot that field describes (a bf16 request for a slot that does not exist
+// is a mistake in the config, not something to ignore silently).
+absl::Status CheckMomentDTypes(const OptimizerConfig& config) {
+  for (const SlotDTypeField* field : {&kExpAvg, &kExpAvgSq}) {
+    const DType dtype = config.*(field->member);
+    if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
+      const std::string_view name = DTypeName(dtype);
+      return absl::InvalidArgumentError(
+          absl::StrCat(field->name, ": must be fp32 or bf16, got ",
+                       absl::string_view(name.data(), name.size()),
+                       " (dtype value ", static_cast<int>(dtype), ")"));
+    }
+    if (dtype == DType::kFloat32) continue;
+    bool used = false;
+    for (int k = 0; k < OptimizerStateSlots(config); ++k) {
+      used = used || SlotField(config, k).member == field->member;
+    }
+    if (!used) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field->name,
+          ": must be fp32 because this optimizer keeps no state that it "
+          "describes (exp_avg_dtype: Adam/AdamW exp_avg, SGD momentum_buffer "
+          "with sgd_momentum > 0, Lion exp_avg; exp_avg_sq_dtype: Adam/AdamW "
+          "exp_avg_sq, Adagrad state_sum)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The fields of the global gradient clipping and of the loss scaler, which the
+// client and the servers' step flow use.
+absl::Status CheckClippingAndLossScaling(const OptimizerConfig& config) {
+  for (const auto& [field, value] :
+       {std::pair<const char*, double>{"optimizer.clip_grad", config.clip_grad},
+        {"optimizer.grad_norm_skip_threshold", config.grad_norm_skip_threshold},
+        {"optimizer.loss_scale", config.loss_scale}}) {
+    if (absl::Status s = CheckNonNegativeFinite(field, value); !s.ok()) {
+      return s;
+    }
+  }
+  if (config.clip_grad_norm_type != GradNormType::kL2 &&
+      config.clip_grad_norm_type != GradNormType::kInf) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer.clip_grad_norm_type: unknown norm type ",
+                     static_cast<int>(config.clip_grad_norm_type),
+                     " (expected 1 = L2, 2 = inf)"));
+  }
+  if (absl::Status s = CheckPositiveFinite("optimizer.initial_loss_scale",
+                                           config.initial_loss_scale);
+      !s.ok()) {
+    return s;
+  }
+  if (!std::isfinite(config.min_loss_scale) || !(config.min_loss_scale > 0) ||
+      config.min_loss_scale > config.initial_loss_scale) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer.min_loss_scale: must be finite, > 0 and <= "
+        "initial_loss_scale (",
+        config.initial_loss_scale, "), got ", config.min_loss_scale));
+  }
+  if (!std::isfinite(config.loss_scale_window) ||
+      !(config.loss_scale_window >= 1)) {
+    return FieldError("optimizer.loss_scale_window", "must be finite and >= 1",
+                      config.loss_scale_window);
+  }
+  if (config.hysteresis < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer.hysteresis: must be >= 1, got ", config.hysteresis));
   }
   return absl::OkStatus();
 }
@@ -68,7 +173,7 @@ class FingerprintHasher {
 };
 
 // The encoding's version; bump it when the encoding below changes.
-constexpr std::string_view kFingerprintTag = "depot.JobConfig.v1";
+constexpr std::string_view kFingerprintTag = "depot.JobConfig.v2";
 
 }  // namespace
 
@@ -77,32 +182,48 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
     case OptimizerKind::kAdamW:
     case OptimizerKind::kAdam:
     case OptimizerKind::kSgd:
+    case OptimizerKind::kAdagrad:
+    case OptimizerKind::kLion:
       break;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("optimizer.kind: unknown optimizer kind ",
-                       static_cast<int>(config.kind),
-                       " (expected 1 = AdamW, 2 = Adam, 3 = SGD)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer.kind: unknown optimizer kind ",
+          static_cast<int>(config.kind),
+          " (expected 1 = AdamW, 2 = Adam, 3 = SGD, 4 = Adagrad, 5 = Lion)"));
   }
-  if (absl::Status s = CheckNonNegativeFinite("optimizer.lr", config.lr);
+  // Every field is checked whatever the kind: a job's config is its identity,
+  // and a value that is invalid today should not become meaningful when the
+  // kind changes.
+  for (const auto& [field, value] : {
+           std::pair<const char*, double>{"optimizer.lr", config.lr},
+           {"optimizer.min_lr", config.min_lr},
+           {"optimizer.weight_decay", config.weight_decay},
+           {"optimizer.adagrad_lr_decay", config.adagrad_lr_decay},
+           {"optimizer.adagrad_initial_accumulator_value",
+            config.adagrad_initial_accumulator_value},
+       }) {
+    if (absl::Status s = CheckNonNegativeFinite(field, value); !s.ok()) {
+      return s;
+    }
+  }
+  for (const auto& [field, value] : {
+           std::pair<const char*, double>{"optimizer.adam_beta1",
+                                          config.adam_beta1},
+           {"optimizer.adam_beta2", config.adam_beta2},
+           {"optimizer.lion_beta1", config.lion_beta1},
+           {"optimizer.lion_beta2", config.lion_beta2},
+       }) {
+    if (absl::Status s = CheckBeta(field, value); !s.ok()) return s;
+  }
+  if (absl::Status s =
+          CheckPositiveFinite("optimizer.adam_eps", config.adam_eps);
       !s.ok()) {
     return s;
   }
   if (absl::Status s =
-          CheckNonNegativeFinite("optimizer.weight_decay", config.weight_decay);
+          CheckPositiveFinite("optimizer.adagrad_eps", config.adagrad_eps);
       !s.ok()) {
     return s;
-  }
-  if (absl::Status s = CheckBeta("optimizer.adam_beta1", config.adam_beta1);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckBeta("optimizer.adam_beta2", config.adam_beta2);
-      !s.ok()) {
-    return s;
-  }
-  if (!(config.adam_eps > 0)) {
-    return FieldError("optimizer.adam_eps", "must be > 0", config.adam_eps);
   }
   if (!(config.sgd_momentum >= 0)) {
     return FieldError("optimizer.sgd_momentum", "must be >= 0",
@@ -115,7 +236,8 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
         "sgd_momentum > 0 and sgd_dampening == 0, got momentum ",
         config.sgd_momentum, " and dampening ", config.sgd_dampening));
   }
-  return absl::OkStatus();
+  if (absl::Status s = CheckMomentDTypes(config); !s.ok()) return s;
+  return CheckClippingAndLossScaling(config);
 }
 
 absl::Status ValidateJobConfig(const JobConfig& config) {
@@ -167,6 +289,7 @@ uint64_t Fingerprint(const JobConfig& config) {
   const OptimizerConfig& opt = config.optimizer;
   h.U64(static_cast<uint64_t>(opt.kind));
   h.F64(opt.lr);
+  h.F64(opt.min_lr);
   h.F64(opt.weight_decay);
   h.F64(opt.adam_beta1);
   h.F64(opt.adam_beta2);
@@ -174,6 +297,22 @@ uint64_t Fingerprint(const JobConfig& config) {
   h.F64(opt.sgd_momentum);
   h.F64(opt.sgd_dampening);
   h.U64(opt.sgd_nesterov ? 1 : 0);
+  h.F64(opt.adagrad_lr_decay);
+  h.F64(opt.adagrad_initial_accumulator_value);
+  h.F64(opt.adagrad_eps);
+  h.F64(opt.lion_beta1);
+  h.F64(opt.lion_beta2);
+  h.U64(static_cast<uint64_t>(opt.exp_avg_dtype));
+  h.U64(static_cast<uint64_t>(opt.exp_avg_sq_dtype));
+  h.F64(opt.clip_grad);
+  h.U64(static_cast<uint64_t>(opt.clip_grad_norm_type));
+  h.F64(opt.grad_norm_skip_threshold);
+  h.F64(opt.loss_scale);
+  h.F64(opt.initial_loss_scale);
+  h.F64(opt.min_loss_scale);
+  h.F64(opt.loss_scale_window);
+  // Sign-extended, so that a negative value has one encoding.
+  h.U64(static_cast<uint64_t>(static_cast<int64_t>(opt.hysteresis)));
   h.U64(static_cast<uint64_t>(config.grad_dtype));
   h.U64(static_cast<uint64_t>(config.weight_dtype));
   h.U64(config.chunk_elems);
@@ -189,8 +328,30 @@ int OptimizerStateSlots(const OptimizerConfig& config) {
       return 2;
     case OptimizerKind::kSgd:
       return config.sgd_momentum > 0 ? 1 : 0;
+    case OptimizerKind::kAdagrad:
+    case OptimizerKind::kLion:
+      return 1;
   }
   return 0;
+}
+
+DType OptimizerSlotDType(const OptimizerConfig& config, int slot) {
+  return config.*(SlotField(config, slot).member);
+}
+
+double OptimizerSlotInitialValue(const OptimizerConfig& config, int /*slot*/) {
+  // Adagrad's one slot is state_sum; every other slot starts at zero.
+  return config.kind == OptimizerKind::kAdagrad
+             ? config.adagrad_initial_accumulator_value
+             : 0.0;
+}
+
+uint64_t OptimizerStateBytesPerParam(const OptimizerConfig& config) {
+  uint64_t bytes = sizeof(float);
+  for (int k = 0; k < OptimizerStateSlots(config); ++k) {
+    bytes += DTypeSize(OptimizerSlotDType(config, k));
+  }
+  return bytes;
 }
 
 }  // namespace depot

@@ -25,6 +25,97 @@ absl::StatusOr<DType> DTypeFromProto(v1::DType dtype, const char* field) {
   }
 }
 
+namespace {
+
+absl::StatusOr<OptimizerKind> OptimizerKindFromProto(v1::OptimizerKind kind) {
+  switch (kind) {
+    case v1::OPTIMIZER_ADAMW:
+      return OptimizerKind::kAdamW;
+    case v1::OPTIMIZER_ADAM:
+      return OptimizerKind::kAdam;
+    case v1::OPTIMIZER_SGD:
+      return OptimizerKind::kSgd;
+    case v1::OPTIMIZER_ADAGRAD:
+      return OptimizerKind::kAdagrad;
+    case v1::OPTIMIZER_LION:
+      return OptimizerKind::kLion;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer.kind: unsupported optimizer ", static_cast<int>(kind),
+          " (expected OPTIMIZER_ADAMW, OPTIMIZER_ADAM, OPTIMIZER_SGD, "
+          "OPTIMIZER_ADAGRAD or OPTIMIZER_LION)"));
+  }
+}
+
+// DTYPE_UNSPECIFIED reads as fp32, the default, so that a spec written before
+// the field existed keeps its meaning. Whether the dtype suits the slot is
+// ValidateOptimizerConfig's to say.
+absl::StatusOr<DType> MomentDTypeFromProto(v1::DType dtype, const char* field) {
+  if (dtype == v1::DTYPE_UNSPECIFIED) return DType::kFloat32;
+  return DTypeFromProto(dtype, field);
+}
+
+absl::StatusOr<GradNormType> GradNormTypeFromProto(v1::GradNormType type) {
+  switch (type) {
+    case v1::GRAD_NORM_UNSPECIFIED:
+    case v1::GRAD_NORM_L2:
+      return GradNormType::kL2;
+    case v1::GRAD_NORM_INF:
+      return GradNormType::kInf;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer.clip_grad_norm_type: unsupported norm type ",
+          static_cast<int>(type), " (expected GRAD_NORM_L2 or GRAD_NORM_INF)"));
+  }
+}
+
+// Converts without validating the values (JobConfigFromProto validates the
+// whole config).
+absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(
+    const v1::OptimizerConfig& opt) {
+  OptimizerConfig config;
+  absl::StatusOr<OptimizerKind> kind = OptimizerKindFromProto(opt.kind());
+  if (!kind.ok()) return kind.status();
+  absl::StatusOr<DType> exp_avg =
+      MomentDTypeFromProto(opt.exp_avg_dtype(), "optimizer.exp_avg_dtype");
+  if (!exp_avg.ok()) return exp_avg.status();
+  absl::StatusOr<DType> exp_avg_sq = MomentDTypeFromProto(
+      opt.exp_avg_sq_dtype(), "optimizer.exp_avg_sq_dtype");
+  if (!exp_avg_sq.ok()) return exp_avg_sq.status();
+  absl::StatusOr<GradNormType> norm_type =
+      GradNormTypeFromProto(opt.clip_grad_norm_type());
+  if (!norm_type.ok()) return norm_type.status();
+  config.kind = *kind;
+  config.lr = opt.lr();
+  config.min_lr = opt.min_lr();
+  config.weight_decay = opt.weight_decay();
+  config.adam_beta1 = opt.adam_beta1();
+  config.adam_beta2 = opt.adam_beta2();
+  config.adam_eps = opt.adam_eps();
+  config.sgd_momentum = opt.sgd_momentum();
+  config.sgd_dampening = opt.sgd_dampening();
+  config.sgd_nesterov = opt.sgd_nesterov();
+  config.adagrad_lr_decay = opt.adagrad_lr_decay();
+  config.adagrad_initial_accumulator_value =
+      opt.adagrad_initial_accumulator_value();
+  config.adagrad_eps = opt.adagrad_eps();
+  config.lion_beta1 = opt.lion_beta1();
+  config.lion_beta2 = opt.lion_beta2();
+  config.exp_avg_dtype = *exp_avg;
+  config.exp_avg_sq_dtype = *exp_avg_sq;
+  config.clip_grad = opt.clip_grad();
+  config.clip_grad_norm_type = *norm_type;
+  config.grad_norm_skip_threshold = opt.grad_norm_skip_threshold();
+  config.loss_scale = opt.loss_scale();
+  config.initial_loss_scale = opt.initial_loss_scale();
+  config.min_loss_scale = opt.min_loss_scale();
+  config.loss_scale_window = opt.loss_scale_window();
+  config.hysteresis = opt.hysteresis();
+  return config;
+}
+
+}  // namespace
+
 void JobConfigToProto(const JobConfig& config, v1::JobSpec* spec) {
   spec->Clear();
   spec->set_name(config.name);
@@ -46,6 +137,24 @@ void JobConfigToProto(const JobConfig& config, v1::JobSpec* spec) {
   opt->set_sgd_momentum(o.sgd_momentum);
   opt->set_sgd_dampening(o.sgd_dampening);
   opt->set_sgd_nesterov(o.sgd_nesterov);
+  opt->set_min_lr(o.min_lr);
+  opt->set_adagrad_lr_decay(o.adagrad_lr_decay);
+  opt->set_adagrad_initial_accumulator_value(
+      o.adagrad_initial_accumulator_value);
+  opt->set_adagrad_eps(o.adagrad_eps);
+  opt->set_lion_beta1(o.lion_beta1);
+  opt->set_lion_beta2(o.lion_beta2);
+  opt->set_exp_avg_dtype(DTypeToProto(o.exp_avg_dtype));
+  opt->set_exp_avg_sq_dtype(DTypeToProto(o.exp_avg_sq_dtype));
+  opt->set_clip_grad(o.clip_grad);
+  opt->set_clip_grad_norm_type(
+      static_cast<v1::GradNormType>(static_cast<int>(o.clip_grad_norm_type)));
+  opt->set_grad_norm_skip_threshold(o.grad_norm_skip_threshold);
+  opt->set_loss_scale(o.loss_scale);
+  opt->set_initial_loss_scale(o.initial_loss_scale);
+  opt->set_min_loss_scale(o.min_loss_scale);
+  opt->set_loss_scale_window(o.loss_scale_window);
+  opt->set_hysteresis(o.hysteresis);
   spec->set_grad_dtype(DTypeToProto(config.grad_dtype));
   spec->set_weight_dtype(DTypeToProto(config.weight_dtype));
   spec->set_chunk_elems(config.chunk_elems);
@@ -61,30 +170,10 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobSpec& spec) {
     config.tensors.push_back({t.name(), t.numel(), t.param_group()});
   }
   config.num_workers = spec.num_workers();
-  const v1::OptimizerConfig& opt = spec.optimizer();
-  switch (opt.kind()) {
-    case v1::OPTIMIZER_ADAMW:
-      config.optimizer.kind = OptimizerKind::kAdamW;
-      break;
-    case v1::OPTIMIZER_ADAM:
-      config.optimizer.kind = OptimizerKind::kAdam;
-      break;
-    case v1::OPTIMIZER_SGD:
-      config.optimizer.kind = OptimizerKind::kSgd;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer.kind: unsupported optimizer ", static_cast<int>(opt.kind()),
-          " (expected OPTIMIZER_ADAMW, OPTIMIZER_ADAM or OPTIMIZER_SGD)"));
-  }
-  config.optimizer.lr = opt.lr();
-  config.optimizer.weight_decay = opt.weight_decay();
-  config.optimizer.adam_beta1 = opt.adam_beta1();
-  config.optimizer.adam_beta2 = opt.adam_beta2();
-  config.optimizer.adam_eps = opt.adam_eps();
-  config.optimizer.sgd_momentum = opt.sgd_momentum();
-  config.optimizer.sgd_dampening = opt.sgd_dampening();
-  config.optimizer.sgd_nesterov = opt.sgd_nesterov();
+  absl::StatusOr<OptimizerConfig> optimizer =
+      OptimizerConfigFromProto(spec.optimizer());
+  if (!optimizer.ok()) return optimizer.status();
+  config.optimizer = *optimizer;
   absl::StatusOr<DType> grad = DTypeFromProto(spec.grad_dtype(), "grad_dtype");
   if (!grad.ok()) return grad.status();
   absl::StatusOr<DType> weight =

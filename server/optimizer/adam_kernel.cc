@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "server/optimizer/constant_bool.h"
+#include "server/optimizer/slot_storage.h"
 
 namespace depot {
 namespace {
@@ -24,10 +25,12 @@ struct AdamScalars {
 // One fused pass. The expression shapes (operand order included) are torch's:
 // mul_(b1).add_(g, alpha=1-b1); mul_(b2).addcmul_(g, g, value=1-b2);
 // (sqrt(v) / bc2_sqrt).add_(eps); addcdiv_(m, denom, value=-step_size).
-template <bool kDecoupled, bool kHasWeightDecay>
+// ExpAvg and ExpAvgSq are the slots' element types (slot_storage.h).
+template <bool kDecoupled, bool kHasWeightDecay, typename ExpAvg,
+          typename ExpAvgSq>
 void AdamLoop(const float* __restrict grad, float* __restrict param,
-              float* __restrict exp_avg, float* __restrict exp_avg_sq, size_t n,
-              const AdamScalars& s) {
+              ExpAvg* __restrict exp_avg, ExpAvgSq* __restrict exp_avg_sq,
+              size_t n, const AdamScalars& s) {
   for (size_t i = 0; i < n; ++i) {
     float g = grad[i];
     float p = param[i];
@@ -38,11 +41,12 @@ void AdamLoop(const float* __restrict grad, float* __restrict param,
         g = g + s.weight_decay * p;
       }
     }
-    const float m = exp_avg[i] * s.beta1 + s.one_minus_beta1 * g;
-    const float v = exp_avg_sq[i] * s.beta2 + s.one_minus_beta2 * g * g;
+    const float m = LoadSlot(exp_avg[i]) * s.beta1 + s.one_minus_beta1 * g;
+    const float v =
+        LoadSlot(exp_avg_sq[i]) * s.beta2 + s.one_minus_beta2 * g * g;
     const float denom = std::sqrt(v) / s.bias_correction2_sqrt + s.eps;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
+    StoreSlot(exp_avg[i], m);
+    StoreSlot(exp_avg_sq[i], v);
     param[i] = p - s.step_size * m / denom;
   }
 }
@@ -50,15 +54,22 @@ void AdamLoop(const float* __restrict grad, float* __restrict param,
 class AdamKernel final : public OptimizerKernel {
  public:
   AdamKernel(const OptimizerConfig& config, bool decoupled)
-      : config_(config), decoupled_(decoupled) {}
+      : config_(config),
+        format_(SlotFormat::Of(config)),
+        decoupled_(decoupled) {}
 
   void Update(const float* grad, const ParamRun& run,
               const UpdateHyperParams& hparams) const override {
     const AdamScalars s = Scalars(hparams);
-    WithConstantBool(decoupled_, [&](auto is_decoupled) {
-      WithConstantBool(hparams.weight_decay != 0, [&](auto has_weight_decay) {
-        AdamLoop<is_decoupled, has_weight_decay>(grad, run.master, run.slots[0],
-                                                 run.slots[1], run.n, s);
+    WithTypedSlot(format_.dtypes[0], run.slots[0], [&](auto* exp_avg) {
+      WithTypedSlot(format_.dtypes[1], run.slots[1], [&](auto* exp_avg_sq) {
+        WithConstantBool(decoupled_, [&](auto is_decoupled) {
+          WithConstantBool(
+              hparams.weight_decay != 0, [&](auto has_weight_decay) {
+                AdamLoop<is_decoupled, has_weight_decay>(
+                    grad, run.master, exp_avg, exp_avg_sq, run.n, s);
+              });
+        });
       });
     });
   }
@@ -83,6 +94,7 @@ class AdamKernel final : public OptimizerKernel {
   }
 
   const OptimizerConfig config_;
+  const SlotFormat format_;
   const bool decoupled_;
 };
 

@@ -1,6 +1,7 @@
 #include "server/optimizer/sgd_kernel.h"
 
 #include "server/optimizer/constant_bool.h"
+#include "server/optimizer/slot_storage.h"
 
 namespace depot {
 namespace {
@@ -17,9 +18,12 @@ struct SgdScalars {
 // One fused pass. The expression shapes are torch's: g.add(p, alpha=wd);
 // buf.mul_(mu).add_(g, alpha=1-dampening); g.add(buf, alpha=mu);
 // p.add_(g, alpha=-lr). On the first step the buffer is a copy of g.
-template <bool kHasWeightDecay, bool kMomentum, bool kFirstStep, bool kNesterov>
+// Buffer is the momentum buffer's element type (slot_storage.h).
+template <bool kHasWeightDecay, bool kMomentum, bool kFirstStep, bool kNesterov,
+          typename Buffer>
 void SgdLoop(const float* __restrict grad, float* __restrict param,
-             float* __restrict momentum_buffer, size_t n, const SgdScalars& s) {
+             Buffer* __restrict momentum_buffer, size_t n,
+             const SgdScalars& s) {
   for (size_t i = 0; i < n; ++i) {
     float g = grad[i];
     const float p = param[i];
@@ -29,9 +33,10 @@ void SgdLoop(const float* __restrict grad, float* __restrict param,
       if constexpr (kFirstStep) {
         buf = g;
       } else {
-        buf = momentum_buffer[i] * s.momentum + s.one_minus_dampening * g;
+        buf = LoadSlot(momentum_buffer[i]) * s.momentum +
+              s.one_minus_dampening * g;
       }
-      momentum_buffer[i] = buf;
+      StoreSlot(momentum_buffer[i], buf);
       if constexpr (kNesterov) {
         g = g + s.momentum * buf;
       } else {
@@ -44,7 +49,8 @@ void SgdLoop(const float* __restrict grad, float* __restrict param,
 
 class SgdKernel final : public OptimizerKernel {
  public:
-  explicit SgdKernel(const OptimizerConfig& config) : config_(config) {}
+  explicit SgdKernel(const OptimizerConfig& config)
+      : config_(config), format_(SlotFormat::Of(config)) {}
 
   void Update(const float* grad, const ParamRun& run,
               const UpdateHyperParams& hparams) const override {
@@ -57,12 +63,14 @@ class SgdKernel final : public OptimizerKernel {
     // Without momentum there is no buffer and nothing differs on step 1.
     const bool first_step = momentum && hparams.step == 1;
     const bool nesterov = momentum && config_.sgd_nesterov;
-    WithConstantBool(hparams.weight_decay != 0, [&](auto has_weight_decay) {
-      WithConstantBool(momentum, [&](auto has_momentum) {
-        WithConstantBool(first_step, [&](auto is_first_step) {
-          WithConstantBool(nesterov, [&](auto is_nesterov) {
-            SgdLoop<has_weight_decay, has_momentum, is_first_step, is_nesterov>(
-                grad, run.master, run.slots[0], run.n, s);
+    WithTypedSlot(format_.dtypes[0], run.slots[0], [&](auto* buffer) {
+      WithConstantBool(hparams.weight_decay != 0, [&](auto has_weight_decay) {
+        WithConstantBool(momentum, [&](auto has_momentum) {
+          WithConstantBool(first_step, [&](auto is_first_step) {
+            WithConstantBool(nesterov, [&](auto is_nesterov) {
+              SgdLoop<has_weight_decay, has_momentum, is_first_step,
+                      is_nesterov>(grad, run.master, buffer, run.n, s);
+            });
           });
         });
       });
@@ -71,6 +79,7 @@ class SgdKernel final : public OptimizerKernel {
 
  private:
   const OptimizerConfig config_;
+  const SlotFormat format_;
 };
 
 }  // namespace

@@ -74,6 +74,38 @@ TEST_F(StepStreamTest, FinishesWithStatsOnceEveryExpectedChunkIsWritten) {
   EXPECT_EQ(metrics_.sent_step_bytes.Value(), 8.0);
 }
 
+TEST_F(StepStreamTest, AcksAndGradStatsAreWrittenInDeliveryOrder) {
+  stream_.DeliverAck(4);
+  stream_.DeliverGradStats({25.0, 4.0, false, 3});
+  stream_.Deliver(Weights(4, "abcd", 0.0, false));
+  ASSERT_EQ(transport_.writes.size(), 1u);
+  EXPECT_EQ(transport_.writes[0].ack().index(), 4u);
+  stream_.OnWriteDone(true);
+  ASSERT_EQ(transport_.writes.size(), 2u);
+  const v1::GradStats& stats = transport_.writes[1].grad_stats();
+  EXPECT_EQ(stats.sum_squares(), 25.0);
+  EXPECT_EQ(stats.max_abs(), 4.0);
+  EXPECT_FALSE(stats.non_finite());
+  EXPECT_EQ(stats.zero_count(), 3u);
+  stream_.OnWriteDone(true);
+  ASSERT_EQ(transport_.writes.size(), 3u);
+  EXPECT_EQ(transport_.writes[2].chunk().index(), 4u);
+}
+
+TEST_F(StepStreamTest, AnAckIsNotAnAnsweredChunk) {
+  stream_.set_step(1);
+  stream_.ExpectChunk();
+  stream_.DeliverAck(4);
+  stream_.ReadsDone();
+  stream_.OnWriteDone(true);
+  EXPECT_FALSE(transport_.finished_ok);  // chunk 4's weights are still owed
+  stream_.Deliver(Weights(4, "abcd", 0.0, false));
+  stream_.OnWriteDone(true);
+  ASSERT_TRUE(transport_.finished_ok);
+  EXPECT_EQ(transport_.writes.back().stats().chunks(), 1u);
+  EXPECT_EQ(metrics_.sent_step_bytes.Value(), 4.0);
+}
+
 TEST_F(StepStreamTest, FailFinishesAtOnceWhenNoWriteIsInFlight) {
   stream_.ExpectChunk();
   stream_.Fail(absl::UnavailableError("server is shutting down"));

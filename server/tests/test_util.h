@@ -61,6 +61,14 @@ class RecordingSink : public WeightsSink {
     absl::MutexLock lock(&mu_);
     received_.push_back(std::move(weights));
   }
+  void DeliverAck(uint64_t chunk_index) override {
+    absl::MutexLock lock(&mu_);
+    acks_.push_back(chunk_index);
+  }
+  void DeliverGradStats(const GradStats& stats) override {
+    absl::MutexLock lock(&mu_);
+    grad_stats_.push_back(stats);
+  }
   bool IsOpen() const override {
     absl::MutexLock lock(&mu_);
     return open_;
@@ -74,6 +82,28 @@ class RecordingSink : public WeightsSink {
   std::vector<ChunkWeights> received() const {
     absl::MutexLock lock(&mu_);
     return received_;
+  }
+
+  // The acks and GradStats received so far, in arrival order.
+  std::vector<uint64_t> acks() const {
+    absl::MutexLock lock(&mu_);
+    return acks_;
+  }
+  std::vector<GradStats> grad_stats() const {
+    absl::MutexLock lock(&mu_);
+    return grad_stats_;
+  }
+
+  // Waits until the shard's GradStats have arrived (fails the test after
+  // kWaitLimit) and returns the first.
+  GradStats WaitForGradStats() const {
+    absl::MutexLock lock(&mu_);
+    auto arrived = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !grad_stats_.empty();
+    };
+    const bool ok = mu_.AwaitWithTimeout(absl::Condition(&arrived), kWaitLimit);
+    EXPECT_TRUE(ok) << "no GradStats arrived";
+    return ok ? grad_stats_.front() : GradStats();
   }
 
   // Waits until `count` deliveries have arrived (fails the test after
@@ -92,6 +122,8 @@ class RecordingSink : public WeightsSink {
  private:
   mutable absl::Mutex mu_;
   std::vector<ChunkWeights> received_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> acks_ ABSL_GUARDED_BY(mu_);
+  std::vector<GradStats> grad_stats_ ABSL_GUARDED_BY(mu_);
   bool open_ ABSL_GUARDED_BY(mu_) = true;
 };
 

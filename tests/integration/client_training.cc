@@ -45,8 +45,10 @@ WorkerOutcome ClientTraining::RunStep(uint64_t seed, uint64_t step,
   std::string weights(job.total_elems() * DTypeSize(job.config().weight_dtype),
                       '\0');
   StepResult result;
-  outcome.status = job.Step(step, grads.data(), weights.data(), &result,
-                            StepHyperParams(step));
+  StepOptions options;
+  options.group_hparams = StepHyperParams(step);
+  outcome.status =
+      job.Step(step, grads.data(), weights.data(), &result, options);
   if (outcome.status.ok()) {
     outcome.results.push_back(result);
     outcome.last_weights = std::move(weights);

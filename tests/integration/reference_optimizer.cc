@@ -12,8 +12,13 @@ ReferenceOptimizer::ReferenceOptimizer(const JobConfig& config)
       kernel_(MakeOptimizerKernel(config.optimizer)) {
   const uint64_t n = layout_.total_elems();
   master_.assign(n, 0.0f);
-  const int slots = OptimizerStateSlots(config.optimizer);
-  for (int k = 0; k < slots; ++k) slots_[k].assign(n, 0.0f);
+  ParamRun whole;
+  for (int k = 0; k < OptimizerStateSlots(config.optimizer); ++k) {
+    slots_[k].assign(n * DTypeSize(OptimizerSlotDType(config.optimizer, k)), 0);
+    whole.slots[k] = slots_[k].data();
+  }
+  whole.n = n;
+  InitOptimizerSlots(config.optimizer, whole);
   sum_.resize(n);
   addend_.resize(n);
 }
@@ -50,8 +55,10 @@ void ReferenceOptimizer::Step(
     }
     ParamRun run;
     run.master = master_.data() + segment.begin;
-    for (int k = 0; k < 2; ++k) {
-      if (!slots_[k].empty()) run.slots[k] = slots_[k].data() + segment.begin;
+    for (int k = 0; k < OptimizerStateSlots(config_.optimizer); ++k) {
+      run.slots[k] =
+          slots_[k].data() +
+          segment.begin * DTypeSize(OptimizerSlotDType(config_.optimizer, k));
     }
     run.n = segment.end - segment.begin;
     kernel_->Update(sum_.data() + segment.begin, run, hparams);

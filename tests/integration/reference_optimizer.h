@@ -23,6 +23,7 @@ class ReferenceOptimizer {
   explicit ReferenceOptimizer(const JobConfig& config);
 
   // Sets the master weights from N elements of `dtype`; padding becomes zero.
+  // The optimizer slots keep their initial values (InitOptimizerSlots).
   void InitWeights(const void* weights, DType dtype);
 
   // Applies step `step` (the steps must come in order 1, 2, ...) from the
@@ -44,7 +45,9 @@ class ReferenceOptimizer {
   Layout layout_;
   std::unique_ptr<OptimizerKernel> kernel_;
   std::vector<float> master_;
-  std::vector<float> slots_[2];
+  // Each slot's N elements in its dtype (OptimizerSlotDType), as raw bytes;
+  // operator new's alignment suits both float and bf16 elements.
+  std::vector<unsigned char> slots_[2];
   std::vector<float> sum_;
   std::vector<float> addend_;
 };

@@ -4,6 +4,8 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -91,7 +93,8 @@ void ExpectOptimizerRejected(
 
 TEST(ValidateOptimizerConfigTest, AcceptsTheDefaultsForEveryKind) {
   for (OptimizerKind kind :
-       {OptimizerKind::kAdamW, OptimizerKind::kAdam, OptimizerKind::kSgd}) {
+       {OptimizerKind::kAdamW, OptimizerKind::kAdam, OptimizerKind::kSgd,
+        OptimizerKind::kAdagrad, OptimizerKind::kLion}) {
     OptimizerConfig config;
     config.kind = kind;
     EXPECT_TRUE(ValidateOptimizerConfig(config).ok());
@@ -109,9 +112,13 @@ TEST(ValidateOptimizerConfigTest, AcceptsZeroLrWeightDecayAndBetas) {
 }
 
 TEST(ValidateOptimizerConfigTest, RejectsAnUnknownKind) {
-  ExpectOptimizerRejected(
-      [](OptimizerConfig& c) { c.kind = static_cast<OptimizerKind>(0); },
-      "optimizer.kind");
+  for (int kind : {0, 6}) {
+    ExpectOptimizerRejected(
+        [kind](OptimizerConfig& c) {
+          c.kind = static_cast<OptimizerKind>(kind);
+        },
+        "optimizer.kind");
+  }
 }
 
 TEST(ValidateOptimizerConfigTest, RejectsNegativeOrNonFiniteLr) {
@@ -138,9 +145,11 @@ TEST(ValidateOptimizerConfigTest, RejectsBetasOutsideZeroToOne) {
 }
 
 TEST(ValidateOptimizerConfigTest, RejectsNonPositiveEps) {
-  for (double eps : {0.0, -1e-8, kNaN}) {
+  for (double eps : {0.0, -1e-8, kNaN, kInf}) {
     ExpectOptimizerRejected([eps](OptimizerConfig& c) { c.adam_eps = eps; },
                             "optimizer.adam_eps");
+    ExpectOptimizerRejected([eps](OptimizerConfig& c) { c.adagrad_eps = eps; },
+                            "optimizer.adagrad_eps");
   }
 }
 
@@ -170,6 +179,162 @@ TEST(ValidateOptimizerConfigTest, RejectsNesterovWithDampening) {
       "optimizer.sgd_nesterov");
 }
 
+TEST(ValidateOptimizerConfigTest, RejectsNegativeOrNonFiniteNewScalars) {
+  // Fields that must be finite and >= 0 (0 meaning "off" where it applies).
+  const std::vector<std::pair<std::string, double OptimizerConfig::*>> fields =
+      {
+          {"optimizer.min_lr", &OptimizerConfig::min_lr},
+          {"optimizer.adagrad_lr_decay", &OptimizerConfig::adagrad_lr_decay},
+          {"optimizer.adagrad_initial_accumulator_value",
+           &OptimizerConfig::adagrad_initial_accumulator_value},
+          {"optimizer.clip_grad", &OptimizerConfig::clip_grad},
+          {"optimizer.grad_norm_skip_threshold",
+           &OptimizerConfig::grad_norm_skip_threshold},
+          {"optimizer.loss_scale", &OptimizerConfig::loss_scale},
+      };
+  for (const auto& [field, member] : fields) {
+    for (double value : {-1e-3, kNaN, kInf}) {
+      ExpectOptimizerRejected(
+          [member, value](OptimizerConfig& c) { c.*member = value; }, field);
+    }
+  }
+}
+
+TEST(ValidateOptimizerConfigTest, AcceptsZeroForTheFieldsWhereZeroMeansOff) {
+  OptimizerConfig config;
+  config.min_lr = 0;
+  config.adagrad_lr_decay = 0;
+  config.adagrad_initial_accumulator_value = 0;
+  config.clip_grad = 0;
+  config.grad_norm_skip_threshold = 0;
+  config.loss_scale = 0;
+  EXPECT_TRUE(ValidateOptimizerConfig(config).ok());
+}
+
+TEST(ValidateOptimizerConfigTest, RejectsLionBetasOutsideZeroToOne) {
+  for (double beta : {-0.1, 1.0, kNaN}) {
+    ExpectOptimizerRejected([beta](OptimizerConfig& c) { c.lion_beta1 = beta; },
+                            "optimizer.lion_beta1");
+    ExpectOptimizerRejected([beta](OptimizerConfig& c) { c.lion_beta2 = beta; },
+                            "optimizer.lion_beta2");
+  }
+}
+
+TEST(ValidateOptimizerConfigTest, RejectsAnUnknownClipNormType) {
+  ExpectOptimizerRejected(
+      [](OptimizerConfig& c) {
+        c.clip_grad_norm_type = static_cast<GradNormType>(0);
+      },
+      "optimizer.clip_grad_norm_type");
+  ExpectOptimizerRejected(
+      [](OptimizerConfig& c) {
+        c.clip_grad_norm_type = static_cast<GradNormType>(3);
+      },
+      "optimizer.clip_grad_norm_type");
+}
+
+TEST(ValidateOptimizerConfigTest, RejectsNonPositiveInitialLossScale) {
+  for (double scale : {0.0, -1.0, kNaN, kInf}) {
+    ExpectOptimizerRejected(
+        [scale](OptimizerConfig& c) { c.initial_loss_scale = scale; },
+        "optimizer.initial_loss_scale");
+  }
+}
+
+TEST(ValidateOptimizerConfigTest, RejectsMinLossScaleOutsideZeroToInitial) {
+  for (double scale : {0.0, -1.0, kNaN, kInf}) {
+    ExpectOptimizerRejected(
+        [scale](OptimizerConfig& c) { c.min_loss_scale = scale; },
+        "optimizer.min_loss_scale");
+  }
+  ExpectOptimizerRejected(
+      [](OptimizerConfig& c) {
+        c.initial_loss_scale = 1024;
+        c.min_loss_scale = 2048;
+      },
+      "optimizer.min_loss_scale");
+}
+
+TEST(ValidateOptimizerConfigTest, AcceptsMinLossScaleEqualToInitial) {
+  OptimizerConfig config;
+  config.initial_loss_scale = 1024;
+  config.min_loss_scale = 1024;
+  EXPECT_TRUE(ValidateOptimizerConfig(config).ok());
+}
+
+TEST(ValidateOptimizerConfigTest, RejectsLossScaleWindowBelowOne) {
+  for (double window : {0.0, 0.5, -1.0, kNaN, kInf}) {
+    ExpectOptimizerRejected(
+        [window](OptimizerConfig& c) { c.loss_scale_window = window; },
+        "optimizer.loss_scale_window");
+  }
+}
+
+TEST(ValidateOptimizerConfigTest, RejectsHysteresisBelowOne) {
+  for (int hysteresis : {0, -2}) {
+    ExpectOptimizerRejected(
+        [hysteresis](OptimizerConfig& c) { c.hysteresis = hysteresis; },
+        "optimizer.hysteresis");
+  }
+}
+
+TEST(ValidateOptimizerConfigTest, RejectsMomentDTypesOtherThanFp32AndBf16) {
+  for (DType dtype : {DType::kFloat16, static_cast<DType>(0)}) {
+    ExpectOptimizerRejected(
+        [dtype](OptimizerConfig& c) { c.exp_avg_dtype = dtype; },
+        "optimizer.exp_avg_dtype");
+    ExpectOptimizerRejected(
+        [dtype](OptimizerConfig& c) { c.exp_avg_sq_dtype = dtype; },
+        "optimizer.exp_avg_sq_dtype");
+  }
+}
+
+// Which moment dtype field describes which slot (job_config.h): bf16 is
+// accepted exactly where the optimizer keeps that slot.
+TEST(ValidateOptimizerConfigTest, AcceptsBf16ForEverySlotTheOptimizerKeeps) {
+  OptimizerConfig config;
+  config.exp_avg_dtype = DType::kBFloat16;
+  config.exp_avg_sq_dtype = DType::kBFloat16;
+  for (OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kAdam}) {
+    config.kind = kind;
+    EXPECT_TRUE(ValidateOptimizerConfig(config).ok());
+  }
+  config = OptimizerConfig();
+  config.exp_avg_dtype = DType::kBFloat16;
+  config.kind = OptimizerKind::kSgd;  // momentum 0.9: momentum_buffer
+  EXPECT_TRUE(ValidateOptimizerConfig(config).ok());
+  config.kind = OptimizerKind::kLion;
+  EXPECT_TRUE(ValidateOptimizerConfig(config).ok());
+  config = OptimizerConfig();
+  config.exp_avg_sq_dtype = DType::kBFloat16;
+  config.kind = OptimizerKind::kAdagrad;
+  EXPECT_TRUE(ValidateOptimizerConfig(config).ok());
+}
+
+TEST(ValidateOptimizerConfigTest, RejectsBf16ForASlotTheOptimizerDoesNotKeep) {
+  ExpectOptimizerRejected(
+      [](OptimizerConfig& c) {
+        c.kind = OptimizerKind::kSgd;
+        c.sgd_momentum = 0;
+        c.exp_avg_dtype = DType::kBFloat16;
+      },
+      "optimizer.exp_avg_dtype");
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kLion}) {
+    ExpectOptimizerRejected(
+        [kind](OptimizerConfig& c) {
+          c.kind = kind;
+          c.exp_avg_sq_dtype = DType::kBFloat16;
+        },
+        "optimizer.exp_avg_sq_dtype");
+  }
+  ExpectOptimizerRejected(
+      [](OptimizerConfig& c) {
+        c.kind = OptimizerKind::kAdagrad;
+        c.exp_avg_dtype = DType::kBFloat16;
+      },
+      "optimizer.exp_avg_dtype");
+}
+
 TEST(OptimizerStateSlotsTest, AdamKeepsTwoMoments) {
   OptimizerConfig config;
   config.kind = OptimizerKind::kAdamW;
@@ -185,6 +350,59 @@ TEST(OptimizerStateSlotsTest, SgdKeepsABufferOnlyWithMomentum) {
   EXPECT_EQ(OptimizerStateSlots(config), 1);
   config.sgd_momentum = 0;
   EXPECT_EQ(OptimizerStateSlots(config), 0);
+}
+
+TEST(OptimizerStateSlotsTest, AdagradAndLionKeepOneSlot) {
+  OptimizerConfig config;
+  config.kind = OptimizerKind::kAdagrad;
+  EXPECT_EQ(OptimizerStateSlots(config), 1);
+  config.kind = OptimizerKind::kLion;
+  EXPECT_EQ(OptimizerStateSlots(config), 1);
+}
+
+TEST(OptimizerSlotDTypeTest, FollowsTheMomentDTypeFieldOfEachSlot) {
+  OptimizerConfig config;
+  config.exp_avg_dtype = DType::kBFloat16;
+  config.kind = OptimizerKind::kAdamW;
+  EXPECT_EQ(OptimizerSlotDType(config, 0), DType::kBFloat16);
+  EXPECT_EQ(OptimizerSlotDType(config, 1), DType::kFloat32);
+  config.kind = OptimizerKind::kLion;
+  EXPECT_EQ(OptimizerSlotDType(config, 0), DType::kBFloat16);
+  config.kind = OptimizerKind::kSgd;
+  EXPECT_EQ(OptimizerSlotDType(config, 0), DType::kBFloat16);
+  // Adagrad's state_sum is a sum of squares: exp_avg_sq_dtype.
+  config.kind = OptimizerKind::kAdagrad;
+  EXPECT_EQ(OptimizerSlotDType(config, 0), DType::kFloat32);
+  config.exp_avg_sq_dtype = DType::kBFloat16;
+  EXPECT_EQ(OptimizerSlotDType(config, 0), DType::kBFloat16);
+}
+
+TEST(OptimizerSlotInitialValueTest, OnlyAdagradStartsAboveZero) {
+  OptimizerConfig config;
+  config.adagrad_initial_accumulator_value = 0.5;
+  config.kind = OptimizerKind::kAdagrad;
+  EXPECT_EQ(OptimizerSlotInitialValue(config, 0), 0.5);
+  config.kind = OptimizerKind::kAdamW;
+  EXPECT_EQ(OptimizerSlotInitialValue(config, 0), 0.0);
+  EXPECT_EQ(OptimizerSlotInitialValue(config, 1), 0.0);
+  config.kind = OptimizerKind::kLion;
+  EXPECT_EQ(OptimizerSlotInitialValue(config, 0), 0.0);
+}
+
+TEST(OptimizerStateBytesPerParamTest, CountsTheMasterAndEachSlotInItsDType) {
+  OptimizerConfig config;
+  config.kind = OptimizerKind::kAdamW;
+  EXPECT_EQ(OptimizerStateBytesPerParam(config), 12u);
+  config.exp_avg_dtype = DType::kBFloat16;
+  EXPECT_EQ(OptimizerStateBytesPerParam(config), 10u);
+  config.exp_avg_sq_dtype = DType::kBFloat16;
+  EXPECT_EQ(OptimizerStateBytesPerParam(config), 8u);
+  config.kind = OptimizerKind::kLion;
+  EXPECT_EQ(OptimizerStateBytesPerParam(config), 6u);
+  config.kind = OptimizerKind::kSgd;
+  config.sgd_momentum = 0;
+  config.exp_avg_dtype = DType::kFloat32;
+  EXPECT_EQ(OptimizerStateBytesPerParam(config), 4u);
 }
 
 }  // namespace

@@ -54,6 +54,54 @@ void ReferenceSgdStep(const OptimizerConfig& config,
   }
 }
 
+void ReferenceAdagradStep(const OptimizerConfig& config,
+                          const UpdateHyperParams& hparams,
+                          const std::vector<float>& grad,
+                          ReferenceState& state) {
+  const double clr = hparams.lr / (1 + static_cast<double>(hparams.step - 1) *
+                                           config.adagrad_lr_decay);
+  for (size_t i = 0; i < grad.size(); ++i) {
+    Tracked g = Exact(grad[i]);
+    Tracked& p = state.master[i];
+    Tracked& sum = state.slots[0][i];
+    if (hparams.weight_decay != 0) g = g + hparams.weight_decay * p;
+    sum = sum + g * g;
+    const Tracked std_dev = Sqrt(sum) + Exact(config.adagrad_eps);
+    p = p - clr * (g / std_dev);
+  }
+}
+
+// sign(c) as a kernel computes it from its own c, which lies within the
+// tolerance of c.value after `step` steps (WithinTolerance): exact where c is
+// clear of zero. Closer to zero either sign is a correct result, so the value
+// is 0 with a magnitude whose tolerance at this step covers -1 and +1; the
+// weight that takes lr * sign(c) then carries that much latitude from here on.
+Tracked SignWithinTolerance(const Tracked& c, uint64_t step) {
+  const double unit_roundoff = std::ldexp(1.0, -24);
+  const double slack = kUlpsPerStep * static_cast<double>(step) * unit_roundoff;
+  if (c.value > slack * c.magnitude) return Exact(1);
+  if (c.value < -slack * c.magnitude) return Exact(-1);
+  if (c.magnitude == 0) return Exact(0);  // computed exactly: a true zero
+  return {0, 1 / slack};
+}
+
+void ReferenceLionStep(const OptimizerConfig& config,
+                       const UpdateHyperParams& hparams,
+                       const std::vector<float>& grad, ReferenceState& state) {
+  const double b1 = config.lion_beta1;
+  const double b2 = config.lion_beta2;
+  const double lr = hparams.lr;
+  for (size_t i = 0; i < grad.size(); ++i) {
+    const Tracked g = Exact(grad[i]);
+    Tracked& p = state.master[i];
+    Tracked& m = state.slots[0][i];
+    const Tracked c = b1 * m + (1 - b1) * g;
+    p = (1 - lr * hparams.weight_decay) * p;
+    p = p - lr * SignWithinTolerance(c, hparams.step);
+    m = b2 * m + (1 - b2) * g;
+  }
+}
+
 // Random magnitudes spread over several decades, random signs.
 float RandomSigned(std::mt19937& rng, double log10_min, double log10_max) {
   std::uniform_real_distribution<double> exponent(log10_min, log10_max);
@@ -66,11 +114,23 @@ float RandomSigned(std::mt19937& rng, double log10_min, double log10_max) {
 void ReferenceStep(const OptimizerConfig& config,
                    const UpdateHyperParams& hparams,
                    const std::vector<float>& grad, ReferenceState& state) {
-  if (config.kind == OptimizerKind::kSgd) {
-    ReferenceSgdStep(config, hparams, grad, state);
-  } else {
-    ReferenceAdamStep(config, hparams, grad, state);
+  switch (config.kind) {
+    case OptimizerKind::kAdamW:
+    case OptimizerKind::kAdam:
+      ReferenceAdamStep(config, hparams, grad, state);
+      return;
+    case OptimizerKind::kSgd:
+      ReferenceSgdStep(config, hparams, grad, state);
+      return;
+    case OptimizerKind::kAdagrad:
+      ReferenceAdagradStep(config, hparams, grad, state);
+      return;
+    case OptimizerKind::kLion:
+      ReferenceLionStep(config, hparams, grad, state);
+      return;
   }
+  ADD_FAILURE() << "no reference for optimizer kind "
+                << static_cast<int>(config.kind);
 }
 
 std::vector<UpdateHyperParams> VaryingLrSteps(int count, double base_lr,
@@ -99,11 +159,17 @@ void ExpectKernelTracksReference(const OptimizerConfig& config,
   }
   for (float p : master) reference.master.push_back(Exact(p));
   for (int k = 0; k < slots; ++k) {
+    ASSERT_EQ(OptimizerSlotDType(config, k), DType::kFloat32)
+        << "the double reference tracks fp32 slots only";
     slot_data[k].assign(kElems, 0.0f);
-    reference.slots[k].assign(kElems, Tracked{});
+    // The slot's initial value as the kernel's state holds it: in fp32.
+    reference.slots[k].assign(
+        kElems,
+        Exact(static_cast<float>(OptimizerSlotInitialValue(config, k))));
   }
   const ParamRun run{
       master.data(), {slot_data[0].data(), slot_data[1].data()}, kElems};
+  InitOptimizerSlots(config, run);
   const std::unique_ptr<OptimizerKernel> kernel = MakeOptimizerKernel(config);
   ASSERT_NE(kernel, nullptr);
   int reports = 0;

@@ -18,6 +18,10 @@
 // moment's 6 plus 1, step size 2, subtraction 1). We allow 20. The worst seen
 // in these tests is about 5.5 u per step. A wrong formula, operand order of
 // decay, or bias correction computed in fp32 moves values by 100 u and more.
+// Adagrad's longest path is shorter than Adam's (no bias corrections, one
+// moment). Lion's weight takes lr * sign(c): where c lies within its tolerance
+// of zero the kernel may rightly take either sign, and the reference widens
+// that weight's tolerance to cover both (SignWithinTolerance in the .cc).
 #ifndef DEPOT_TESTS_UNIT_OPTIMIZER_REFERENCE_H_
 #define DEPOT_TESTS_UNIT_OPTIMIZER_REFERENCE_H_
 
@@ -84,8 +88,10 @@ void ReferenceStep(const OptimizerConfig& config,
 
 // Runs MakeOptimizerKernel(config) and the reference side by side over `steps`
 // (hparams.step must count 1, 2, ...), from the same random weights and
-// gradients and zero moments, and adds a test failure for every value outside
-// the tolerance after any step.
+// gradients and the slots' initial values (InitOptimizerSlots), and adds a
+// test failure for every value outside the tolerance after any step.
+// REQUIRES: every slot of `config` is fp32 (bf16 slots are tested against the
+// fp32 kernel with rounded moments, in bf16_moments_test.cc).
 void ExpectKernelTracksReference(const OptimizerConfig& config,
                                  const std::vector<UpdateHyperParams>& steps);
 

@@ -19,6 +19,10 @@
 //     absl::Status s = (*job)->Step(step, grads, weights, &result);
 //   }
 //
+// Loss scaling, non-finite skipping and global gradient clipping happen in the
+// step (docs/protocol.md): pass the loss scale in StepOptions, and read
+// result.found_inf / skipped / grad_norm back.
+//
 // Buffers are flat over the job's index space [0, N) (depot/layout.h): tensor i
 // lives at Layout::offset(i); padding between tensors is ignored on the way in and
 // written as zero on the way out.
@@ -33,6 +37,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,6 +66,33 @@ struct ClientOptions {
   int max_inflight_chunks = 4;
 };
 
+// The global decision on a step's gradients: skip the step (no state changes,
+// the optimizer's step count does not advance), or multiply the unscaled
+// gradients by clip_coef and update.
+struct StepCommit {
+  double clip_coef = 1.0;  // in (0, 1]; 1 = no clipping; ignored when skip
+  bool skip = false;
+};
+
+// Per-step options of Job::Step. Every worker must pass the same values.
+struct StepOptions {
+  // lr and weight_decay overrides per param group for this step (e.g. from a
+  // schedule); groups not listed use the job's OptimizerConfig.
+  std::vector<GroupHyperParams> group_hparams;
+  // The gradients arrive multiplied by this (the loss was); the servers
+  // multiply their sum by float(1 / loss_scale). 1 = no loss scaling. Must be
+  // finite and > 0.
+  double loss_scale = 1.0;
+  // The decision, when the trainer already knows it (its GPUs reduced the
+  // gradients over the whole model): the step then runs in one phase and the
+  // servers apply it. Without it the library decides: two phases (the servers
+  // report the gradient's norm, non-finite values and zeros, and every worker
+  // commits the same decision) when the config clips (clip_grad > 0), has a
+  // grad_norm_skip_threshold, or uses dynamic loss scaling (loss_scale == 0
+  // with fp16 gradients); otherwise one phase with no clipping and no skip.
+  std::optional<StepCommit> known_commit;
+};
+
 // The outcome of one Step, summed over the servers.
 struct StepResult {
   uint64_t step = 0;
@@ -70,6 +102,24 @@ struct StepResult {
   uint64_t bytes_received = 0;   // weight payload bytes
   double update_seconds = 0.0;   // server CPU update time, summed
   double wall_seconds = 0.0;     // Step's own duration
+
+  // Gradient numerics. g is the workers' summed gradient times
+  // float(1 / loss_scale), over every tensor element of the model (padding
+  // excluded). grad_norm, zero_count and found_inf are measured by the servers
+  // in a two-phase step only (0 / false in one phase).
+  bool two_phase = false;
+  // ||g|| in config().optimizer.clip_grad_norm_type: L2 (sqrt of the sum of
+  // squares, accumulated in double) or inf (max |g|). Inf or NaN when g is
+  // not finite.
+  double grad_norm = 0.0;
+  uint64_t zero_count = 0;  // elements of g exactly 0
+  bool found_inf = false;   // g holds a NaN or Inf: the step was skipped
+  // The step changed no state: found_inf, grad_norm above the config's
+  // grad_norm_skip_threshold, or known_commit.skip.
+  bool skipped = false;
+  // The clip coefficient applied, Megatron's clip_grad / (grad_norm + 1e-6)
+  // when that is < 1; 1 when none was (or the step was skipped).
+  double clip_coef = 1.0;
 };
 
 // A server's view of the job.
@@ -103,14 +153,16 @@ class Job {
   // Runs training step `step` (1, 2, ...) for this worker: sends `grads`
   // (N elements of config().grad_dtype) to all servers in parallel, pipelined per
   // chunk, and writes the updated weights (N elements of config().weight_dtype)
-  // into `weights_out`. Returns once every chunk's weights have arrived. Calling it
-  // again for a step that the servers already applied returns the same weights and
-  // applies nothing twice. `group_hparams` overrides lr and weight_decay per param
-  // group for this step (every worker must pass the same). `result` may be null.
+  // into `weights_out`. Returns once every chunk's weights have arrived (a
+  // skipped step returns the unchanged weights). Calling it again for a step
+  // that the servers already applied returns the same weights and applies
+  // nothing twice. `options` (every worker must pass the same) carries
+  // per-group hyperparameters, the loss scale and a known commit. `result` may
+  // be null. INVALID_ARGUMENT: loss_scale not finite or <= 0, or a known
+  // clip_coef outside (0, 1] without skip.
   virtual absl::Status Step(uint64_t step, const void* grads, void* weights_out,
                             StepResult* result,
-                            const std::vector<GroupHyperParams>& group_hparams =
-                                {}) = 0;
+                            const StepOptions& options = {}) = 0;
 
   // Copies weights [begin, end) into `out` as `dtype` (kFloat32 gives the master
   // weights exactly). OUT_OF_RANGE unless begin <= end <= N.

@@ -58,8 +58,11 @@ struct OptimizerConfig {
   double lion_beta1 = 0.9;
   double lion_beta2 = 0.99;
 
-  // Storage dtype of Adam's moments (Megatron's precision-aware optimizer):
-  // kFloat32 or kBFloat16. Arithmetic is fp32 either way.
+  // Storage dtype of the optimizer's state slots (Megatron's precision-aware
+  // optimizer): kFloat32 or kBFloat16. Arithmetic is fp32 either way.
+  // exp_avg_dtype: Adam's exp_avg, SGD's momentum_buffer, Lion's exp_avg;
+  // exp_avg_sq_dtype: Adam's exp_avg_sq, Adagrad's state_sum. A field that
+  // names a slot the optimizer does not keep must stay kFloat32.
   DType exp_avg_dtype = DType::kFloat32;
   DType exp_avg_sq_dtype = DType::kFloat32;
 
@@ -81,9 +84,16 @@ struct OptimizerConfig {
   int hysteresis = 2;
 };
 
-// INVALID_ARGUMENT with the offending field named when: lr or weight_decay is
-// negative or not finite; betas outside [0, 1); eps <= 0; momentum negative;
-// Nesterov without momentum or with dampening (as torch.optim.SGD).
+// INVALID_ARGUMENT with the offending field named when: the kind is unknown;
+// lr, min_lr, weight_decay, adagrad_lr_decay,
+// adagrad_initial_accumulator_value, clip_grad, grad_norm_skip_threshold or
+// loss_scale is negative or not finite; adam or lion betas outside [0, 1);
+// adam_eps or adagrad_eps not a finite value > 0; momentum negative; Nesterov
+// without momentum or with dampening (as torch.optim.SGD); a moment dtype other
+// than fp32/bf16, or bf16 for a slot the optimizer does not keep;
+// clip_grad_norm_type unknown; initial_loss_scale not a finite value > 0;
+// min_loss_scale not in (0, initial_loss_scale]; loss_scale_window < 1 or not
+// finite; hysteresis < 1.
 absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
 
 inline constexpr uint64_t kDefaultChunkElems = uint64_t{1} << 20;
@@ -122,6 +132,19 @@ uint64_t Fingerprint(const JobConfig& config);
 // Adam/AdamW 2 (exp_avg, exp_avg_sq); SGD 1 when momentum > 0, else 0;
 // Adagrad 1 (state_sum); Lion 1 (exp_avg).
 int OptimizerStateSlots(const OptimizerConfig& config);
+
+// The storage dtype of state slot `slot` (see OptimizerConfig::exp_avg_dtype).
+// REQUIRES: 0 <= slot < OptimizerStateSlots(config).
+DType OptimizerSlotDType(const OptimizerConfig& config, int slot);
+
+// The value every element of state slot `slot` holds before the first step:
+// adagrad_initial_accumulator_value for Adagrad's state_sum, else 0.
+// REQUIRES: 0 <= slot < OptimizerStateSlots(config).
+double OptimizerSlotInitialValue(const OptimizerConfig& config, int slot);
+
+// Bytes of state per parameter: 4 for the fp32 master weight plus each slot's
+// dtype size (AdamW: 12 with fp32 moments, 8 with bf16 ones).
+uint64_t OptimizerStateBytesPerParam(const OptimizerConfig& config);
 
 }  // namespace depot
 

@@ -1,0 +1,55 @@
+// ShardState's per-chunk bookkeeping, shared by the files that implement
+// ShardState (shard_state.cc: contributions, reads; shard_update.cc: the sum
+// and update tasks). Not for use outside ShardState.
+#ifndef DEPOT_SERVER_CHUNK_STATE_H_
+#define DEPOT_SERVER_CHUNK_STATE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "server/shard_state.h"
+#include "server/weights_sink.h"
+
+namespace depot {
+
+// The contributions to a chunk's next step (applied step + 1), one slot per
+// worker.
+struct ShardState::PendingStep {
+  explicit PendingStep(uint32_t workers)
+      : payloads(workers), sinks(workers), present(workers, false) {}
+
+  std::vector<std::string> payloads;  // moved out by the sum
+  std::vector<std::weak_ptr<WeightsSink>> sinks;
+  std::vector<bool> present;
+  uint32_t count = 0;
+  // Every worker has contributed: the sum (or update) task owns the payloads.
+  bool complete = false;
+  // Two-phase steps: the summed, unscaled gradient of the chunk, kept from the
+  // sum until the update (summed_ready says it is there).
+  std::vector<float> summed;
+  bool summed_ready = false;
+};
+
+struct ShardState::ChunkState {
+  // True while no update task owns the chunk's arrays.
+  bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !updating; }
+
+  mutable absl::Mutex mu;
+  // The last training step applied (skipped steps included).
+  uint64_t applied_step ABSL_GUARDED_BY(mu) = 0;
+  // The optimizer's step count: applied steps that were not skipped. Bias
+  // correction and SGD's first momentum step use it, as torch's state["step"].
+  uint64_t optimizer_step ABSL_GUARDED_BY(mu) = 0;
+  // Set once the update is scheduled, until it is done. While set, only the
+  // update task touches the chunk's master weights and slots.
+  bool updating ABSL_GUARDED_BY(mu) = false;
+  std::unique_ptr<PendingStep> pending ABSL_GUARDED_BY(mu);
+};
+
+}  // namespace depot
+
+#endif  // DEPOT_SERVER_CHUNK_STATE_H_
