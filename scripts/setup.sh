@@ -3,10 +3,11 @@
 # Only missing packages are installed; when everything is present no apt command runs.
 # Uses sudo when not run as root.
 #
+# python3-torch, python3-numpy and python3-pytest run the Python package's tests
+# (tests/python/, part of ctest) and the PyTorch example.
+#
 # Extra packages can be requested with DEPOT_OPTIONAL_PACKAGES, e.g.
-#   DEPOT_OPTIONAL_PACKAGES="python3-torch" ./scripts/setup.sh
-# (python3-torch is what the Python package's tests will need; it is not installed
-# by default because it is large and nothing built today uses it.)
+#   DEPOT_OPTIONAL_PACKAGES="gdb" ./scripts/setup.sh
 set -euo pipefail
 
 REQUIRED_PACKAGES=(
@@ -15,7 +16,7 @@ REQUIRED_PACKAGES=(
   libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus curl ca-certificates
-  python3 python3-numpy python3-pytest
+  python3 python3-numpy python3-pytest python3-torch
 )
 read -r -a OPTIONAL_PACKAGES <<<"${DEPOT_OPTIONAL_PACKAGES:-}"
 

@@ -1,0 +1,315 @@
+/* depot.h: the C API of libdepot_client, a stable boundary for any language.
+ *
+ * It wraps the C++ API (depot/client.h) one to one: a client connects to the
+ * servers, a job is opened on it (created, or attached to when it exists with
+ * the same config), its weights are initialised once, then each training step
+ * sends this worker's gradients and receives the updated weights.
+ *
+ *   const char* servers[] = {"10.0.0.1:50051", "10.0.0.2:50051"};
+ *   depot_client_t* client;
+ *   if (depot_client_create(servers, 2, NULL, &client) != DEPOT_OK) {
+ *     fprintf(stderr, "%s\n", depot_last_error());
+ *   }
+ *   depot_client_wait_for_servers(client, 30.0);
+ *   depot_tensor_spec_t tensors[] = {{"w", 4096, 0}, {"b", 64, 1}};
+ *   depot_job_config_t config;
+ *   depot_job_config_init(&config);           // the library's defaults
+ *   config.name = "run3";
+ *   config.tensors = tensors;
+ *   config.num_tensors = 2;
+ *   config.optimizer.lr = 3e-4;
+ *   depot_job_t* job;
+ *   depot_job_open(client, &config, 0, &job);
+ *   depot_job_init_weights(job, initial, DEPOT_DTYPE_FP32);
+ *   for (uint64_t step = 1; ...; ++step) {
+ *     depot_job_step(job, step, grads, weights, NULL, NULL);
+ *   }
+ *   depot_job_destroy(job);
+ *   depot_client_destroy(client);
+ *
+ * Buffers are flat over the job's index space [0, N), N =
+ * depot_job_total_elems(job): tensor i lives at depot_job_tensor_offset(job,
+ * i); padding between tensors is ignored on the way in and written as zero on
+ * the way out. Buffers are host memory.
+ *
+ * Errors: every function that can fail returns a status code, DEPOT_OK (0) or
+ * one of the absl / gRPC canonical codes below (docs/protocol.md lists which
+ * call returns which). depot_last_error() then returns the message, prefixed
+ * with the server's address when a server reported it. No C++ exception
+ * crosses this boundary: an unexpected one becomes DEPOT_INTERNAL (or
+ * DEPOT_RESOURCE_EXHAUSTED for an allocation failure).
+ *
+ * Thread safety: a depot_client_t may be used by several threads at once
+ * (opening jobs, waiting for servers). A depot_job_t's functions must not be
+ * called concurrently on the same job; different jobs are independent. The
+ * last error is per thread. A job may outlive the client it was opened on.
+ */
+#ifndef DEPOT_DEPOT_H_
+#define DEPOT_DEPOT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Changes whenever a struct or a signature of this header changes; bindings
+ * that mirror the structs (the Python package) check it at load time. */
+#define DEPOT_API_VERSION 1
+uint32_t depot_api_version(void);
+
+/* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
+enum {
+  DEPOT_OK = 0,
+  DEPOT_CANCELLED = 1,
+  DEPOT_UNKNOWN = 2,
+  DEPOT_INVALID_ARGUMENT = 3,
+  DEPOT_DEADLINE_EXCEEDED = 4,
+  DEPOT_NOT_FOUND = 5,
+  DEPOT_ALREADY_EXISTS = 6,
+  DEPOT_PERMISSION_DENIED = 7,
+  DEPOT_RESOURCE_EXHAUSTED = 8,
+  DEPOT_FAILED_PRECONDITION = 9,
+  DEPOT_ABORTED = 10,
+  DEPOT_OUT_OF_RANGE = 11,
+  DEPOT_UNIMPLEMENTED = 12,
+  DEPOT_INTERNAL = 13,
+  DEPOT_UNAVAILABLE = 14,
+  DEPOT_DATA_LOSS = 15,
+  DEPOT_UNAUTHENTICATED = 16,
+};
+
+/* The message of the last call on this thread that failed; "" after a call
+ * that succeeded. Valid until the next depot_* call on this thread. */
+const char* depot_last_error(void);
+
+/* "OK", "INVALID_ARGUMENT", ...; "UNKNOWN_CODE" for a number not above. */
+const char* depot_status_name(int code);
+
+/* Element types; the values of depot::DType. */
+enum {
+  DEPOT_DTYPE_FP32 = 1,
+  DEPOT_DTYPE_BF16 = 2,
+  DEPOT_DTYPE_FP16 = 3,
+};
+
+/* Optimizers; the values of depot::OptimizerKind (docs/optimizers.md). */
+enum {
+  DEPOT_OPTIMIZER_ADAMW = 1,
+  DEPOT_OPTIMIZER_ADAM = 2,
+  DEPOT_OPTIMIZER_SGD = 3,
+  DEPOT_OPTIMIZER_ADAGRAD = 4,
+  DEPOT_OPTIMIZER_LION = 5,
+};
+
+/* Norms of global gradient clipping; the values of depot::GradNormType. */
+enum {
+  DEPOT_GRAD_NORM_L2 = 1,
+  DEPOT_GRAD_NORM_INF = 2,
+};
+
+typedef struct depot_client depot_client_t;
+typedef struct depot_job depot_job_t;
+
+/* ----------------------------------------------------------------- client */
+
+typedef struct depot_client_options {
+  double rpc_timeout_seconds;  /* deadline of unary RPCs */
+  double step_timeout_seconds; /* deadline of a whole step, init or pull */
+  int32_t max_inflight_chunks; /* per (worker, server) stream */
+} depot_client_options_t;
+
+/* Fills `options` with the defaults of depot::ClientOptions. */
+void depot_client_options_init(depot_client_options_t* options);
+
+/* Connects to `num_servers` servers, "host:port" each, in shard-plan order
+ * (every worker must pass the same order). Does not wait for them to be up;
+ * see depot_client_wait_for_servers. `options` may be NULL (defaults).
+ * On success *out is a client to free with depot_client_destroy.
+ * INVALID_ARGUMENT: no servers, a malformed address, bad options. */
+int depot_client_create(const char* const* servers, size_t num_servers,
+                        const depot_client_options_t* options,
+                        depot_client_t** out);
+
+/* Waits until every server's health service reports SERVING.
+ * UNAVAILABLE (naming the server) if one does not within the timeout. */
+int depot_client_wait_for_servers(depot_client_t* client,
+                                  double timeout_seconds);
+
+/* Frees the client. NULL is ignored. Jobs opened on it stay usable. */
+void depot_client_destroy(depot_client_t* client);
+
+/* -------------------------------------------------------------------- job */
+
+typedef struct depot_tensor_spec {
+  const char* name; /* unique, non-empty */
+  uint64_t numel;   /* > 0 */
+  uint32_t param_group;
+} depot_tensor_spec_t;
+
+/* depot::OptimizerConfig, field for field (Megatron-Core's names; the
+ * meaning and validation of each is in depot/job_config.h). Booleans are 0 or
+ * 1; dtypes are DEPOT_DTYPE_*, kinds DEPOT_OPTIMIZER_*. */
+typedef struct depot_optimizer_config {
+  int32_t kind;
+  double lr;
+  double min_lr;
+  double weight_decay;
+  double adam_beta1;
+  double adam_beta2;
+  double adam_eps;
+  double sgd_momentum;
+  double sgd_dampening;
+  int32_t sgd_nesterov;
+  double adagrad_lr_decay;
+  double adagrad_initial_accumulator_value;
+  double adagrad_eps;
+  double lion_beta1;
+  double lion_beta2;
+  int32_t exp_avg_dtype;
+  int32_t exp_avg_sq_dtype;
+  double clip_grad;
+  int32_t clip_grad_norm_type;
+  double grad_norm_skip_threshold;
+  double loss_scale;
+  double initial_loss_scale;
+  double min_loss_scale;
+  double loss_scale_window;
+  int32_t hysteresis;
+} depot_optimizer_config_t;
+
+/* depot::JobConfig. The strings and the tensor array are read during
+ * depot_job_open only. num_servers is not here: it is the client's. */
+typedef struct depot_job_config {
+  const char* name;
+  const depot_tensor_spec_t* tensors;
+  size_t num_tensors;
+  uint32_t num_workers;
+  depot_optimizer_config_t optimizer;
+  int32_t grad_dtype;
+  int32_t weight_dtype;
+  uint64_t chunk_elems;
+  uint64_t alignment_elems;
+} depot_job_config_t;
+
+/* Fills `config` with the defaults of depot::JobConfig (no name, no tensors,
+ * one worker, AdamW, fp32 gradients and weights, 1 Mi-element chunks). */
+void depot_job_config_init(depot_job_config_t* config);
+
+/* Creates the job on every server of `client`, or attaches to it when a job
+ * with the same name and an identical config exists, as worker `worker_rank`.
+ * On success *out is a job handle to free with depot_job_destroy.
+ * INVALID_ARGUMENT: an invalid config (the field is named) or worker_rank >=
+ * num_workers; FAILED_PRECONDITION: a job of that name exists with a
+ * different config; RESOURCE_EXHAUSTED: a server's memory budget. */
+int depot_job_open(depot_client_t* client, const depot_job_config_t* config,
+                   uint32_t worker_rank, depot_job_t** out);
+
+/* The job's layout: N (the length of every flat buffer), its tensors and
+ * where each starts. REQUIRES: tensor_index < depot_job_num_tensors(job). */
+uint64_t depot_job_total_elems(const depot_job_t* job);
+size_t depot_job_num_tensors(const depot_job_t* job);
+uint64_t depot_job_tensor_offset(const depot_job_t* job, size_t tensor_index);
+uint64_t depot_job_fingerprint(const depot_job_t* job);
+uint32_t depot_job_num_servers(const depot_job_t* job);
+
+/* Sets the master weights of the whole job from N elements of `dtype` at
+ * `weights` (bf16/fp16 are upcast). FAILED_PRECONDITION if a chunk has a step
+ * applied, or a peer's step-1 gradient pending (client/README.md: InitOrJoin).
+ */
+int depot_job_init_weights(depot_job_t* job, const void* weights,
+                           int32_t dtype);
+
+/* Per-step hyperparameters of one param group (depot::GroupHyperParams). */
+typedef struct depot_group_hparams {
+  uint32_t param_group;
+  double lr;
+  double weight_decay;
+} depot_group_hparams_t;
+
+/* depot::StepOptions. Every worker must pass the same values for a step. */
+typedef struct depot_step_options {
+  /* Overrides of lr and weight_decay, at most one per group; groups not
+   * listed use the job's config. Read during the call only. */
+  const depot_group_hparams_t* group_hparams;
+  size_t num_group_hparams;
+  /* The gradients arrive multiplied by this; 1 = none. Finite and > 0. */
+  double loss_scale;
+  /* 1: the trainer already knows the step's clip decision, given by
+   * known_clip_coef (in (0, 1]) and known_skip (0 or 1); the step then runs
+   * in one phase. 0: the library decides (depot/client.h, StepOptions). */
+  int32_t has_known_commit;
+  double known_clip_coef;
+  int32_t known_skip;
+} depot_step_options_t;
+
+/* Fills `options` with the defaults of depot::StepOptions (no overrides,
+ * loss scale 1, no known commit). */
+void depot_step_options_init(depot_step_options_t* options);
+
+/* depot::StepResult: the outcome of one step, summed over the servers. */
+typedef struct depot_step_result {
+  uint64_t step;
+  uint64_t chunks;          /* weight chunks received */
+  uint64_t chunks_replayed; /* of those, chunks the servers had applied */
+  uint64_t bytes_sent;      /* gradient payload bytes */
+  uint64_t bytes_received;  /* weight payload bytes */
+  double update_seconds;    /* server CPU update time, summed */
+  double wall_seconds;      /* the call's own duration */
+  int32_t two_phase;        /* the servers measured the gradient first */
+  double grad_norm;         /* two-phase steps only, else 0 */
+  uint64_t zero_count;      /* two-phase steps only, else 0 */
+  int32_t found_inf;        /* a NaN or Inf in the gradient: skipped */
+  int32_t skipped;          /* the step changed no state */
+  double clip_coef;         /* applied clip coefficient; 1 = none */
+} depot_step_result_t;
+
+/* Runs training step `step` (1, 2, ...) for this worker: sends `grads` (N
+ * elements of the job's grad_dtype) and writes the updated weights (N
+ * elements of its weight_dtype) into `weights_out`. Calling it again for a
+ * step the servers already applied returns the same weights and applies
+ * nothing twice. `options` may be NULL (defaults); `result` may be NULL.
+ * ABORTED: a step out of order; DEADLINE_EXCEEDED: a peer worker too slow;
+ * INVALID_ARGUMENT: bad options. */
+int depot_job_step(depot_job_t* job, uint64_t step, const void* grads,
+                   void* weights_out, const depot_step_options_t* options,
+                   depot_step_result_t* result);
+
+/* Copies weights [begin, end) into `out` as `dtype` (DEPOT_DTYPE_FP32 gives
+ * the master weights exactly). OUT_OF_RANGE unless begin <= end <= N. */
+int depot_job_pull(depot_job_t* job, uint64_t begin, uint64_t end,
+                   int32_t dtype, void* out);
+
+/* One server's view of the job (depot::ServerJobStatus). */
+typedef struct depot_server_status {
+  /* The server's address; owned by the job, valid until the next
+   * depot_job_status on it or depot_job_destroy. */
+  const char* server;
+  uint64_t job_id;
+  uint64_t step; /* last step applied to every chunk of the shard */
+  uint64_t shard_begin;
+  uint64_t shard_end;
+  uint64_t state_bytes;
+  uint64_t state_checksum; /* 0 unless with_checksum */
+} depot_server_status_t;
+
+/* Writes each server's status, in server order, into out[0 ..
+ * depot_job_num_servers(job)). with_checksum (0 or 1) makes every server hash
+ * its whole state. REQUIRES: capacity >= depot_job_num_servers(job), else
+ * INVALID_ARGUMENT. */
+int depot_job_status(depot_job_t* job, int32_t with_checksum,
+                     depot_server_status_t* out, size_t capacity);
+
+/* Deletes the job on every server, freeing its state; the handle stays to be
+ * destroyed. */
+int depot_job_delete(depot_job_t* job);
+
+/* Frees the handle (the job stays on the servers). NULL is ignored. */
+void depot_job_destroy(depot_job_t* job);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DEPOT_DEPOT_H_ */

@@ -1,0 +1,345 @@
+"""depot.Client and depot.Job: the C API (depot.h) as Python objects.
+
+    client = depot.Client(["10.0.0.1:50051", "10.0.0.2:50051"])
+    client.wait_for_servers(30)
+    job = client.open_job("run3", [("w", 4096, 0), ("b", 64, 1)],
+                          optimizer="adamw", lr=3e-4)
+    job.init_weights(initial)                  # N = job.total_elems elements
+    for step in range(1, steps + 1):
+        job.step(step, grads, weights)         # weights updated in place
+
+Every method raises a depot.DepotError subclass when the call fails. The
+library runs without the GIL, so other Python threads keep running during a
+step. A Client may be shared by threads; a Job serializes its own calls.
+"""
+
+import collections
+import ctypes
+import dataclasses
+import threading
+
+import numpy as np
+
+from depot import _capi
+from depot.buffers import DType, buffer_address, parse_dtype
+
+TensorSpec = collections.namedtuple("TensorSpec", "name numel param_group")
+TensorSpec.__doc__ = "One tensor of a job's layout."
+
+GroupHyperParams = collections.namedtuple(
+    "GroupHyperParams", "param_group lr weight_decay")
+GroupHyperParams.__doc__ = "This step's lr and weight decay of one group."
+
+StepCommit = collections.namedtuple(
+    "StepCommit", "clip_coef skip", defaults=(1.0, False))
+StepCommit.__doc__ = (
+    "A step's clip decision, when the trainer already knows it: skip it, or "
+    "multiply the unscaled gradients by clip_coef (in (0, 1]).")
+
+OPTIMIZER_KINDS = {"adamw": 1, "adam": 2, "sgd": 3, "adagrad": 4, "lion": 5}
+GRAD_NORM_TYPES = {"l2": 1, "inf": 2}
+_DTYPE_FIELDS = ("exp_avg_dtype", "exp_avg_sq_dtype")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """The outcome of one step, summed over the servers (depot.h)."""
+
+    step: int
+    chunks: int
+    chunks_replayed: int
+    bytes_sent: int
+    bytes_received: int
+    update_seconds: float
+    wall_seconds: float
+    two_phase: bool
+    grad_norm: float
+    zero_count: int
+    found_inf: bool
+    skipped: bool
+    clip_coef: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerStatus:
+    """One server's view of a job."""
+
+    server: str
+    job_id: int
+    step: int
+    shard_begin: int
+    shard_end: int
+    state_bytes: int
+    state_checksum: int
+
+
+def optimizer_defaults():
+    """The library's OptimizerConfig defaults, by field name (Megatron's)."""
+    config = _capi.JobConfig()
+    _capi.lib().depot_job_config_init(ctypes.byref(config))
+    return {name: getattr(config.optimizer, name)
+            for name, _ in _capi.OptimizerConfig._fields_ if name != "kind"}
+
+
+def _set_optimizer_fields(c_config, kind, fields):
+    try:
+        c_config.kind = OPTIMIZER_KINDS[kind.lower()]
+    except KeyError:
+        raise ValueError(f"unknown optimizer {kind!r}; one of "
+                         f"{', '.join(OPTIMIZER_KINDS)}") from None
+    known = {name for name, _ in _capi.OptimizerConfig._fields_} - {"kind"}
+    for name, value in fields.items():
+        if name not in known:
+            raise TypeError(f"unknown optimizer field {name!r}; the fields "
+                            f"are {', '.join(sorted(known))}")
+        if name in _DTYPE_FIELDS:
+            value = int(parse_dtype(value))
+        elif name == "clip_grad_norm_type" and isinstance(value, str):
+            value = GRAD_NORM_TYPES[value.lower()]
+        elif name == "sgd_nesterov":
+            value = int(bool(value))
+        setattr(c_config, name, value)
+
+
+class Client:
+    """Connections to the Depot servers of a run.
+
+    `servers` lists "host:port" of each server, in the same order on every
+    worker. Connecting does not wait for them; wait_for_servers does.
+    """
+
+    def __init__(self, servers, *, rpc_timeout=None, step_timeout=None,
+                 max_inflight_chunks=None):
+        if isinstance(servers, str):
+            servers = [servers]
+        self.servers = list(servers)
+        lib = _capi.lib()
+        options = _capi.ClientOptions()
+        lib.depot_client_options_init(ctypes.byref(options))
+        if rpc_timeout is not None:
+            options.rpc_timeout_seconds = rpc_timeout
+        if step_timeout is not None:
+            options.step_timeout_seconds = step_timeout
+        if max_inflight_chunks is not None:
+            options.max_inflight_chunks = max_inflight_chunks
+        addresses = (ctypes.c_char_p * len(self.servers))(
+            *[s.encode() for s in self.servers])
+        handle = ctypes.c_void_p()
+        _capi.check(lib.depot_client_create(
+            addresses, len(self.servers), ctypes.byref(options),
+            ctypes.byref(handle)))
+        self._handle = handle
+
+    def wait_for_servers(self, timeout=30.0):
+        """Waits until every server reports SERVING on its health service.
+        UnavailableError (naming the server) if one does not in time."""
+        _capi.check(_capi.lib().depot_client_wait_for_servers(
+            self._live_handle(), float(timeout)))
+
+    def open_job(self, name, tensors, *, worker_rank=0, num_workers=1,
+                 optimizer="adamw", grad_dtype="fp32", weight_dtype="fp32",
+                 chunk_elems=None, alignment_elems=None, **optimizer_fields):
+        """Creates the job on every server, or attaches to an identical one.
+
+        `tensors`: (name, numel, param_group) per tensor, in layout order.
+        `optimizer`: "adamw", "adam", "sgd", "adagrad" or "lion".
+        `optimizer_fields`: OptimizerConfig fields by their Megatron names
+        (lr, weight_decay, adam_beta1, adam_beta2, adam_eps, sgd_momentum,
+        sgd_dampening, sgd_nesterov, ...; depot/job_config.h); the others keep
+        the library's defaults (optimizer_defaults()).
+        FailedPreconditionError when a job of that name has another config.
+        """
+        specs = [TensorSpec(*t) for t in tensors]
+        c_tensors = (_capi.TensorSpec * len(specs))(*[
+            _capi.TensorSpec(s.name.encode(), s.numel, s.param_group)
+            for s in specs])
+        config = _capi.JobConfig()
+        lib = _capi.lib()
+        lib.depot_job_config_init(ctypes.byref(config))
+        config.name = name.encode()
+        config.tensors = c_tensors
+        config.num_tensors = len(specs)
+        config.num_workers = num_workers
+        _set_optimizer_fields(config.optimizer, optimizer, optimizer_fields)
+        config.grad_dtype = int(parse_dtype(grad_dtype))
+        config.weight_dtype = int(parse_dtype(weight_dtype))
+        if chunk_elems is not None:
+            config.chunk_elems = chunk_elems
+        if alignment_elems is not None:
+            config.alignment_elems = alignment_elems
+        handle = ctypes.c_void_p()
+        _capi.check(lib.depot_job_open(self._live_handle(),
+                                       ctypes.byref(config), worker_rank,
+                                       ctypes.byref(handle)))
+        return Job(handle, name, specs, worker_rank, num_workers,
+                   parse_dtype(grad_dtype), parse_dtype(weight_dtype))
+
+    def close(self):
+        """Frees the connections. Jobs opened on the client stay usable."""
+        handle, self._handle = self._handle, None
+        if handle:
+            _capi.lib().depot_client_destroy(handle)
+
+    def _live_handle(self):
+        if not self._handle:
+            raise ValueError("the Client is closed")
+        return self._handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+
+
+class Job:
+    """A job opened by Client.open_job, as one worker.
+
+    Buffers are flat over [0, total_elems): tensor i starts at
+    tensor_offsets[i]; the gaps are padding. Gradients are grad_dtype and
+    weights weight_dtype (see depot.buffers for the accepted types).
+    """
+
+    def __init__(self, handle, name, tensors, worker_rank, num_workers,
+                 grad_dtype, weight_dtype):
+        lib = _capi.lib()
+        self._handle = handle
+        self._lock = threading.Lock()  # depot.h: one call at a time per job
+        self.name = name
+        self.tensors = tensors
+        self.worker_rank = worker_rank
+        self.num_workers = num_workers
+        self.grad_dtype = grad_dtype
+        self.weight_dtype = weight_dtype
+        self.total_elems = lib.depot_job_total_elems(handle)
+        self.tensor_offsets = [lib.depot_job_tensor_offset(handle, i)
+                               for i in range(len(tensors))]
+        self.fingerprint = lib.depot_job_fingerprint(handle)
+        self.num_servers = lib.depot_job_num_servers(handle)
+
+    def init_weights(self, weights):
+        """Sets the master weights from `weights` (total_elems elements of
+        fp32, bf16 or fp16). FailedPreconditionError once a step has been
+        applied or a peer's step-1 gradient is pending."""
+        dtype = _buffer_dtype(weights)
+        address = buffer_address(weights, dtype, self.total_elems,
+                                 writable=False, what="weights")
+        with self._lock:
+            _capi.check(_capi.lib().depot_job_init_weights(
+                self._live_handle(), address, int(dtype)))
+
+    def step(self, step, grads, weights_out, *, group_hparams=(),
+             loss_scale=1.0, known_commit=None):
+        """Runs step `step` (1, 2, ...) for this worker: sends `grads` and
+        writes the updated weights into `weights_out`. Every worker passes the
+        same `group_hparams` ((param_group, lr, weight_decay) each),
+        `loss_scale` and `known_commit` (a StepCommit, or None). Returns a
+        StepResult."""
+        grads_address = buffer_address(grads, self.grad_dtype,
+                                       self.total_elems, writable=False,
+                                       what="grads")
+        weights_address = buffer_address(weights_out, self.weight_dtype,
+                                         self.total_elems, writable=True,
+                                         what="weights_out")
+        hparams = [GroupHyperParams(*g) for g in group_hparams]
+        c_hparams = (_capi.GroupHyperParams * len(hparams))(*[
+            _capi.GroupHyperParams(g.param_group, g.lr, g.weight_decay)
+            for g in hparams])
+        options = _capi.StepOptions()
+        lib = _capi.lib()
+        lib.depot_step_options_init(ctypes.byref(options))
+        options.group_hparams = c_hparams
+        options.num_group_hparams = len(hparams)
+        options.loss_scale = loss_scale
+        if known_commit is not None:
+            commit = StepCommit(*known_commit)
+            options.has_known_commit = 1
+            options.known_clip_coef = commit.clip_coef
+            options.known_skip = int(bool(commit.skip))
+        result = _capi.StepResult()
+        with self._lock:
+            _capi.check(lib.depot_job_step(
+                self._live_handle(), step, grads_address, weights_address,
+                ctypes.byref(options), ctypes.byref(result)))
+        return StepResult(**{
+            name: (bool(getattr(result, name)) if ctype is _capi.c_int32
+                   else getattr(result, name))
+            for name, ctype in _capi.StepResult._fields_})
+
+    def pull(self, begin=0, end=None, dtype="fp32", out=None):
+        """Weights [begin, end) as `dtype` (fp32: the master weights exactly),
+        into `out` if given, else into a new NumPy array, which is returned.
+        OutOfRangeError unless begin <= end <= total_elems."""
+        end = self.total_elems if end is None else end
+        dtype = parse_dtype(dtype)
+        if out is None:
+            out = np.empty(max(end - begin, 0), dtype=dtype.numpy_dtype)
+        address = buffer_address(out, dtype, max(end - begin, 0),
+                                 writable=True, what="out")
+        with self._lock:
+            _capi.check(_capi.lib().depot_job_pull(
+                self._live_handle(), begin, end, int(dtype), address))
+        return out
+
+    def status(self, with_checksum=False):
+        """Each server's ServerStatus, in server order."""
+        statuses = (_capi.ServerStatus * self.num_servers)()
+        with self._lock:
+            _capi.check(_capi.lib().depot_job_status(
+                self._live_handle(), int(with_checksum), statuses,
+                self.num_servers))
+            return [ServerStatus(
+                server=s.server.decode(), job_id=s.job_id, step=s.step,
+                shard_begin=s.shard_begin, shard_end=s.shard_end,
+                state_bytes=s.state_bytes, state_checksum=s.state_checksum)
+                for s in statuses]
+
+    def delete(self):
+        """Deletes the job on every server, freeing its state."""
+        with self._lock:
+            _capi.check(_capi.lib().depot_job_delete(self._live_handle()))
+
+    def close(self):
+        """Frees the handle; the job stays on the servers."""
+        with self._lock:
+            handle, self._handle = self._handle, None
+        if handle:
+            _capi.lib().depot_job_destroy(handle)
+
+    def _live_handle(self):
+        if not self._handle:
+            raise ValueError(f"Job {self.name!r} is closed")
+        return self._handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+
+
+def _buffer_dtype(buffer):
+    """The DType of a buffer whose type the caller chooses (init_weights)."""
+    dtype = getattr(buffer, "dtype", None)
+    if isinstance(dtype, np.dtype):
+        for candidate in DType:
+            if candidate.numpy_dtype == dtype:
+                return candidate
+        raise ValueError(f"weights have dtype {dtype}: use float32, float16 "
+                         f"or uint16 (raw bf16 bits)")
+    if dtype is None:
+        raise TypeError(f"weights must be a NumPy array or a torch tensor, "
+                        f"not {type(buffer).__name__}")
+    return parse_dtype(dtype)

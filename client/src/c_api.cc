@@ -1,0 +1,321 @@
+// The C API (depot/depot.h) over the C++ client (depot/client.h).
+//
+// Every entry point that can fail runs its body through Guarded(), which turns
+// the absl::Status into the returned code and the thread's last error, and
+// catches every C++ exception: none may unwind into a C (or ctypes) caller.
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <iterator>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "c_api_convert.h"
+#include "depot/client.h"
+#include "depot/depot.h"
+
+struct depot_client {
+  std::unique_ptr<depot::Client> client;
+};
+
+struct depot_job {
+  std::unique_ptr<depot::Job> job;
+  // Backing store of depot_server_status_t::server of the last Status call.
+  std::vector<std::string> status_servers;
+};
+
+namespace depot {
+namespace {
+
+thread_local std::string last_error;
+
+// Records `status` as this thread's last error and returns its code.
+int Record(const absl::Status& status) noexcept {
+  try {
+    last_error.assign(status.message().data(), status.message().size());
+  } catch (...) {
+    last_error.clear();  // no memory for the message; the code still tells
+  }
+  return static_cast<int>(status.code());
+}
+
+// Runs `body` (returning absl::Status) as the entry point `function`: the
+// status becomes the return code and the last error; an exception becomes
+// INTERNAL (RESOURCE_EXHAUSTED for bad_alloc) naming the function.
+template <typename Body>
+int Guarded(const char* function, Body&& body) noexcept {
+  try {
+    return Record(body());
+  } catch (const std::bad_alloc&) {
+    return Record(absl::ResourceExhaustedError(
+        absl::StrCat(function, ": out of memory in libdepot_client")));
+  } catch (const std::exception& e) {
+    return Record(absl::InternalError(absl::StrCat(
+        function, ": unexpected C++ exception in libdepot_client: ",
+        absl::string_view(e.what()))));
+  } catch (...) {
+    return Record(absl::InternalError(absl::StrCat(
+        function, ": unexpected non-standard exception in libdepot_client")));
+  }
+}
+
+}  // namespace
+}  // namespace depot
+
+extern "C" {
+
+uint32_t depot_api_version(void) { return DEPOT_API_VERSION; }
+
+const char* depot_last_error(void) { return depot::last_error.c_str(); }
+
+const char* depot_status_name(int code) {
+  // Indexed by code: absl::StatusCode's names.
+  static constexpr const char* kNames[] = {"OK",
+                                           "CANCELLED",
+                                           "UNKNOWN",
+                                           "INVALID_ARGUMENT",
+                                           "DEADLINE_EXCEEDED",
+                                           "NOT_FOUND",
+                                           "ALREADY_EXISTS",
+                                           "PERMISSION_DENIED",
+                                           "RESOURCE_EXHAUSTED",
+                                           "FAILED_PRECONDITION",
+                                           "ABORTED",
+                                           "OUT_OF_RANGE",
+                                           "UNIMPLEMENTED",
+                                           "INTERNAL",
+                                           "UNAVAILABLE",
+                                           "DATA_LOSS",
+                                           "UNAUTHENTICATED"};
+  if (code < 0 || code >= static_cast<int>(std::size(kNames))) {
+    return "UNKNOWN_CODE";
+  }
+  return kNames[code];
+}
+
+void depot_client_options_init(depot_client_options_t* options) {
+  if (options == nullptr) return;
+  const depot::ClientOptions defaults;
+  options->rpc_timeout_seconds = absl::ToDoubleSeconds(defaults.rpc_timeout);
+  options->step_timeout_seconds = absl::ToDoubleSeconds(defaults.step_timeout);
+  options->max_inflight_chunks = defaults.max_inflight_chunks;
+}
+
+int depot_client_create(const char* const* servers, size_t num_servers,
+                        const depot_client_options_t* options,
+                        depot_client_t** out) {
+  constexpr const char* kFunction = "depot_client_create";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (out == nullptr) return depot::c_api::NullArgument(kFunction, "out");
+    *out = nullptr;
+    if (servers == nullptr && num_servers > 0) {
+      return depot::c_api::NullArgument(kFunction, "servers");
+    }
+    depot_client_options_t c_options;
+    depot_client_options_init(&c_options);
+    if (options != nullptr) c_options = *options;
+    absl::StatusOr<depot::ClientOptions> converted =
+        depot::c_api::FromC(servers, num_servers, c_options);
+    if (!converted.ok()) return converted.status();
+    absl::StatusOr<std::unique_ptr<depot::Client>> client =
+        depot::Client::Connect(*std::move(converted));
+    if (!client.ok()) return client.status();
+    *out = new depot_client{*std::move(client)};
+    return absl::OkStatus();
+  });
+}
+
+int depot_client_wait_for_servers(depot_client_t* client,
+                                  double timeout_seconds) {
+  constexpr const char* kFunction = "depot_client_wait_for_servers";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (client == nullptr)
+      return depot::c_api::NullArgument(kFunction, "client");
+    if (!(std::isfinite(timeout_seconds) && timeout_seconds >= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kFunction, ": timeout_seconds is ", timeout_seconds,
+                       ", must be finite and >= 0"));
+    }
+    return client->client->WaitForServers(absl::Seconds(timeout_seconds));
+  });
+}
+
+void depot_client_destroy(depot_client_t* client) { delete client; }
+
+void depot_job_config_init(depot_job_config_t* config) {
+  if (config == nullptr) return;
+  const depot::JobConfig defaults;
+  config->name = nullptr;
+  config->tensors = nullptr;
+  config->num_tensors = 0;
+  config->num_workers = defaults.num_workers;
+  config->optimizer = depot::c_api::ToC(defaults.optimizer);
+  config->grad_dtype = static_cast<int32_t>(defaults.grad_dtype);
+  config->weight_dtype = static_cast<int32_t>(defaults.weight_dtype);
+  config->chunk_elems = defaults.chunk_elems;
+  config->alignment_elems = defaults.alignment_elems;
+}
+
+int depot_job_open(depot_client_t* client, const depot_job_config_t* config,
+                   uint32_t worker_rank, depot_job_t** out) {
+  constexpr const char* kFunction = "depot_job_open";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (out == nullptr) return depot::c_api::NullArgument(kFunction, "out");
+    *out = nullptr;
+    if (client == nullptr)
+      return depot::c_api::NullArgument(kFunction, "client");
+    if (config == nullptr)
+      return depot::c_api::NullArgument(kFunction, "config");
+    absl::StatusOr<depot::JobConfig> converted = depot::c_api::FromC(*config);
+    if (!converted.ok()) return converted.status();
+    absl::StatusOr<std::unique_ptr<depot::Job>> job =
+        client->client->OpenJob(*std::move(converted), worker_rank);
+    if (!job.ok()) return job.status();
+    *out = new depot_job{*std::move(job), {}};
+    return absl::OkStatus();
+  });
+}
+
+uint64_t depot_job_total_elems(const depot_job_t* job) {
+  return job == nullptr ? 0 : job->job->total_elems();
+}
+
+size_t depot_job_num_tensors(const depot_job_t* job) {
+  return job == nullptr ? 0 : job->job->layout().tensors().size();
+}
+
+uint64_t depot_job_tensor_offset(const depot_job_t* job, size_t tensor_index) {
+  if (job == nullptr || tensor_index >= depot_job_num_tensors(job)) {
+    return UINT64_MAX;  // a REQUIRES violation; UINT64_MAX is never an offset
+  }
+  return job->job->layout().offset(tensor_index);
+}
+
+uint64_t depot_job_fingerprint(const depot_job_t* job) {
+  return job == nullptr ? 0 : job->job->fingerprint();
+}
+
+uint32_t depot_job_num_servers(const depot_job_t* job) {
+  return job == nullptr ? 0 : job->job->plan().num_servers();
+}
+
+int depot_job_init_weights(depot_job_t* job, const void* weights,
+                           int32_t dtype) {
+  constexpr const char* kFunction = "depot_job_init_weights";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    if (weights == nullptr)
+      return depot::c_api::NullArgument(kFunction, "weights");
+    absl::StatusOr<depot::DType> converted =
+        depot::c_api::DTypeField(dtype, "dtype");
+    if (!converted.ok()) return converted.status();
+    return job->job->InitWeights(weights, *converted);
+  });
+}
+
+void depot_step_options_init(depot_step_options_t* options) {
+  if (options == nullptr) return;
+  const depot::StepOptions defaults;
+  options->group_hparams = nullptr;
+  options->num_group_hparams = 0;
+  options->loss_scale = defaults.loss_scale;
+  options->has_known_commit = 0;
+  const depot::StepCommit commit_defaults;
+  options->known_clip_coef = commit_defaults.clip_coef;
+  options->known_skip = commit_defaults.skip ? 1 : 0;
+}
+
+int depot_job_step(depot_job_t* job, uint64_t step, const void* grads,
+                   void* weights_out, const depot_step_options_t* options,
+                   depot_step_result_t* result) {
+  constexpr const char* kFunction = "depot_job_step";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    if (grads == nullptr) return depot::c_api::NullArgument(kFunction, "grads");
+    if (weights_out == nullptr) {
+      return depot::c_api::NullArgument(kFunction, "weights_out");
+    }
+    depot_step_options_t c_options;
+    depot_step_options_init(&c_options);
+    if (options != nullptr) c_options = *options;
+    absl::StatusOr<depot::StepOptions> converted =
+        depot::c_api::FromC(c_options);
+    if (!converted.ok()) return converted.status();
+    depot::StepResult step_result;
+    absl::Status stepped =
+        job->job->Step(step, grads, weights_out, &step_result, *converted);
+    if (stepped.ok() && result != nullptr)
+      depot::c_api::ToC(step_result, result);
+    return stepped;
+  });
+}
+
+int depot_job_pull(depot_job_t* job, uint64_t begin, uint64_t end,
+                   int32_t dtype, void* out) {
+  constexpr const char* kFunction = "depot_job_pull";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    if (out == nullptr && end > begin) {
+      return depot::c_api::NullArgument(kFunction, "out");
+    }
+    absl::StatusOr<depot::DType> converted =
+        depot::c_api::DTypeField(dtype, "dtype");
+    if (!converted.ok()) return converted.status();
+    return job->job->Pull(begin, end, *converted, out);
+  });
+}
+
+int depot_job_status(depot_job_t* job, int32_t with_checksum,
+                     depot_server_status_t* out, size_t capacity) {
+  constexpr const char* kFunction = "depot_job_status";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    if (out == nullptr) return depot::c_api::NullArgument(kFunction, "out");
+    const uint32_t num_servers = depot_job_num_servers(job);
+    if (capacity < num_servers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kFunction, ": capacity ", capacity, " is below the ",
+                       num_servers, " servers of the job"));
+    }
+    absl::StatusOr<std::vector<depot::ServerJobStatus>> statuses =
+        job->job->Status(with_checksum != 0);
+    if (!statuses.ok()) return statuses.status();
+    job->status_servers.clear();
+    for (const depot::ServerJobStatus& status : *statuses) {
+      job->status_servers.push_back(status.server);
+    }
+    for (size_t s = 0; s < statuses->size(); ++s) {
+      const depot::ServerJobStatus& status = (*statuses)[s];
+      out[s] = depot_server_status_t{
+          .server = job->status_servers[s].c_str(),
+          .job_id = status.job_id,
+          .step = status.step,
+          .shard_begin = status.shard_begin,
+          .shard_end = status.shard_end,
+          .state_bytes = status.state_bytes,
+          .state_checksum = status.state_checksum,
+      };
+    }
+    return absl::OkStatus();
+  });
+}
+
+int depot_job_delete(depot_job_t* job) {
+  constexpr const char* kFunction = "depot_job_delete";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    return job->job->Delete();
+  });
+}
+
+void depot_job_destroy(depot_job_t* job) { delete job; }
+
+}  // extern "C"

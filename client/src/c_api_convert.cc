@@ -1,0 +1,204 @@
+// C API structs <-> C++ client types (c_api_convert.h).
+#include "c_api_convert.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+
+namespace depot::c_api {
+namespace {
+
+absl::Status CheckPositiveSeconds(double seconds, const char* field) {
+  if (std::isfinite(seconds) && seconds > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("depot_client_options_t.", field, " is ", seconds,
+                   ", must be a finite number of seconds > 0"));
+}
+
+// The enum fields are uint8_t in C++: a larger int must not wrap onto a valid
+// value. Unknown values in range are left to ValidateOptimizerConfig.
+absl::StatusOr<uint8_t> EnumField(int32_t value, const char* field) {
+  if (value >= 0 && value <= UINT8_MAX) return static_cast<uint8_t>(value);
+  return absl::InvalidArgumentError(absl::StrCat("depot_optimizer_config_t.",
+                                                 field, " is ", value,
+                                                 ", not a value of its enum"));
+}
+
+absl::StatusOr<OptimizerConfig> FromC(const depot_optimizer_config_t& c) {
+  OptimizerConfig config;
+  absl::StatusOr<uint8_t> kind = EnumField(c.kind, "kind");
+  if (!kind.ok()) return kind.status();
+  absl::StatusOr<uint8_t> norm =
+      EnumField(c.clip_grad_norm_type, "clip_grad_norm_type");
+  if (!norm.ok()) return norm.status();
+  absl::StatusOr<DType> exp_avg =
+      DTypeField(c.exp_avg_dtype, "optimizer.exp_avg_dtype");
+  if (!exp_avg.ok()) return exp_avg.status();
+  absl::StatusOr<DType> exp_avg_sq =
+      DTypeField(c.exp_avg_sq_dtype, "optimizer.exp_avg_sq_dtype");
+  if (!exp_avg_sq.ok()) return exp_avg_sq.status();
+  config.kind = static_cast<OptimizerKind>(*kind);
+  config.lr = c.lr;
+  config.min_lr = c.min_lr;
+  config.weight_decay = c.weight_decay;
+  config.adam_beta1 = c.adam_beta1;
+  config.adam_beta2 = c.adam_beta2;
+  config.adam_eps = c.adam_eps;
+  config.sgd_momentum = c.sgd_momentum;
+  config.sgd_dampening = c.sgd_dampening;
+  config.sgd_nesterov = c.sgd_nesterov != 0;
+  config.adagrad_lr_decay = c.adagrad_lr_decay;
+  config.adagrad_initial_accumulator_value =
+      c.adagrad_initial_accumulator_value;
+  config.adagrad_eps = c.adagrad_eps;
+  config.lion_beta1 = c.lion_beta1;
+  config.lion_beta2 = c.lion_beta2;
+  config.exp_avg_dtype = *exp_avg;
+  config.exp_avg_sq_dtype = *exp_avg_sq;
+  config.clip_grad = c.clip_grad;
+  config.clip_grad_norm_type = static_cast<GradNormType>(*norm);
+  config.grad_norm_skip_threshold = c.grad_norm_skip_threshold;
+  config.loss_scale = c.loss_scale;
+  config.initial_loss_scale = c.initial_loss_scale;
+  config.min_loss_scale = c.min_loss_scale;
+  config.loss_scale_window = c.loss_scale_window;
+  config.hysteresis = c.hysteresis;
+  return config;
+}
+
+}  // namespace
+
+// INVALID_ARGUMENT naming the NULL argument `name` of `function`.
+absl::Status NullArgument(const char* function, const char* name) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(function, ": ", name, " is NULL"));
+}
+
+absl::StatusOr<ClientOptions> FromC(const char* const* servers,
+                                    size_t num_servers,
+                                    const depot_client_options_t& c) {
+  ClientOptions options;
+  for (size_t i = 0; i < num_servers; ++i) {
+    if (servers[i] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("depot_client_create: servers[", i, "] is NULL"));
+    }
+    options.servers.emplace_back(servers[i]);
+  }
+  absl::Status valid =
+      CheckPositiveSeconds(c.rpc_timeout_seconds, "rpc_timeout_seconds");
+  if (!valid.ok()) return valid;
+  valid = CheckPositiveSeconds(c.step_timeout_seconds, "step_timeout_seconds");
+  if (!valid.ok()) return valid;
+  options.rpc_timeout = absl::Seconds(c.rpc_timeout_seconds);
+  options.step_timeout = absl::Seconds(c.step_timeout_seconds);
+  options.max_inflight_chunks = c.max_inflight_chunks;
+  return options;
+}
+
+absl::StatusOr<DType> DTypeField(int32_t value, const char* field) {
+  absl::StatusOr<DType> dtype = DTypeFromWire(value);
+  if (dtype.ok()) return dtype;
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is ", value,
+                   ", must be DEPOT_DTYPE_FP32 (1), DEPOT_DTYPE_BF16 (2) or "
+                   "DEPOT_DTYPE_FP16 (3)"));
+}
+
+depot_optimizer_config_t ToC(const OptimizerConfig& config) {
+  depot_optimizer_config_t c;
+  c.kind = static_cast<int32_t>(config.kind);
+  c.lr = config.lr;
+  c.min_lr = config.min_lr;
+  c.weight_decay = config.weight_decay;
+  c.adam_beta1 = config.adam_beta1;
+  c.adam_beta2 = config.adam_beta2;
+  c.adam_eps = config.adam_eps;
+  c.sgd_momentum = config.sgd_momentum;
+  c.sgd_dampening = config.sgd_dampening;
+  c.sgd_nesterov = config.sgd_nesterov ? 1 : 0;
+  c.adagrad_lr_decay = config.adagrad_lr_decay;
+  c.adagrad_initial_accumulator_value =
+      config.adagrad_initial_accumulator_value;
+  c.adagrad_eps = config.adagrad_eps;
+  c.lion_beta1 = config.lion_beta1;
+  c.lion_beta2 = config.lion_beta2;
+  c.exp_avg_dtype = static_cast<int32_t>(config.exp_avg_dtype);
+  c.exp_avg_sq_dtype = static_cast<int32_t>(config.exp_avg_sq_dtype);
+  c.clip_grad = config.clip_grad;
+  c.clip_grad_norm_type = static_cast<int32_t>(config.clip_grad_norm_type);
+  c.grad_norm_skip_threshold = config.grad_norm_skip_threshold;
+  c.loss_scale = config.loss_scale;
+  c.initial_loss_scale = config.initial_loss_scale;
+  c.min_loss_scale = config.min_loss_scale;
+  c.loss_scale_window = config.loss_scale_window;
+  c.hysteresis = config.hysteresis;
+  return c;
+}
+
+absl::StatusOr<JobConfig> FromC(const depot_job_config_t& c) {
+  if (c.name == nullptr) return NullArgument("depot_job_open", "config->name");
+  if (c.tensors == nullptr && c.num_tensors > 0) {
+    return NullArgument("depot_job_open", "config->tensors");
+  }
+  JobConfig config;
+  config.name = c.name;
+  for (size_t i = 0; i < c.num_tensors; ++i) {
+    const depot_tensor_spec_t& tensor = c.tensors[i];
+    if (tensor.name == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "depot_job_open: config->tensors[", i, "].name is NULL"));
+    }
+    config.tensors.push_back({tensor.name, tensor.numel, tensor.param_group});
+  }
+  absl::StatusOr<OptimizerConfig> optimizer = FromC(c.optimizer);
+  if (!optimizer.ok()) return optimizer.status();
+  absl::StatusOr<DType> grad = DTypeField(c.grad_dtype, "grad_dtype");
+  if (!grad.ok()) return grad.status();
+  absl::StatusOr<DType> weight = DTypeField(c.weight_dtype, "weight_dtype");
+  if (!weight.ok()) return weight.status();
+  config.num_workers = c.num_workers;
+  config.optimizer = *optimizer;
+  config.grad_dtype = *grad;
+  config.weight_dtype = *weight;
+  config.chunk_elems = c.chunk_elems;
+  config.alignment_elems = c.alignment_elems;
+  return config;
+}
+
+absl::StatusOr<StepOptions> FromC(const depot_step_options_t& c) {
+  if (c.group_hparams == nullptr && c.num_group_hparams > 0) {
+    return NullArgument("depot_job_step", "options->group_hparams");
+  }
+  StepOptions options;
+  for (size_t i = 0; i < c.num_group_hparams; ++i) {
+    const depot_group_hparams_t& group = c.group_hparams[i];
+    options.group_hparams.push_back(
+        {group.param_group, group.lr, group.weight_decay});
+  }
+  options.loss_scale = c.loss_scale;
+  if (c.has_known_commit != 0) {
+    options.known_commit =
+        StepCommit{.clip_coef = c.known_clip_coef, .skip = c.known_skip != 0};
+  }
+  return options;
+}
+
+void ToC(const StepResult& result, depot_step_result_t* c) {
+  c->step = result.step;
+  c->chunks = result.chunks;
+  c->chunks_replayed = result.chunks_replayed;
+  c->bytes_sent = result.bytes_sent;
+  c->bytes_received = result.bytes_received;
+  c->update_seconds = result.update_seconds;
+  c->wall_seconds = result.wall_seconds;
+  c->two_phase = result.two_phase ? 1 : 0;
+  c->grad_norm = result.grad_norm;
+  c->zero_count = result.zero_count;
+  c->found_inf = result.found_inf ? 1 : 0;
+  c->skipped = result.skipped ? 1 : 0;
+  c->clip_coef = result.clip_coef;
+}
+
+}  // namespace depot::c_api

@@ -1,0 +1,120 @@
+"""depot.Client and depot.Job: buffers passed by pointer, checked before
+use; pull and status; finding the library."""
+
+import numpy as np
+import pytest
+import torch
+
+import depot
+from depot import _loader
+
+TENSORS = [("w", 300, 0), ("b", 20, 1)]
+LR = 0.5
+
+
+@pytest.fixture
+def job(client, job_name):
+    """Plain SGD (lr 0.5, no momentum or decay): weights - 0.5 * grads."""
+    job = client.open_job(job_name, TENSORS, optimizer="sgd", lr=LR,
+                          weight_decay=0.0, sgd_momentum=0.0, chunk_elems=64)
+    job.init_weights(np.ones(job.total_elems, dtype=np.float32))
+    return job
+
+
+def in_tensors(job, flat):
+    """The elements of `flat` that belong to tensors (padding left out)."""
+    return np.concatenate([
+        flat[offset:offset + tensor.numel]
+        for offset, tensor in zip(job.tensor_offsets, job.tensors)])
+
+
+def test_layout_spreads_over_both_servers(job):
+    assert job.tensor_offsets == [0, 320]
+    assert job.total_elems == 384
+    assert job.num_servers == 2
+    assert all(s.shard_end > s.shard_begin for s in job.status())
+
+
+def test_step_writes_into_the_numpy_array_passed(job):
+    grads = np.full(job.total_elems, 2.0, dtype=np.float32)
+    weights = np.zeros(job.total_elems, dtype=np.float32)
+    result = job.step(1, grads, weights)
+    assert np.all(in_tensors(job, weights) == 1.0 - LR * 2.0)
+    assert result.step == 1
+    assert result.bytes_sent == 4 * job.total_elems
+
+
+def test_step_writes_into_the_torch_tensor_passed(job):
+    grads = torch.full((job.total_elems,), 2.0)
+    weights = torch.zeros(job.total_elems)
+    address = weights.data_ptr()
+    job.step(1, grads, weights)
+    assert weights.data_ptr() == address
+    assert torch.all(torch.from_numpy(
+        in_tensors(job, weights.numpy())) == 1.0 - LR * 2.0)
+
+
+def test_pull_returns_the_master_weights(job):
+    job.step(1, np.full(job.total_elems, 2.0, dtype=np.float32),
+             np.zeros(job.total_elems, dtype=np.float32))
+    master = job.pull()
+    assert master.dtype == np.float32
+    assert np.all(in_tensors(job, master) == 1.0 - LR * 2.0)
+    assert job.pull(320, 340).shape == (20,)
+
+
+def test_status_reports_the_applied_step_on_every_server(job):
+    job.step(1, np.zeros(job.total_elems, dtype=np.float32),
+             np.zeros(job.total_elems, dtype=np.float32))
+    statuses = job.status(with_checksum=True)
+    assert [s.step for s in statuses] == [1, 1]
+    assert all(s.state_checksum != 0 for s in statuses)
+
+
+def test_bf16_jobs_take_bfloat16_tensors(client, job_name):
+    job = client.open_job(job_name, TENSORS, optimizer="sgd", lr=LR,
+                          weight_decay=0.0, sgd_momentum=0.0,
+                          grad_dtype="bf16", weight_dtype="bf16",
+                          chunk_elems=64)
+    job.init_weights(torch.ones(job.total_elems, dtype=torch.bfloat16))
+    weights = torch.zeros(job.total_elems, dtype=torch.bfloat16)
+    job.step(1, torch.full((job.total_elems,), 2.0, dtype=torch.bfloat16),
+             weights)
+    assert weights[0].item() == 0.0 and weights[320].item() == 0.0
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (np.zeros(384, dtype=np.float64), ValueError, "dtype float64"),
+    (np.zeros(383, dtype=np.float32), ValueError, "383 elements"),
+    (np.zeros(768, dtype=np.float32)[::2], ValueError, "not C-contiguous"),
+    (torch.zeros(384, 2)[:, 0], ValueError, "not contiguous"),
+    (torch.zeros(384, dtype=torch.float16), ValueError, "torch.float16"),
+    ([0.0] * 384, TypeError, "NumPy array or a torch tensor"),
+])
+def test_bad_buffers_are_refused_before_any_call(job, bad, error, message):
+    weights = np.zeros(job.total_elems, dtype=np.float32)
+    with pytest.raises(error, match=message):
+        job.step(1, bad, weights)
+    with pytest.raises(error, match=message):
+        job.step(1, weights.copy(), bad)
+    assert [s.step for s in job.status()] == [0, 0]
+
+
+def test_read_only_output_is_refused(job):
+    weights = np.zeros(job.total_elems, dtype=np.float32)
+    weights.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        job.step(1, np.zeros_like(weights), weights)
+
+
+def test_unknown_optimizer_field_is_a_type_error(client, job_name):
+    with pytest.raises(TypeError, match="adam_beta3"):
+        client.open_job(job_name, TENSORS, adam_beta3=0.5)
+
+
+def test_missing_library_error_says_how_to_point_at_it(tmp_path):
+    missing = str(tmp_path / "libdepot_client.so")
+    with pytest.raises(depot.LibraryNotFoundError,
+                       match="DEPOT_CLIENT_LIBRARY"):
+        _loader.load_library({_loader.LIBRARY_ENV: missing})
+
