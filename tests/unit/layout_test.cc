@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace depot {
@@ -114,7 +115,7 @@ TEST(LayoutTest, SegmentsInMatchesAScanOfEveryTensor) {
   std::vector<TensorSpec> tensors;
   for (int i = 0; i < 40; ++i) {
     tensors.push_back(
-        {"t" + std::to_string(i), static_cast<uint64_t>(1 + (i * 37) % 23), 0});
+        {absl::StrCat("t", i), static_cast<uint64_t>(1 + (i * 37) % 23), 0});
   }
   const Layout layout = Layout::Create(tensors, 8).value();
   for (uint64_t begin = 0; begin <= layout.total_elems(); begin += 3) {
