@@ -21,20 +21,15 @@ uint64_t StateBytes(uint64_t shard_elems, uint64_t per_elem) {
 
 absl::StatusOr<JobShape> JobShape::Create(JobConfig config,
                                           uint32_t server_index) {
-  if (absl::Status s = ValidateJobConfig(config); !s.ok()) return s;
+  absl::StatusOr<JobGeometry> geometry = MakeJobGeometry(config);
+  if (!geometry.ok()) return geometry.status();
   if (server_index >= config.num_servers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "server_index ", server_index, " is out of range: the job has ",
         config.num_servers, " servers"));
   }
-  absl::StatusOr<Layout> layout =
-      Layout::Create(config.tensors, config.alignment_elems);
-  if (!layout.ok()) return layout.status();
-  absl::StatusOr<ShardPlan> plan = ShardPlan::Create(
-      layout->total_elems(), config.num_servers, config.chunk_elems);
-  if (!plan.ok()) return plan.status();
-  return JobShape(std::move(config), *std::move(layout), *std::move(plan),
-                  server_index);
+  return JobShape(std::move(config), std::move(geometry->layout),
+                  std::move(geometry->plan), server_index);
 }
 
 JobShape::JobShape(JobConfig config, Layout layout, ShardPlan plan,

@@ -14,12 +14,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "depot/flags_usage.h"
 #include "server/daemon.h"
 #include "server/port_file.h"
 #include "server/server_options.h"
@@ -79,15 +77,8 @@ bool RequestsUsage(absl::string_view arg) {
 
 // Parses the flags; returns the positional arguments (argv[0] first).
 std::vector<char*> ParseFlags(int argc, char** argv) {
-  // --help lists the flags of this file (absl's default looks for a file named
-  // after the binary).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "server/main.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  absl::SetProgramUsageMessage(
+  depot::SetFlagsUsage(
+      "server/main.cc",
       "Depot parameter server: holds fp32 master weights and optimizer state "
       "in host memory and runs the optimizer step on gradients streamed by "
       "trainers.\nUsage: depot-server [--listen=HOST:PORT] [flags]");

@@ -18,14 +18,12 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "depot/client.h"
+#include "depot/flags_usage.h"
 #include "mlp.h"
 
 ABSL_FLAG(std::vector<std::string>, servers,
@@ -142,8 +140,8 @@ absl::Status Train() {
   const Mlp model(kWidths, (*job)->layout());
   const uint64_t n = (*job)->total_elems();
   // scripts/demo.sh reads this line to check the servers' byte counters.
-  absl::PrintF("[worker %d] job %s: %d elements, %d gradient bytes each\n", rank,
-               config.name, n, DTypeSize(config.grad_dtype));
+  absl::PrintF("[worker %d] job %s: %d elements, %d gradient bytes each\n",
+               rank, config.name, n, DTypeSize(config.grad_dtype));
   std::vector<float> weights(n, 0.0f);
   std::vector<float> teacher(n, 0.0f);
   model.InitParams(seed, weights.data());
@@ -190,15 +188,8 @@ absl::Status Train() {
 }  // namespace depot::examples
 
 int main(int argc, char** argv) {
-  // --help lists this file's flags (by default Abseil matches the binary's
-  // name).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "examples/train_mlp.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  absl::SetProgramUsageMessage(
+  depot::SetFlagsUsage(
+      "examples/train_mlp.cc",
       "Trains a small MLP against a random teacher with Depot as the "
       "optimizer.\n"
       "Run one process per worker (--worker_rank 0 .. --num_workers - 1) "

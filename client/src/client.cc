@@ -123,21 +123,17 @@ class ClientImpl : public Client {
   absl::StatusOr<std::unique_ptr<Job>> OpenJob(JobConfig config,
                                                uint32_t worker_rank) override {
     config.num_servers = static_cast<uint32_t>(connections_->size());
-    absl::Status valid = ValidateJobConfig(config);
-    if (!valid.ok()) return valid;
+    absl::StatusOr<JobGeometry> geometry = MakeJobGeometry(config);
+    if (!geometry.ok()) return geometry.status();
     if (worker_rank >= config.num_workers) {
       return absl::InvalidArgumentError(
           absl::StrCat("worker_rank ", worker_rank,
                        " is not below num_workers ", config.num_workers));
     }
-    valid = ValidateChunkSize(config);
-    if (!valid.ok()) return valid;
-    absl::StatusOr<Layout> layout =
-        Layout::Create(config.tensors, config.alignment_elems);
-    if (!layout.ok()) return layout.status();
-    absl::StatusOr<ShardPlan> plan = ShardPlan::Create(
-        layout->total_elems(), config.num_servers, config.chunk_elems);
-    if (!plan.ok()) return plan.status();
+    if (absl::Status valid = ValidateChunkSize(config); !valid.ok()) {
+      return valid;
+    }
+    const ShardPlan& plan = geometry->plan;
     const uint64_t fingerprint = Fingerprint(config);
 
     v1::CreateJobRequest request;
@@ -155,15 +151,16 @@ class ClientImpl : public Client {
               context.get(), server_request, &response);
           if (!rpc.ok()) return FromGrpcStatus(rpc);
           absl::Status checked =
-              CheckCreated(response, fingerprint, plan->shard(server));
+              CheckCreated(response, fingerprint, plan.shard(server));
           if (!checked.ok()) return checked;
           job_ids[server] = response.job_id();
           return absl::OkStatus();
         });
     if (!created.ok()) return created;
     return std::make_unique<JobImpl>(
-        std::move(config), *std::move(layout), *std::move(plan), fingerprint,
-        worker_rank, connections_, options(), std::move(job_ids));
+        std::move(config), std::move(geometry->layout),
+        std::move(geometry->plan), fingerprint, worker_rank, connections_,
+        options(), std::move(job_ids));
   }
 
  private:

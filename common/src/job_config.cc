@@ -275,6 +275,17 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<JobGeometry> MakeJobGeometry(const JobConfig& config) {
+  if (absl::Status s = ValidateJobConfig(config); !s.ok()) return s;
+  absl::StatusOr<Layout> layout =
+      Layout::Create(config.tensors, config.alignment_elems);
+  if (!layout.ok()) return layout.status();
+  absl::StatusOr<ShardPlan> plan = ShardPlan::Create(
+      layout->total_elems(), config.num_servers, config.chunk_elems);
+  if (!plan.ok()) return plan.status();
+  return JobGeometry{*std::move(layout), *std::move(plan)};
+}
+
 uint64_t Fingerprint(const JobConfig& config) {
   FingerprintHasher h;
   h.Str(kFingerprintTag);

@@ -1,6 +1,6 @@
 // JobConfig: everything that defines a job, shared by client and server. The
-// fingerprint hashes all of it, so a client and a server agree on a job exactly when
-// their fingerprints match.
+// fingerprint hashes all of it, so a client and a server agree on a job exactly
+// when their fingerprints match.
 #ifndef DEPOT_JOB_CONFIG_H_
 #define DEPOT_JOB_CONFIG_H_
 
@@ -11,14 +11,15 @@
 #include "absl/status/status.h"
 #include "depot/dtype.h"
 #include "depot/layout.h"
+#include "depot/shard_plan.h"
 
 namespace depot {
 
 // Values equal the wire enum depot.v1.OptimizerKind.
 enum class OptimizerKind : uint8_t {
-  kAdamW = 1,  // torch.optim.AdamW (decoupled weight decay)
-  kAdam = 2,   // torch.optim.Adam (L2 weight decay added to the gradient)
-  kSgd = 3,    // torch.optim.SGD (momentum, dampening, Nesterov)
+  kAdamW = 1,    // torch.optim.AdamW (decoupled weight decay)
+  kAdam = 2,     // torch.optim.Adam (L2 weight decay added to the gradient)
+  kSgd = 3,      // torch.optim.SGD (momentum, dampening, Nesterov)
   kAdagrad = 4,  // torch.optim.Adagrad (lr decay, initial accumulator)
   kLion = 5,     // Lion (Chen et al. 2023, "Symbolic Discovery of Optimization
                  // Algorithms"), decoupled weight decay
@@ -31,10 +32,10 @@ enum class GradNormType : uint8_t {
   kInf = 2,
 };
 
-// Field names and defaults follow Megatron-Core's OptimizerConfig where they apply
-// (docs/optimizers.md maps every Megatron field and flag). Fields that only the
-// client uses (schedules live elsewhere; loss scaling and clipping settings here)
-// are still part of the job's identity and fingerprint.
+// Field names and defaults follow Megatron-Core's OptimizerConfig where they
+// apply (docs/optimizers.md maps every Megatron field and flag). Fields that
+// only the client uses (schedules live elsewhere; loss scaling and clipping
+// settings here) are still part of the job's identity and fingerprint.
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdamW;
   // Base learning rate and weight decay; per-group values may travel with each
@@ -66,9 +67,10 @@ struct OptimizerConfig {
   DType exp_avg_dtype = DType::kFloat32;
   DType exp_avg_sq_dtype = DType::kFloat32;
 
-  // Global gradient clipping: clip when the total norm exceeds clip_grad; 0 turns
-  // it off. (Megatron's default is 1.0; Depot's is 0 so that a job behaves like the
-  // torch.optim optimizer it replaces unless clipping is asked for.)
+  // Global gradient clipping: clip when the total norm exceeds clip_grad; 0
+  // turns it off. (Megatron's default is 1.0; Depot's is 0 so that a job
+  // behaves like the torch.optim optimizer it replaces unless clipping is asked
+  // for.)
   double clip_grad = 0.0;
   GradNormType clip_grad_norm_type = GradNormType::kL2;
   // Skip the step when the grad norm exceeds this; 0 turns it off.
@@ -111,18 +113,29 @@ struct JobConfig {
   uint32_t num_servers = 1;
 };
 
-// Per-step hyperparameters of one param group. A step may carry one per group; a
-// group without one uses OptimizerConfig's lr and weight_decay.
+// Per-step hyperparameters of one param group. A step may carry one per group;
+// a group without one uses OptimizerConfig's lr and weight_decay.
 struct GroupHyperParams {
   uint32_t param_group = 0;
   double lr = 0.0;
   double weight_decay = 0.0;
 };
 
-// Validates everything, the layout included. INVALID_ARGUMENT with a message naming
-// the field when: name is empty; num_workers or num_servers is 0; chunk_elems is 0
-// or not a multiple of alignment_elems; the layout or optimizer config is invalid.
+// Validates everything, the layout included. INVALID_ARGUMENT with a message
+// naming the field when: name is empty; num_workers or num_servers is 0;
+// chunk_elems is 0 or not a multiple of alignment_elems; the layout or
+// optimizer config is invalid.
 absl::Status ValidateJobConfig(const JobConfig& config);
+
+// The layout of a job's tensors and the shard plan over it: what client and
+// server both derive from a config, with this one function.
+struct JobGeometry {
+  Layout layout;
+  ShardPlan plan;
+};
+
+// INVALID_ARGUMENT as ValidateJobConfig (which it runs first).
+absl::StatusOr<JobGeometry> MakeJobGeometry(const JobConfig& config);
 
 // A 64-bit hash of every field of `config`, stable across processes, builds and
 // machines (it hashes a canonical byte encoding, not memory).
