@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds Depot, starts two depot-server daemons on this machine, trains the example
 # MLP with two data-parallel workers against them, prints where the metrics are and
-# a summary scraped from them, then stops the servers with SIGTERM.
+# a summary scraped from them, then (when /usr/bin/python3 has torch) trains
+# client/examples/train_torch.py with two workers against the same servers, and
+# stops the servers with SIGTERM.
 #
 # Servers: A on 127.0.0.1:50051 (metrics 127.0.0.1:9464), B on 127.0.0.1:50052
 # (metrics 127.0.0.1:9465); a server whose port is taken falls back to free ports.
-# Exits with the trainers' status (non-zero too if a server does not exit cleanly).
+# Exits with the trainers' status (non-zero too if a server does not exit cleanly
+# or the PyTorch example fails).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -160,6 +163,32 @@ else
 fi
 echo
 
+# The PyTorch example runs after the metrics check, which counts the C++ job's
+# gradient bytes only: its own job would add to the servers' counters.
+torch_status=0
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  echo "demo: training client/examples/train_torch.py (DepotOptimizer) with 2 workers"
+  for rank in 0 1; do
+    /usr/bin/python3 client/examples/train_torch.py --servers="${servers}" \
+      --num_workers=2 --worker_rank="${rank}" --steps="${STEPS}" \
+      --job_name=demo-torch >"${workdir}/torch${rank}.log" 2>&1 &
+    trainer_pids+=($!)
+  done
+  for pid in "${trainer_pids[@]}"; do
+    status=0
+    wait "${pid}" || status=$?
+    if ((status != 0 && torch_status == 0)); then
+      torch_status=${status}
+    fi
+  done
+  trainer_pids=()
+  # Shown after the run: two processes writing to one pipe interleave lines.
+  cat "${workdir}/torch0.log" "${workdir}/torch1.log"
+  echo
+else
+  echo "demo: /usr/bin/python3 cannot import torch; skipping the PyTorch example"
+fi
+
 server_status=0
 for name in A B; do
   kill -TERM "${server_pid[${name}]}"
@@ -180,5 +209,9 @@ if ((trainer_status != 0)); then
 fi
 if ((server_status != 0)); then
   exit "${server_status}"
+fi
+if ((torch_status != 0)); then
+  echo "demo: the PyTorch example failed (status ${torch_status})" >&2
+  exit "${torch_status}"
 fi
 exit "${check_status}"

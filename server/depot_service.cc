@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -12,7 +13,8 @@ namespace depot {
 namespace {
 
 constexpr const char* kRpcNames[kNumRpcs] = {
-    "CreateJob", "InitWeights", "Step", "PullWeights", "GetJob", "DeleteJob"};
+    "CreateJob", "InitWeights", "Step",        "PullWeights",
+    "GetJob",    "DeleteJob",   "ExportState", "ImportState"};
 
 void Log(const std::string& line) {
   std::fprintf(stderr, "depot-server: %s\n", line.c_str());
@@ -186,6 +188,74 @@ absl::Status DepotService::DoDeleteJob(const v1::DeleteJobRequest& request) {
   }
   Log(absl::StrFormat("deleted job %d \"%s\"", request.job_id(),
                       (*shard)->shape().config().name));
+  return absl::OkStatus();
+}
+
+grpc::Status DepotService::ExportState(
+    grpc::ServerContext*, const v1::ExportStateRequest* request,
+    grpc::ServerWriter<v1::StateChunk>* writer) {
+  return Serve(Rpc::kExportState,
+               [&] { return DoExportState(*request, writer); });
+}
+
+grpc::Status DepotService::ImportState(
+    grpc::ServerContext*, grpc::ServerReader<v1::ImportStateRequest>* reader,
+    v1::ImportStateResponse* response) {
+  return Serve(Rpc::kImportState,
+               [&] { return DoImportState(reader, response); });
+}
+
+absl::Status DepotService::DoExportState(
+    const v1::ExportStateRequest& request,
+    grpc::ServerWriter<v1::StateChunk>* writer) {
+  absl::StatusOr<std::shared_ptr<ShardState>> shard =
+      jobs_->Find(request.job_id(), request.fingerprint());
+  if (!shard.ok()) return shard.status();
+  return (*shard)->ExportChunks([&](ChunkSnapshot snapshot) {
+    v1::StateChunk message;
+    message.set_index(snapshot.index);
+    message.set_applied_step(snapshot.applied_step);
+    message.set_optimizer_step(snapshot.optimizer_step);
+    *message.mutable_master() = std::move(snapshot.master);
+    for (std::string& slot : snapshot.slots) {
+      *message.add_slots() = std::move(slot);
+    }
+    return writer->Write(message);
+  });
+}
+
+absl::Status DepotService::DoImportState(
+    grpc::ServerReader<v1::ImportStateRequest>* reader,
+    v1::ImportStateResponse* response) {
+  v1::ImportStateRequest request;
+  if (!reader->Read(&request) || !request.has_header()) {
+    return absl::InvalidArgumentError(
+        "the first message of an ImportState stream must be its header");
+  }
+  absl::StatusOr<std::shared_ptr<ShardState>> shard =
+      jobs_->Find(request.header().job_id(), request.header().fingerprint());
+  if (!shard.ok()) return shard.status();
+  // Staged whole: ImportChunks checks everything before it replaces anything.
+  std::vector<ChunkSnapshot> chunks;
+  while (reader->Read(&request)) {
+    if (!request.has_chunk()) {
+      return absl::InvalidArgumentError(
+          "an ImportState stream carries one header, then only chunks");
+    }
+    v1::StateChunk* chunk = request.mutable_chunk();
+    ChunkSnapshot& snapshot = chunks.emplace_back();
+    snapshot.index = chunk->index();
+    snapshot.applied_step = chunk->applied_step();
+    snapshot.optimizer_step = chunk->optimizer_step();
+    snapshot.master = std::move(*chunk->mutable_master());
+    for (std::string& slot : *chunk->mutable_slots()) {
+      snapshot.slots.push_back(std::move(slot));
+    }
+  }
+  if (absl::Status s = (*shard)->ImportChunks(std::move(chunks)); !s.ok()) {
+    return s;
+  }
+  response->set_chunks((*shard)->shape().shard().num_chunks());
   return absl::OkStatus();
 }
 

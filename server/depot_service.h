@@ -48,6 +48,12 @@ class DepotService final
   grpc::Status DeleteJob(grpc::ServerContext* context,
                          const v1::DeleteJobRequest* request,
                          v1::DeleteJobResponse* response) override;
+  grpc::Status ExportState(grpc::ServerContext* context,
+                           const v1::ExportStateRequest* request,
+                           grpc::ServerWriter<v1::StateChunk>* writer) override;
+  grpc::Status ImportState(grpc::ServerContext* context,
+                           grpc::ServerReader<v1::ImportStateRequest>* reader,
+                           v1::ImportStateResponse* response) override;
 
   // From now on every new RPC fails with UNAVAILABLE; RPCs already running,
   // Step streams included, go on.
@@ -77,6 +83,10 @@ class DepotService final
   absl::Status DoGetJob(const v1::GetJobRequest& request,
                         v1::JobStatus* response);
   absl::Status DoDeleteJob(const v1::DeleteJobRequest& request);
+  absl::Status DoExportState(const v1::ExportStateRequest& request,
+                             grpc::ServerWriter<v1::StateChunk>* writer);
+  absl::Status DoImportState(grpc::ServerReader<v1::ImportStateRequest>* reader,
+                             v1::ImportStateResponse* response);
 
   // Records an open Step stream and its job (0 until its header is read), or
   // updates its job.

@@ -34,9 +34,9 @@ prometheus::Histogram& Histogram(
       .Add({}, std::move(bounds));
 }
 
-constexpr const char* kRpcLabels[kNumRpcs] = {"create_job", "init_weights",
-                                              "step",       "pull_weights",
-                                              "get_job",    "delete_job"};
+constexpr const char* kRpcLabels[kNumRpcs] = {
+    "create_job", "init_weights", "step",         "pull_weights",
+    "get_job",    "delete_job",   "export_state", "import_state"};
 
 }  // namespace
 

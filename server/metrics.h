@@ -23,8 +23,10 @@ enum class Rpc {
   kPullWeights,
   kGetJob,
   kDeleteJob,
+  kExportState,
+  kImportState,
 };
-inline constexpr int kNumRpcs = 6;
+inline constexpr int kNumRpcs = 8;
 
 class ServerMetrics {
  public:

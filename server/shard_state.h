@@ -65,6 +65,15 @@ struct Contribution {
   std::shared_ptr<WeightsSink> sink;
 };
 
+// The saved state of one chunk (ExportState / ImportState).
+struct ChunkSnapshot {
+  uint64_t index = 0;
+  uint64_t applied_step = 0;
+  uint64_t optimizer_step = 0;
+  std::string master;              // fp32, chunk elements * 4 bytes
+  std::vector<std::string> slots;  // one per slot, in its storage dtype
+};
+
 class ShardState : public std::enable_shared_from_this<ShardState> {
  public:
   // Allocates the state for `shape`'s shard: master weights zero, optimizer
@@ -135,6 +144,22 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // chunk in index order (master, slot 0, slot 1, optimizer steps). Equal state
   // gives an equal checksum on any server; a skipped step changes none of it.
   uint64_t Checksum() const;
+
+  // Copies each chunk of the shard, in index order, once no update runs on
+  // it, and calls emit with no lock held; CANCELLED when emit returns false.
+  // Chunks are copied one at a time: call it while no step is in flight to
+  // get one consistent state. ABORTED: the job was deleted.
+  absl::Status ExportChunks(
+      const std::function<bool(ChunkSnapshot)>& emit) const;
+
+  // Replaces the whole shard's state by `chunks` (server/shard_snapshot.cc).
+  // All is checked before anything changes; on error the state is untouched.
+  // INVALID_ARGUMENT: a chunk listed twice or missing, wrong master or slot
+  // sizes or slot count, chunks at different applied steps, an optimizer step
+  // above the applied step. OUT_OF_RANGE: a chunk outside the shard.
+  // FAILED_PRECONDITION: a chunk has pending contributions or an update
+  // running. ABORTED: the job was deleted.
+  absl::Status ImportChunks(std::vector<ChunkSnapshot> chunks);
 
   // Marks the job deleted: later InitChunk, BeginStep and Contribute calls fail
   // with ABORTED. Updates already queued still run.

@@ -5,6 +5,8 @@
 // catches every C++ exception: none may unwind into a C (or ctypes) caller.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iterator>
 #include <memory>
@@ -21,6 +23,7 @@
 #include "c_api_convert.h"
 #include "depot/client.h"
 #include "depot/depot.h"
+#include "depot/grad_scaler.h"
 
 struct depot_client {
   std::unique_ptr<depot::Client> client;
@@ -30,6 +33,10 @@ struct depot_job {
   std::unique_ptr<depot::Job> job;
   // Backing store of depot_server_status_t::server of the last Status call.
   std::vector<std::string> status_servers;
+};
+
+struct depot_grad_scaler {
+  std::unique_ptr<depot::GradScaler> scaler;
 };
 
 namespace depot {
@@ -316,6 +323,99 @@ int depot_job_delete(depot_job_t* job) {
   });
 }
 
+int depot_job_save_state(depot_job_t* job, void** data, size_t* size) {
+  constexpr const char* kFunction = "depot_job_save_state";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    if (data == nullptr) return depot::c_api::NullArgument(kFunction, "data");
+    if (size == nullptr) return depot::c_api::NullArgument(kFunction, "size");
+    absl::StatusOr<std::string> blob = job->job->SaveState();
+    if (!blob.ok()) return blob.status();
+    // malloc(0) may return NULL; a blob is never empty (it has a header).
+    void* buffer = std::malloc(blob->size());
+    if (buffer == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          kFunction, ": cannot allocate ", blob->size(), " bytes"));
+    }
+    std::memcpy(buffer, blob->data(), blob->size());
+    *data = buffer;
+    *size = blob->size();
+    return absl::OkStatus();
+  });
+}
+
+int depot_job_load_state(depot_job_t* job, const void* data, size_t size) {
+  constexpr const char* kFunction = "depot_job_load_state";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    if (data == nullptr && size > 0) {
+      return depot::c_api::NullArgument(kFunction, "data");
+    }
+    const size_t bytes = data == nullptr ? 0 : size;
+    return job->job->LoadState(
+        std::string(static_cast<const char*>(data), bytes));
+  });
+}
+
+void depot_buffer_free(void* data) { std::free(data); }
+
 void depot_job_destroy(depot_job_t* job) { delete job; }
+
+int depot_grad_scaler_create(const depot_job_t* job,
+                             depot_grad_scaler_t** out) {
+  constexpr const char* kFunction = "depot_grad_scaler_create";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (out == nullptr) return depot::c_api::NullArgument(kFunction, "out");
+    *out = nullptr;
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    absl::StatusOr<std::unique_ptr<depot::GradScaler>> scaler =
+        depot::MakeGradScaler(job->job->config());
+    if (!scaler.ok()) return scaler.status();
+    *out = new depot_grad_scaler{*std::move(scaler)};
+    return absl::OkStatus();
+  });
+}
+
+double depot_grad_scaler_scale(const depot_grad_scaler_t* scaler) {
+  return scaler == nullptr ? 0.0 : scaler->scaler->scale();
+}
+
+void depot_grad_scaler_update(depot_grad_scaler_t* scaler, int32_t found_inf) {
+  if (scaler != nullptr) scaler->scaler->Update(found_inf != 0);
+}
+
+int depot_grad_scaler_get_state(const depot_grad_scaler_t* scaler,
+                                depot_grad_scaler_state_t* out) {
+  constexpr const char* kFunction = "depot_grad_scaler_get_state";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (scaler == nullptr)
+      return depot::c_api::NullArgument(kFunction, "scaler");
+    if (out == nullptr) return depot::c_api::NullArgument(kFunction, "out");
+    const depot::GradScalerState state = scaler->scaler->StateDict();
+    out->scale = state.scale;
+    out->growth_tracker = state.growth_tracker;
+    out->hysteresis_tracker = state.hysteresis_tracker;
+    return absl::OkStatus();
+  });
+}
+
+int depot_grad_scaler_load_state(depot_grad_scaler_t* scaler,
+                                 const depot_grad_scaler_state_t* state) {
+  constexpr const char* kFunction = "depot_grad_scaler_load_state";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (scaler == nullptr)
+      return depot::c_api::NullArgument(kFunction, "scaler");
+    if (state == nullptr) return depot::c_api::NullArgument(kFunction, "state");
+    // A scale that does not survive the fp32 rounding (0, overflow) is left
+    // to LoadStateDict, which names the field.
+    return scaler->scaler->LoadStateDict(depot::GradScalerState{
+        .scale = static_cast<float>(state->scale),
+        .growth_tracker = state->growth_tracker,
+        .hysteresis_tracker = state->hysteresis_tracker,
+    });
+  });
+}
+
+void depot_grad_scaler_destroy(depot_grad_scaler_t* scaler) { delete scaler; }
 
 }  // extern "C"

@@ -30,6 +30,9 @@ class JobImpl : public Job {
   absl::StatusOr<std::vector<ServerJobStatus>> Status(
       bool with_checksum) override;
   absl::Status Delete() override;
+  // job_state.cc
+  absl::StatusOr<std::string> SaveState() override;
+  absl::Status LoadState(const std::string& blob) override;
 
  private:
   // The servers whose shard holds at least one chunk: the only ones that take

@@ -103,6 +103,46 @@ class BadInputTest : public ::testing::Test {
                    &payload);
   }
 
+  // Every chunk of the shard, as ExportState sends it.
+  std::vector<v1::StateChunk> ExportState() {
+    grpc::ClientContext context;
+    v1::ExportStateRequest request;
+    request.set_job_id(job_id_);
+    request.set_fingerprint(fingerprint_);
+    std::unique_ptr<grpc::ClientReader<v1::StateChunk>> reader =
+        stub_->ExportState(&context, request);
+    std::vector<v1::StateChunk> chunks;
+    v1::StateChunk chunk;
+    while (reader->Read(&chunk)) chunks.push_back(chunk);
+    const grpc::Status status = reader->Finish();
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return chunks;
+  }
+
+  // Runs one ImportState stream: a header with `fingerprint` (unless
+  // `header` is false), then `chunks`.
+  grpc::Status ImportState(const std::vector<v1::StateChunk>& chunks,
+                           uint64_t fingerprint, bool header = true) {
+    grpc::ClientContext context;
+    v1::ImportStateResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::ImportStateRequest>> writer =
+        stub_->ImportState(&context, &response);
+    v1::ImportStateRequest request;
+    bool writing = true;
+    if (header) {
+      request.mutable_header()->set_job_id(job_id_);
+      request.mutable_header()->set_fingerprint(fingerprint);
+      writing = writer->Write(request);
+    }
+    for (const v1::StateChunk& chunk : chunks) {
+      if (!writing) break;
+      *request.mutable_chunk() = chunk;
+      writing = writer->Write(request);
+    }
+    if (writing) writer->WritesDone();
+    return writer->Finish();
+  }
+
   void ReadChecksum(uint64_t* checksum) {
     v1::JobStatus status;
     grpc::Status rpc = RawGetJob(*stub_, job_id_, true, &status);
@@ -337,6 +377,38 @@ TEST(MemoryBudgetTest, JobOverTheBudgetIsResourceExhaustedAndAllocatesNothing) {
   v1::JobStatus after;
   ASSERT_TRUE(RawGetJob(*stub, first.job_id(), true, &after).ok());
   EXPECT_EQ(after.state_checksum(), before.state_checksum());
+}
+
+TEST_F(BadInputTest, ImportStateOfTheExportedStateKeepsItAsItWas) {
+  std::vector<v1::StateChunk> chunks = ExportState();
+  ASSERT_EQ(chunks.size(), plan_->num_chunks());
+  grpc::Status status = ImportState(chunks, fingerprint_);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  ExpectStateUnchanged();
+}
+
+TEST_F(BadInputTest, ImportStateMissingAChunkIsInvalidArgument) {
+  std::vector<v1::StateChunk> chunks = ExportState();
+  ASSERT_GE(chunks.size(), 2u);
+  chunks.front().mutable_master()->assign(chunks.front().master().size(), 0);
+  chunks.pop_back();
+  grpc::Status status = ImportState(chunks, fingerprint_);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("every chunk"));
+  ExpectStateUnchanged();
+}
+
+TEST_F(BadInputTest, ImportStateChunkBeforeTheHeaderIsInvalidArgument) {
+  grpc::Status status =
+      ImportState(ExportState(), fingerprint_, /*header=*/false);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ExpectStateUnchanged();
+}
+
+TEST_F(BadInputTest, ImportStateWithAWrongFingerprintIsFailedPrecondition) {
+  grpc::Status status = ImportState(ExportState(), fingerprint_ ^ 1);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  ExpectStateUnchanged();
 }
 
 }  // namespace

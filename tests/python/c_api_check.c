@@ -63,6 +63,29 @@ int main(void) {
   EXPECT(strcmp(depot_status_name(DEPOT_FAILED_PRECONDITION),
                 "FAILED_PRECONDITION") == 0);
 
+  depot_grad_scaler_t* scaler = NULL;
+  EXPECT(depot_grad_scaler_create(NULL, &scaler) == DEPOT_INVALID_ARGUMENT);
+  EXPECT(LastErrorContains("job"));
+  EXPECT(scaler == NULL);
+  EXPECT(depot_grad_scaler_scale(NULL) == 0.0);
+  depot_grad_scaler_update(NULL, 1);
+  depot_grad_scaler_state_t scaler_state;
+  EXPECT(depot_grad_scaler_get_state(NULL, &scaler_state) ==
+         DEPOT_INVALID_ARGUMENT);
+  EXPECT(depot_grad_scaler_load_state(NULL, &scaler_state) ==
+         DEPOT_INVALID_ARGUMENT);
+  EXPECT(LastErrorContains("scaler"));
+  depot_grad_scaler_destroy(NULL);
+
+  void* state = NULL;
+  size_t state_size = 0;
+  EXPECT(depot_job_save_state(NULL, &state, &state_size) ==
+         DEPOT_INVALID_ARGUMENT);
+  EXPECT(LastErrorContains("job"));
+  EXPECT(state == NULL);
+  EXPECT(depot_job_load_state(NULL, NULL, 0) == DEPOT_INVALID_ARGUMENT);
+  depot_buffer_free(NULL);
+
   depot_job_destroy(NULL);
   depot_client_destroy(NULL);
   depot_client_destroy(client);

@@ -16,14 +16,6 @@ def make(client, job_name, params=None, **kwargs):
     return model, opt
 
 
-def test_state_dict_is_not_implemented(client, job_name):
-    _, opt = make(client, job_name)
-    with pytest.raises(NotImplementedError, match="servers"):
-        opt.state_dict()
-    with pytest.raises(NotImplementedError):
-        opt.load_state_dict({})
-
-
 def test_groups_with_different_betas_are_refused(client, job_name):
     model = training.make_model()
     groups = [{"params": [model[0].weight], "betas": (0.8, 0.9)},

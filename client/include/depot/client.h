@@ -176,6 +176,23 @@ class Job {
   // Deletes the job on every server, freeing its state.
   virtual absl::Status Delete() = 0;
 
+  // The whole optimizer state of the job (master weights, optimizer slots, the
+  // step counters of every chunk) as an opaque byte string for LoadState
+  // (format: client/src/state_blob.h). Call it between steps, with no Step in
+  // flight on any worker.
+  virtual absl::StatusOr<std::string> SaveState() = 0;
+
+  // Replaces the job's state on every server by `blob` from SaveState. The
+  // blob fits a job with the same config; the job's name is not checked, so a
+  // state can be loaded into a job of another name. Call it before the first
+  // Step (or between steps, with none in flight); the next Step is then the
+  // saved step + 1. DATA_LOSS: blob truncated or corrupt (nothing changes).
+  // FAILED_PRECONDITION: the blob is from a job with another config (nothing
+  // changes), or a server has a step in flight. Each server replaces its shard
+  // atomically; an error on one server (e.g. it is down) leaves the others'
+  // shards loaded.
+  virtual absl::Status LoadState(const std::string& blob) = 0;
+
  protected:
   Job(JobConfig config, Layout layout, ShardPlan plan, uint64_t fingerprint,
       uint32_t worker_rank)

@@ -56,7 +56,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 1
+#define DEPOT_API_VERSION 2
 uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -305,8 +305,67 @@ int depot_job_status(depot_job_t* job, int32_t with_checksum,
  * destroyed. */
 int depot_job_delete(depot_job_t* job);
 
+/* The job's whole optimizer state (depot::Job::SaveState) as an opaque blob:
+ * on success *data is a buffer of *size bytes that the caller frees with
+ * depot_buffer_free. Call it between steps, with no step in flight. */
+int depot_job_save_state(depot_job_t* job, void** data, size_t* size);
+
+/* Replaces the job's state by a blob from depot_job_save_state of a job with
+ * the same config (the name may differ); the next step is the saved step + 1.
+ * DATA_LOSS: corrupt or truncated blob. FAILED_PRECONDITION: a blob of another
+ * config, or a step in flight. */
+int depot_job_load_state(depot_job_t* job, const void* data, size_t size);
+
+/* Frees a buffer the library allocated. NULL is ignored. */
+void depot_buffer_free(void* data);
+
 /* Frees the handle (the job stays on the servers). NULL is ignored. */
 void depot_job_destroy(depot_job_t* job);
+
+/* ------------------------------------------------------------ grad scaler */
+
+/* A loss scaler with Megatron's semantics (depot/grad_scaler.h): multiply
+ * the loss by depot_grad_scaler_scale() before backward, pass that scale as
+ * depot_step_options_t.loss_scale, and feed the step's found_inf back with
+ * depot_grad_scaler_update(). Pure local state: no server is contacted. */
+typedef struct depot_grad_scaler depot_grad_scaler_t;
+
+/* The scaler Megatron builds for the job's config (depot::MakeGradScaler):
+ * constant at optimizer.loss_scale when it is > 0; dynamic (from
+ * initial_loss_scale, min_loss_scale, loss_scale_window, hysteresis) when it
+ * is 0 and grad_dtype is fp16; otherwise a constant 1. On success *out is a
+ * scaler to free with depot_grad_scaler_destroy. INVALID_ARGUMENT naming the
+ * config field when those fields are invalid. */
+int depot_grad_scaler_create(const depot_job_t* job, depot_grad_scaler_t** out);
+
+/* The current loss scale (> 0); 0 for NULL. */
+double depot_grad_scaler_scale(const depot_grad_scaler_t* scaler);
+
+/* Feeds back the outcome of a step: found_inf (0 or 1) is the step's
+ * depot_step_result_t.found_inf. NULL is ignored. */
+void depot_grad_scaler_update(depot_grad_scaler_t* scaler, int32_t found_inf);
+
+/* Megatron's DynamicGradScaler.state_dict() (depot::GradScalerState), for
+ * checkpoints. A constant scaler reports its scale with zero trackers. */
+typedef struct depot_grad_scaler_state {
+  double scale;
+  int64_t growth_tracker;
+  int64_t hysteresis_tracker;
+} depot_grad_scaler_state_t;
+
+/* Writes the scaler's state into *out. INVALID_ARGUMENT for NULL. */
+int depot_grad_scaler_get_state(const depot_grad_scaler_t* scaler,
+                                depot_grad_scaler_state_t* out);
+
+/* Restores a state from depot_grad_scaler_get_state (a constant scaler
+ * ignores it). INVALID_ARGUMENT naming the field when it does not fit the
+ * scaler's options (depot::DynamicGradScaler::LoadStateDict); on error
+ * nothing changes. */
+int depot_grad_scaler_load_state(depot_grad_scaler_t* scaler,
+                                 const depot_grad_scaler_state_t* state);
+
+/* Frees the scaler. NULL is ignored. */
+void depot_grad_scaler_destroy(depot_grad_scaler_t* scaler);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -16,13 +16,14 @@ from depot.buffers import DType
 from depot.client import (Client, GroupHyperParams, Job, ServerStatus,
                           StepCommit, StepResult, TensorSpec,
                           optimizer_defaults)
+from depot.grad_scaler import GradScaler
 from depot.errors import *  # noqa: F401,F403 (DepotError and its subclasses)
 from depot import errors as _errors
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "DType", "GroupHyperParams", "Job", "LibraryNotFoundError",
+    "Client", "DType", "GradScaler", "GroupHyperParams", "Job", "LibraryNotFoundError",
     "ServerStatus", "StepCommit", "StepResult", "TensorSpec",
     "optimizer_defaults",
 ] + _errors.__all__

@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 1
+API_VERSION = 2
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -131,6 +131,14 @@ class ServerStatus(ctypes.Structure):
     ]
 
 
+class GradScalerState(ctypes.Structure):
+    _fields_ = [
+        ("scale", c_double),
+        ("growth_tracker", ctypes.c_int64),
+        ("hysteresis_tracker", ctypes.c_int64),
+    ]
+
+
 def _p(struct):
     return ctypes.POINTER(struct)
 
@@ -165,6 +173,19 @@ _PROTOTYPES = {
         c_void_p, c_int32, _p(ServerStatus), c_size_t]),
     "depot_job_delete": (ctypes.c_int, [c_void_p]),
     "depot_job_destroy": (None, [c_void_p]),
+    "depot_job_save_state": (ctypes.c_int, [
+        c_void_p, ctypes.POINTER(c_void_p), ctypes.POINTER(c_size_t)]),
+    "depot_job_load_state": (ctypes.c_int, [c_void_p, c_void_p, c_size_t]),
+    "depot_buffer_free": (None, [c_void_p]),
+    "depot_grad_scaler_create": (ctypes.c_int, [
+        c_void_p, ctypes.POINTER(c_void_p)]),
+    "depot_grad_scaler_scale": (c_double, [c_void_p]),
+    "depot_grad_scaler_update": (None, [c_void_p, c_int32]),
+    "depot_grad_scaler_get_state": (ctypes.c_int, [
+        c_void_p, _p(GradScalerState)]),
+    "depot_grad_scaler_load_state": (ctypes.c_int, [
+        c_void_p, _p(GradScalerState)]),
+    "depot_grad_scaler_destroy": (None, [c_void_p]),
 }
 
 _lock = threading.Lock()

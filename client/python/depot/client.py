@@ -300,6 +300,29 @@ class Job:
                 state_bytes=s.state_bytes, state_checksum=s.state_checksum)
                 for s in statuses]
 
+    def save_state(self):
+        """The job's whole optimizer state (master weights, optimizer slots,
+        step counters) as bytes for load_state. Call it between steps."""
+        data = ctypes.c_void_p()
+        size = ctypes.c_size_t()
+        with self._lock:
+            _capi.check(_capi.lib().depot_job_save_state(
+                self._live_handle(), ctypes.byref(data), ctypes.byref(size)))
+        try:
+            return ctypes.string_at(data, size.value)
+        finally:
+            _capi.lib().depot_buffer_free(data)
+
+    def load_state(self, state):
+        """Replaces the job's state by `state` (bytes from save_state of a job
+        with the same config; the name may differ). The next step is the
+        saved step + 1. DataLossError: corrupt or truncated state;
+        FailedPreconditionError: a state of another config."""
+        state = bytes(state)
+        with self._lock:
+            _capi.check(_capi.lib().depot_job_load_state(
+                self._live_handle(), state, len(state)))
+
     def delete(self):
         """Deletes the job on every server, freeing its state."""
         with self._lock:

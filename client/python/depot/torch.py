@@ -36,9 +36,22 @@ Differences from torch.optim, all checked rather than ignored:
   raises NotImplementedError;
 - a parameter whose .grad is None is sent as a zero gradient: torch would
   skip it, Depot still applies weight decay and the moments' decay to it;
-- state_dict() / load_state_dict() raise NotImplementedError (the state is
-  on the servers; saving it is not supported yet).
+- state_dict() holds torch's usual "state" (empty) and "param_groups",
+  plus the servers' whole optimizer state as bytes under "depot_state" and
+  the last applied step under "depot_step"; load_state_dict() loads that
+  state into this optimizer's job (which may have another job_name) instead
+  of initialising it from the parameters. Restore the model's own
+  state_dict too: it holds the low-precision weights. Take both between
+  steps, on one worker. Every worker loads the same dict (loading the same
+  state twice is harmless), and all must have loaded before any steps
+  again (a barrier): a load while a peer's step is pending is refused with
+  FailedPreconditionError. The loss scaler's state (Megatron's scale and
+  trackers) travels under "depot_grad_scaler", so a resumed fp16 run keeps
+  its scale.
 """
+
+import dataclasses
+import math
 
 import torch
 
@@ -50,6 +63,32 @@ _SGD_HPARAMS = ("momentum", "dampening", "nesterov")
 _TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16,
                  DType.FP16: torch.float16}
 _DEFAULT_WEIGHT_DECAY = {"adamw": 1e-2, "adam": 0.0, "sgd": 0.0}
+# DepotOptimizer.state_dict's keys for the servers' state and its step.
+_STATE_KEY = "depot_state"
+_STEP_KEY = "depot_step"
+_SCALER_KEY = "depot_grad_scaler"
+# Megatron's loss-scaling config fields DepotOptimizer passes through.
+_LOSS_SCALE_FIELDS = ("initial_loss_scale", "min_loss_scale",
+                      "loss_scale_window", "hysteresis")
+
+
+@dataclasses.dataclass(frozen=True)
+class LastStep:
+    """What the servers decided on the last step (DepotOptimizer.last_step).
+
+    grad_norm: the unscaled gradient's norm over the whole model (0 unless
+      the step measured it: clip_grad > 0 or dynamic loss scaling);
+    clip_coef: the factor applied to the gradient (1 = not clipped);
+    found_inf: the gradient held a NaN or Inf; skipped: the step changed no
+      parameter (as Megatron, a found_inf step is skipped);
+    loss_scale: the scale the step's gradients were divided by.
+    """
+
+    grad_norm: float
+    clip_coef: float
+    found_inf: bool
+    skipped: bool
+    loss_scale: float
 
 
 class DepotOptimizer(torch.optim.Optimizer):
@@ -69,6 +108,15 @@ class DepotOptimizer(torch.optim.Optimizer):
       grad_dtype, weight_dtype: "fp32", "bf16" or "fp16" on the wire; by
         default the parameters' dtype when they all share one, else fp32.
       chunk_elems: Depot's pipeline chunk (elements); None: the default.
+      clip_grad: > 0 clips the global gradient norm to it as
+        torch.nn.utils.clip_grad_norm_ would (the servers measure the norm
+        over every worker's summed gradient); 0: no clipping.
+      clip_grad_norm_type: 2 or math.inf ("l2" / "inf").
+      loss_scale: None: no loss scaling; a number: a constant scale;
+        "dynamic": Megatron's dynamic scaler (fp16 gradients only), set up by
+        initial_loss_scale, min_loss_scale, loss_scale_window, hysteresis
+        (None: Megatron's defaults 2**32, 1, 1000, 2). Multiply the loss by
+        opt.loss_scale (or call opt.scale_loss(loss)) before backward.
       client: a depot.Client to use instead of connecting to `servers`.
       wait_timeout: seconds to wait for the servers to be up.
     """
@@ -77,7 +125,15 @@ class DepotOptimizer(torch.optim.Optimizer):
                  lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None,
                  momentum=0.0, dampening=0.0, nesterov=False, num_workers=1,
                  worker_rank=0, grad_dtype=None, weight_dtype=None,
-                 chunk_elems=None, client=None, wait_timeout=60.0):
+                 chunk_elems=None, clip_grad=0.0, clip_grad_norm_type=2,
+                 loss_scale=None, initial_loss_scale=None,
+                 min_loss_scale=None, loss_scale_window=None, hysteresis=None,
+                 client=None, wait_timeout=60.0):
+        scaling = _scaling_fields(clip_grad, clip_grad_norm_type, loss_scale,
+                                  initial_loss_scale=initial_loss_scale,
+                                  min_loss_scale=min_loss_scale,
+                                  loss_scale_window=loss_scale_window,
+                                  hysteresis=hysteresis)
         self._kind = optimizer.lower()
         if self._kind not in _DEFAULT_WEIGHT_DECAY:
             raise ValueError(f"optimizer must be 'adamw', 'adam' or 'sgd', "
@@ -101,10 +157,12 @@ class DepotOptimizer(torch.optim.Optimizer):
         client.wait_for_servers(wait_timeout)
         self._client = client
         self._open_job(job_name, num_workers, worker_rank, grad_dtype,
-                       weight_dtype, chunk_elems)
+                       weight_dtype, chunk_elems, scaling)
+        self._scaler = depot.GradScaler(self._job)
         self._depot_step = 0  # the last step the servers applied
         self._initialized = False
         self.last_result = None  # the depot.StepResult of the last step
+        self.last_step = None  # its LastStep
 
     # -- layout and job -------------------------------------------------
 
@@ -112,7 +170,7 @@ class DepotOptimizer(torch.optim.Optimizer):
         return _SGD_HPARAMS if self._kind == "sgd" else _ADAM_HPARAMS
 
     def _open_job(self, job_name, num_workers, worker_rank, grad_dtype,
-                  weight_dtype, chunk_elems):
+                  weight_dtype, chunk_elems, scaling):
         # One tensor per trainable parameter, in param-group order. Depot's
         # groups are the torch groups that hold trainable parameters,
         # numbered densely: _torch_groups[depot_group] is the torch index.
@@ -131,11 +189,13 @@ class DepotOptimizer(torch.optim.Optimizer):
         model_dtype = _common_dtype(self._params)
         self._grad_dtype = parse_dtype(grad_dtype or model_dtype)
         self._weight_dtype = parse_dtype(weight_dtype or model_dtype)
+        if scaling["loss_scale"] == 0 and self._grad_dtype != DType.FP16:
+            raise ValueError(
+                f'loss_scale="dynamic" needs fp16 gradients, not '
+                f"{self._grad_dtype.name.lower()}: pass grad_dtype=\"fp16\", "
+                f"or a constant loss_scale")
         fields = dict(lr=self.defaults["lr"],
-                      weight_decay=self.defaults["weight_decay"],
-                      # No loss scaling in this version: a constant 1 (with
-                      # fp16 gradients, 0 would ask for a dynamic scale).
-                      loss_scale=1.0)
+                      weight_decay=self.defaults["weight_decay"], **scaling)
         if self._kind == "sgd":
             fields.update(sgd_momentum=self.defaults["momentum"],
                           sgd_dampening=self.defaults["dampening"],
@@ -157,6 +217,15 @@ class DepotOptimizer(torch.optim.Optimizer):
                                     dtype=_TORCH_DTYPES[self._weight_dtype])
 
     @property
+    def loss_scale(self):
+        """The scale to multiply this step's loss by (1 without scaling)."""
+        return self._scaler.scale
+
+    def scale_loss(self, loss):
+        """loss * loss_scale, to call backward on."""
+        return loss * self.loss_scale
+
+    @property
     def job(self):
         """The depot.Job (status, pull, delete)."""
         return self._job
@@ -168,8 +237,11 @@ class DepotOptimizer(torch.optim.Optimizer):
                 "is built; pass every param group to the constructor")
         super().add_param_group(param_group)
 
-    def _check_fixed_hparams(self):
-        for index, group in enumerate(self.param_groups):
+    def _check_fixed_hparams(self, groups=None):
+        """ValueError unless `groups` (default: param_groups) keep the job's
+        fixed hyperparameters."""
+        groups = self.param_groups if groups is None else groups
+        for index, group in enumerate(groups):
             for key, value in self._job_hparams.items():
                 have = group[key]
                 if (tuple(have) if key == "betas" else have) != value:
@@ -228,27 +300,90 @@ class DepotOptimizer(torch.optim.Optimizer):
             else:
                 view.copy_(p.grad.reshape(-1))
         step = self._depot_step + 1
-        self.last_result = self._job.step(
-            step, self._grads, self._weights,
-            group_hparams=self._group_hparams())
+        loss_scale = self.loss_scale
+        result = self._job.step(step, self._grads, self._weights,
+                                group_hparams=self._group_hparams(),
+                                loss_scale=loss_scale)
+        self._scaler.update(result.found_inf)
+        self.last_result = result
+        self.last_step = LastStep(
+            grad_norm=result.grad_norm, clip_coef=result.clip_coef,
+            found_inf=result.found_inf, skipped=result.skipped,
+            loss_scale=loss_scale)
         self._depot_step = step
         for p, offset, numel in self._slots:
             p.copy_(self._weights[offset:offset + numel].view_as(p))
         return loss
 
-    # -- not in this version --------------------------------------------
+    # -- checkpoints ----------------------------------------------------
 
     def state_dict(self):
-        raise NotImplementedError(
-            "DepotOptimizer.state_dict: the optimizer state (fp32 master "
-            "weights and moments) lives on the Depot servers, and saving it "
-            "is not supported yet; the model's own state_dict holds the "
-            "current weights")
+        """torch's state dict plus the servers' state (module docstring):
+        "depot_state" is None before the first step (the job is not
+        initialised yet)."""
+        state = super().state_dict()
+        state[_STATE_KEY] = (self._job.save_state() if self._initialized
+                             else None)
+        state[_STEP_KEY] = self._depot_step
+        state[_SCALER_KEY] = self._scaler.state_dict()
+        return state
 
     def load_state_dict(self, state_dict):
-        raise NotImplementedError(
-            "DepotOptimizer.load_state_dict: restoring server-side optimizer "
-            "state is not supported yet")
+        """Restores param_groups as torch does and replaces the job's state
+        by state_dict["depot_state"]; the next step() is the saved step + 1.
+        KeyError without the Depot keys (a plain torch.optim state dict);
+        depot.FailedPreconditionError if the state is of another job
+        config; depot.DataLossError if it is corrupt."""
+        depot_keys = (_STATE_KEY, _STEP_KEY, _SCALER_KEY)
+        missing = [k for k in depot_keys if k not in state_dict]
+        if missing:
+            raise KeyError(f"DepotOptimizer.load_state_dict: the state dict "
+                           f"has no {', '.join(missing)}: it was not made by "
+                           f"DepotOptimizer.state_dict")
+        blob = state_dict[_STATE_KEY]
+        torch_state = {k: v for k, v in state_dict.items()
+                       if k not in depot_keys}
+        # Checked before anything changes: torch's load_state_dict checks the
+        # groups, the servers check the blob.
+        self._check_fixed_hparams(torch_state["param_groups"])
+        if blob is not None:
+            self._job.load_state(blob)
+        # After the servers accepted the blob; a scaler state made by
+        # state_dict() always fits the same config.
+        self._scaler.load_state_dict(state_dict[_SCALER_KEY])
+        super().load_state_dict(torch_state)
+        self._depot_step = int(state_dict[_STEP_KEY])
+        self._initialized = blob is not None
+
+
+def _scaling_fields(clip_grad, clip_grad_norm_type, loss_scale, **dynamic):
+    """The job config's clipping and loss-scaling fields, checked."""
+    if not (clip_grad >= 0 and math.isfinite(clip_grad)):
+        raise ValueError(f"clip_grad must be >= 0 and finite, not "
+                         f"{clip_grad!r}")
+    norm_types = {2: "l2", 2.0: "l2", "l2": "l2", math.inf: "inf",
+                  "inf": "inf"}
+    if clip_grad_norm_type not in norm_types:
+        raise ValueError(f"clip_grad_norm_type must be 2 or math.inf, not "
+                         f"{clip_grad_norm_type!r}")
+    fields = dict(clip_grad=float(clip_grad),
+                  clip_grad_norm_type=norm_types[clip_grad_norm_type])
+    if loss_scale is None:
+        fields["loss_scale"] = 1.0
+    elif loss_scale == "dynamic":
+        fields["loss_scale"] = 0.0  # Megatron: 0 with fp16 asks for dynamic
+        fields.update({k: v for k, v in dynamic.items() if v is not None})
+    elif (isinstance(loss_scale, (int, float)) and loss_scale > 0
+          and math.isfinite(loss_scale)):
+        fields["loss_scale"] = float(loss_scale)
+    else:
+        raise ValueError(f'loss_scale must be None, "dynamic" or a number '
+                         f"> 0, not {loss_scale!r}")
+    if loss_scale != "dynamic" and any(v is not None
+                                       for v in dynamic.values()):
+        raise ValueError(f"{', '.join(_LOSS_SCALE_FIELDS)} apply to "
+                         f'loss_scale="dynamic" only')
+    return fields
 
 
 def _common_dtype(params):

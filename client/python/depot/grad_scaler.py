@@ -1,0 +1,77 @@
+"""depot.GradScaler: the C++ loss scaler (depot/grad_scaler.h) of a job.
+
+Megatron's semantics, decided by the job's config rather than re-implemented
+here: constant at optimizer.loss_scale when it is > 0; dynamic (initial
+2**32 by default, halved after `hysteresis` overflowing steps, doubled after
+`loss_scale_window` clean ones) when loss_scale is 0 and the gradients are
+fp16; otherwise a constant 1.
+
+    scaler = depot.GradScaler(job)
+    (loss * scaler.scale).backward()
+    result = job.step(step, grads, weights, loss_scale=scaler.scale)
+    scaler.update(result.found_inf)
+
+The scale is local state of each worker; every worker sees the same
+found_inf (the servers commit one decision), so the scales stay equal.
+"""
+
+import ctypes
+
+from depot import _capi
+
+
+class GradScaler:
+    """The loss scaler Megatron builds for `job`'s config (a depot.Job).
+    InvalidArgumentError naming the config field when it is invalid."""
+
+    def __init__(self, job):
+        handle = ctypes.c_void_p()
+        _capi.check(_capi.lib().depot_grad_scaler_create(
+            job._live_handle(), ctypes.byref(handle)))
+        self._handle = handle
+
+    @property
+    def scale(self):
+        """The loss scale to multiply the loss by (> 0)."""
+        return _capi.lib().depot_grad_scaler_scale(self._live_handle())
+
+    def update(self, found_inf):
+        """Feeds back a step's StepResult.found_inf."""
+        _capi.lib().depot_grad_scaler_update(self._live_handle(),
+                                             int(bool(found_inf)))
+
+    def state_dict(self):
+        """Megatron's DynamicGradScaler.state_dict(): scale, growth_tracker,
+        hysteresis_tracker (a constant scaler: its scale, zero trackers)."""
+        state = _capi.GradScalerState()
+        _capi.check(_capi.lib().depot_grad_scaler_get_state(
+            self._live_handle(), ctypes.byref(state)))
+        return {name: getattr(state, name)
+                for name, _ in _capi.GradScalerState._fields_}
+
+    def load_state_dict(self, state_dict):
+        """Restores a state_dict() (a constant scaler ignores it).
+        InvalidArgumentError naming the field when it does not fit this
+        scaler's config; then nothing changes."""
+        state = _capi.GradScalerState(
+            scale=float(state_dict["scale"]),
+            growth_tracker=int(state_dict["growth_tracker"]),
+            hysteresis_tracker=int(state_dict["hysteresis_tracker"]))
+        _capi.check(_capi.lib().depot_grad_scaler_load_state(
+            self._live_handle(), ctypes.byref(state)))
+
+    def close(self):
+        handle, self._handle = self._handle, None
+        if handle:
+            _capi.lib().depot_grad_scaler_destroy(handle)
+
+    def _live_handle(self):
+        if not self._handle:
+            raise ValueError("the GradScaler is closed")
+        return self._handle
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass

@@ -1,0 +1,45 @@
+// The byte string of Job::SaveState / LoadState. Little-endian:
+//
+//   8 bytes  magic "DEPOTST\0"
+//   u32      format version (1)
+//   u32      number of servers S
+//   u64      state fingerprint: Fingerprint() of the job's config with the
+//            name cleared, so a state loads into a job of another name
+//   u64      FNV-1a 64 hash of everything after this field
+//   S times: u64 chunk count C, then C times: u64 length L and L bytes of a
+//            serialized depot.v1.StateChunk (the server's ExportState message)
+//
+// The hash makes a flipped or truncated byte a DATA_LOSS before any server is
+// touched.
+#ifndef DEPOT_CLIENT_SRC_STATE_BLOB_H_
+#define DEPOT_CLIENT_SRC_STATE_BLOB_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "depot/job_config.h"
+#include "depot/v1/depot.pb.h"
+
+namespace depot::client_internal {
+
+struct StateBlob {
+  uint64_t fingerprint = 0;
+  // [server][i]: the server's chunks in the order it exported them.
+  std::vector<std::vector<v1::StateChunk>> servers;
+};
+
+// The fingerprint a blob of `config`'s job carries: the name is not part of it.
+uint64_t StateFingerprint(const JobConfig& config);
+
+std::string EncodeStateBlob(const StateBlob& blob);
+
+// DATA_LOSS: wrong magic, unknown version, truncated, trailing bytes, hash
+// mismatch or an unparsable chunk.
+absl::StatusOr<StateBlob> DecodeStateBlob(std::string_view bytes);
+
+}  // namespace depot::client_internal
+
+#endif  // DEPOT_CLIENT_SRC_STATE_BLOB_H_

@@ -1,0 +1,137 @@
+// ShardState's whole-state export and import (ExportState / ImportState).
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/chunk_state.h"
+#include "server/shard_state.h"
+
+namespace depot {
+
+absl::Status ShardState::ExportChunks(
+    const std::function<bool(ChunkSnapshot)>& emit) const {
+  if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  const ShardRange& shard = shape_.shard();
+  for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
+    const ChunkRange range = shape_.plan().chunk(index);
+    ChunkSnapshot snapshot;
+    snapshot.index = index;
+    {
+      ChunkState& chunk = chunk_state(index);
+      absl::MutexLock lock(&chunk.mu);
+      chunk.mu.Await(absl::Condition(&chunk, &ChunkState::Idle));
+      snapshot.applied_step = chunk.applied_step;
+      snapshot.optimizer_step = chunk.optimizer_step;
+      snapshot.master.assign(reinterpret_cast<const char*>(master(range)),
+                             range.size() * sizeof(float));
+      for (int k = 0; k < shape_.slots(); ++k) {
+        snapshot.slots.emplace_back(
+            static_cast<const char*>(slot(k, range.begin)),
+            range.size() * slot_elem_bytes_[k]);
+      }
+    }
+    if (!emit(std::move(snapshot))) {
+      return absl::CancelledError("the client stopped reading the state");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {
+  if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  const ShardRange& shard = shape_.shard();
+  // Staged by chunk: every chunk must come exactly once.
+  std::vector<ChunkSnapshot*> staged(shard.num_chunks(), nullptr);
+  for (ChunkSnapshot& snapshot : chunks) {
+    if (absl::Status s = CheckChunkPayload(
+            snapshot.index, snapshot.master.size(), sizeof(float));
+        !s.ok()) {
+      return s;
+    }
+    if (snapshot.slots.size() != static_cast<size_t>(shape_.slots())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", snapshot.index, " has ", snapshot.slots.size(),
+          " optimizer slots, the job's optimizer has ", shape_.slots()));
+    }
+    for (int k = 0; k < shape_.slots(); ++k) {
+      if (absl::Status s = CheckChunkPayload(
+              snapshot.index, snapshot.slots[k].size(), slot_elem_bytes_[k]);
+          !s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer slot ", k, ": ", s.message()));
+      }
+    }
+    if (snapshot.optimizer_step > snapshot.applied_step) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", snapshot.index, ": optimizer step ",
+                       snapshot.optimizer_step, " is above its applied step ",
+                       snapshot.applied_step));
+    }
+    ChunkSnapshot*& slot_for_chunk = staged[snapshot.index - shard.first_chunk];
+    if (slot_for_chunk != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", snapshot.index, " was sent twice"));
+    }
+    slot_for_chunk = &snapshot;
+  }
+  if (chunks.size() != shard.num_chunks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the state has ", chunks.size(), " chunks, the shard ",
+                     shard.num_chunks(), ": every chunk must be sent"));
+  }
+  // A step is applied to every chunk before the next starts, so a state saved
+  // between steps has one applied step.
+  const uint64_t step = chunks.empty() ? 0 : chunks.front().applied_step;
+  for (const ChunkSnapshot& snapshot : chunks) {
+    if (snapshot.applied_step != step) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", snapshot.index, " is at step ",
+                       snapshot.applied_step, ", chunk ", chunks.front().index,
+                       " at step ", step, ": save the state between steps"));
+    }
+  }
+
+  // Every chunk is locked at once so that the check of pending contributions
+  // and the replacement are one atomic change.
+  for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
+    chunk_state(index).mu.Lock();
+  }
+  absl::Status status;
+  for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
+    ChunkState& chunk = chunk_state(index);
+    if (chunk.updating || chunk.pending != nullptr) {
+      status = absl::FailedPreconditionError(
+          absl::StrCat("chunk ", index, " has contributions for step ",
+                       chunk.applied_step + 1,
+                       ": import the state only while no step is in flight"));
+      break;
+    }
+  }
+  if (status.ok()) {
+    for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
+      const ChunkRange range = shape_.plan().chunk(index);
+      const ChunkSnapshot& snapshot = *staged[index - shard.first_chunk];
+      ChunkState& chunk = chunk_state(index);
+      std::memcpy(master(range), snapshot.master.data(),
+                  snapshot.master.size());
+      for (int k = 0; k < shape_.slots(); ++k) {
+        std::memcpy(slot(k, range.begin), snapshot.slots[k].data(),
+                    snapshot.slots[k].size());
+      }
+      chunk.applied_step = snapshot.applied_step;
+      chunk.optimizer_step = snapshot.optimizer_step;
+    }
+  }
+  for (uint64_t index = shard.end_chunk; index > shard.first_chunk; --index) {
+    chunk_state(index - 1).mu.Unlock();
+  }
+  if (!status.ok()) return status;
+  absl::MutexLock lock(&steps_mu_);
+  completed_step_ = step;
+  // Headers of steps the imported state has passed or not yet reached no
+  // longer describe it.
+  steps_.clear();
+  return absl::OkStatus();
+}
+
+}  // namespace depot

@@ -1,0 +1,137 @@
+// Job::SaveState / LoadState through real servers: a run saved at step 10 and
+// resumed in a fresh job (another name, same config) reaches bit for bit the
+// state of an uninterrupted run, and a damaged or foreign blob changes nothing.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bitwise_compare.h"
+#include "client_training.h"
+#include "gtest/gtest.h"
+#include "training_data.h"
+#include "two_servers.h"
+
+namespace depot::testing {
+namespace {
+
+constexpr uint64_t kSeed = 11;
+constexpr uint64_t kSaveAt = 10;
+constexpr uint64_t kSteps = 20;
+
+class StateSaveTest : public TwoServers {
+ protected:
+  // Opens `name` (SmallJobConfig, two workers, two servers) and initialises it.
+  std::unique_ptr<ClientTraining> OpenJob(const std::string& name) {
+    absl::StatusOr<std::unique_ptr<ClientTraining>> training =
+        ClientTraining::Open(Addresses(), SmallJobConfig(name, 2, 2));
+    EXPECT_TRUE(training.ok()) << training.status();
+    if (!training.ok()) return nullptr;
+    absl::Status init = (*training)->InitWeights(kSeed, DType::kFloat32);
+    EXPECT_TRUE(init.ok()) << init;
+    return *std::move(training);
+  }
+
+  // Runs steps first..last on every worker; the last weights of worker 0.
+  static std::string Train(ClientTraining& training, uint64_t first,
+                           uint64_t last) {
+    std::vector<WorkerOutcome> outcomes = training.RunSteps(kSeed, first, last);
+    for (const WorkerOutcome& outcome : outcomes) {
+      EXPECT_TRUE(outcome.status.ok()) << outcome.status;
+    }
+    return outcomes[0].last_weights;
+  }
+
+  static std::string SavedAtStep10(ClientTraining& training) {
+    Train(training, 1, kSaveAt);
+    absl::StatusOr<std::string> blob = training.job(0).SaveState();
+    EXPECT_TRUE(blob.ok()) << blob.status();
+    return blob.ok() ? *blob : std::string();
+  }
+
+  // Expects `training`'s state to be untouched by a failed load.
+  static void ExpectChecksums(ClientTraining& training,
+                              const std::vector<uint64_t>& expected) {
+    absl::StatusOr<std::vector<uint64_t>> now = training.StateChecksums();
+    ASSERT_TRUE(now.ok()) << now.status();
+    EXPECT_EQ(*now, expected);
+  }
+};
+
+TEST_F(StateSaveTest, ResumedRunMatchesUninterruptedRunBitForBit) {
+  std::unique_ptr<ClientTraining> whole = OpenJob("whole");
+  ASSERT_NE(whole, nullptr);
+  const std::string whole_weights = Train(*whole, 1, kSteps);
+  absl::StatusOr<std::vector<float>> whole_master = whole->PullMaster();
+  ASSERT_TRUE(whole_master.ok()) << whole_master.status();
+
+  std::unique_ptr<ClientTraining> first = OpenJob("first-half");
+  ASSERT_NE(first, nullptr);
+  const std::string blob = SavedAtStep10(*first);
+  ASSERT_FALSE(blob.empty());
+
+  std::unique_ptr<ClientTraining> resumed = OpenJob("resumed");
+  ASSERT_NE(resumed, nullptr);
+  absl::Status load = resumed->job(0).LoadState(blob);
+  ASSERT_TRUE(load.ok()) << load;
+  const std::string resumed_weights = Train(*resumed, kSaveAt + 1, kSteps);
+  absl::StatusOr<std::vector<float>> resumed_master = resumed->PullMaster();
+  ASSERT_TRUE(resumed_master.ok()) << resumed_master.status();
+
+  EXPECT_TRUE(BitwiseEqual(*whole_master, *resumed_master));
+  EXPECT_TRUE(BitwiseEqual(whole_weights, resumed_weights, sizeof(float)));
+  absl::StatusOr<std::vector<uint64_t>> whole_sums = whole->StateChecksums();
+  absl::StatusOr<std::vector<uint64_t>> resumed_sums =
+      resumed->StateChecksums();
+  ASSERT_TRUE(whole_sums.ok() && resumed_sums.ok());
+  EXPECT_EQ(*whole_sums, *resumed_sums);
+}
+
+TEST_F(StateSaveTest, CorruptBlobIsDataLossAndChangesNothing) {
+  std::unique_ptr<ClientTraining> source = OpenJob("source");
+  ASSERT_NE(source, nullptr);
+  std::string blob = SavedAtStep10(*source);
+  ASSERT_GT(blob.size(), 100u);
+  std::unique_ptr<ClientTraining> target = OpenJob("target");
+  ASSERT_NE(target, nullptr);
+  absl::StatusOr<std::vector<uint64_t>> before = target->StateChecksums();
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  blob[blob.size() / 2] ^= 0x10;
+  absl::Status load = target->job(0).LoadState(blob);
+  EXPECT_EQ(load.code(), absl::StatusCode::kDataLoss) << load;
+  ExpectChecksums(*target, *before);
+}
+
+TEST_F(StateSaveTest, TruncatedBlobIsDataLossAndChangesNothing) {
+  std::unique_ptr<ClientTraining> source = OpenJob("source");
+  ASSERT_NE(source, nullptr);
+  const std::string blob = SavedAtStep10(*source);
+  std::unique_ptr<ClientTraining> target = OpenJob("target");
+  ASSERT_NE(target, nullptr);
+  absl::StatusOr<std::vector<uint64_t>> before = target->StateChecksums();
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  absl::Status load = target->job(0).LoadState(blob.substr(0, blob.size() - 7));
+  EXPECT_EQ(load.code(), absl::StatusCode::kDataLoss) << load;
+  ExpectChecksums(*target, *before);
+}
+
+TEST_F(StateSaveTest, BlobOfAnotherConfigIsFailedPrecondition) {
+  std::unique_ptr<ClientTraining> source = OpenJob("source");
+  ASSERT_NE(source, nullptr);
+  const std::string blob = SavedAtStep10(*source);
+  JobConfig other = SmallJobConfig("other", 2, 2);
+  other.optimizer.lr *= 2;
+  absl::StatusOr<std::unique_ptr<ClientTraining>> target =
+      ClientTraining::Open(Addresses(), other);
+  ASSERT_TRUE(target.ok()) << target.status();
+  absl::StatusOr<std::vector<uint64_t>> before = (*target)->StateChecksums();
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  absl::Status load = (*target)->job(0).LoadState(blob);
+  EXPECT_EQ(load.code(), absl::StatusCode::kFailedPrecondition) << load;
+  ExpectChecksums(**target, *before);
+}
+
+}  // namespace
+}  // namespace depot::testing

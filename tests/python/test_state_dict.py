@@ -1,0 +1,90 @@
+"""Saving and restoring the servers' optimizer state: Job.save_state /
+load_state and DepotOptimizer.state_dict / load_state_dict."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+
+import depot
+import training
+from depot.torch import DepotOptimizer
+
+SAVE_AT = 10
+STEPS = 20
+
+
+def make(client, job_name):
+    model = training.make_model()
+    opt = DepotOptimizer(training.param_groups(model, weight_decay=0.1),
+                         client=client, job_name=job_name, optimizer="adamw",
+                         lr=0.01, chunk_elems=training.CHUNK_ELEMS)
+    return model, opt
+
+
+def run(model, opt, first, last):
+    for step in range(first, last + 1):
+        training.train_step(model, opt, *training.batch(step))
+
+
+def test_resumed_optimizer_matches_uninterrupted_training_bit_for_bit(
+        client, job_name):
+    whole_model, whole_opt = make(client, job_name + "-whole")
+    run(whole_model, whole_opt, 1, STEPS)
+
+    model, opt = make(client, job_name + "-first")
+    run(model, opt, 1, SAVE_AT)
+    checkpoint = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()},
+               checkpoint)
+    checkpoint.seek(0)
+
+    loaded = torch.load(checkpoint)
+    resumed_model, resumed_opt = make(client, job_name + "-resumed")
+    resumed_model.load_state_dict(loaded["model"])
+    resumed_opt.load_state_dict(loaded["opt"])
+    run(resumed_model, resumed_opt, SAVE_AT + 1, STEPS)
+
+    assert resumed_opt.last_result.step == STEPS
+    for got, want in zip(resumed_model.parameters(),
+                         whole_model.parameters()):
+        assert torch.equal(got, want)
+    assert np.array_equal(resumed_opt.job.pull(), whole_opt.job.pull())
+
+
+def test_state_dict_keeps_torchs_keys_and_adds_the_depot_state(client,
+                                                               job_name):
+    model, opt = make(client, job_name)
+    run(model, opt, 1, 2)
+    state = opt.state_dict()
+    assert len(state["param_groups"]) == 2
+    assert isinstance(state["depot_state"], bytes)
+    assert state["depot_step"] == 2
+    assert state["depot_grad_scaler"]["scale"] == 1.0
+
+
+def test_state_dict_before_the_first_step_has_no_depot_state(client,
+                                                             job_name):
+    _, opt = make(client, job_name)
+    assert opt.state_dict()["depot_state"] is None
+
+
+def test_load_state_dict_without_depot_state_is_a_key_error(client,
+                                                            job_name):
+    _, opt = make(client, job_name)
+    with pytest.raises(KeyError, match="depot_state"):
+        opt.load_state_dict({"state": {}, "param_groups": []})
+
+
+def test_corrupt_job_state_is_data_loss_and_changes_nothing(client,
+                                                            job_name):
+    model, opt = make(client, job_name)
+    run(model, opt, 1, 3)
+    blob = bytearray(opt.job.save_state())
+    blob[len(blob) // 2] ^= 0x01
+    before = [s.state_checksum for s in opt.job.status(with_checksum=True)]
+    with pytest.raises(depot.DataLossError):
+        opt.job.load_state(bytes(blob))
+    after = [s.state_checksum for s in opt.job.status(with_checksum=True)]
+    assert after == before
