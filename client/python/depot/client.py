@@ -21,6 +21,7 @@ import threading
 import numpy as np
 
 from depot import _capi
+from depot._handle import OwnedHandle
 from depot.buffers import DType, buffer_address, parse_dtype
 
 TensorSpec = collections.namedtuple("TensorSpec", "name numel param_group")
@@ -101,12 +102,14 @@ def _set_optimizer_fields(c_config, kind, fields):
         setattr(c_config, name, value)
 
 
-class Client:
+class Client(OwnedHandle):
     """Connections to the Depot servers of a run.
 
     `servers` lists "host:port" of each server, in the same order on every
     worker. Connecting does not wait for them; wait_for_servers does.
     """
+
+    _DESTROY = "depot_client_destroy"
 
     def __init__(self, servers, *, rpc_timeout=None, step_timeout=None,
                  max_inflight_chunks=None):
@@ -176,35 +179,18 @@ class Client:
 
     def close(self):
         """Frees the connections. Jobs opened on the client stay usable."""
-        handle, self._handle = self._handle, None
-        if handle:
-            _capi.lib().depot_client_destroy(handle)
-
-    def _live_handle(self):
-        if not self._handle:
-            raise ValueError("the Client is closed")
-        return self._handle
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone
-            pass
+        super().close()
 
 
-class Job:
+class Job(OwnedHandle):
     """A job opened by Client.open_job, as one worker.
 
     Buffers are flat over [0, total_elems): tensor i starts at
     tensor_offsets[i]; the gaps are padding. Gradients are grad_dtype and
     weights weight_dtype (see depot.buffers for the accepted types).
     """
+
+    _DESTROY = "depot_job_destroy"
 
     def __init__(self, handle, name, tensors, worker_rank, num_workers,
                  grad_dtype, weight_dtype):
@@ -331,26 +317,10 @@ class Job:
     def close(self):
         """Frees the handle; the job stays on the servers."""
         with self._lock:
-            handle, self._handle = self._handle, None
-        if handle:
-            _capi.lib().depot_job_destroy(handle)
+            super().close()
 
-    def _live_handle(self):
-        if not self._handle:
-            raise ValueError(f"Job {self.name!r} is closed")
-        return self._handle
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone
-            pass
+    def _describe(self):
+        return f"Job {self.name!r}"
 
 
 def _buffer_dtype(buffer):

@@ -18,11 +18,14 @@ found_inf (the servers commit one decision), so the scales stay equal.
 import ctypes
 
 from depot import _capi
+from depot._handle import OwnedHandle
 
 
-class GradScaler:
+class GradScaler(OwnedHandle):
     """The loss scaler Megatron builds for `job`'s config (a depot.Job).
     InvalidArgumentError naming the config field when it is invalid."""
+
+    _DESTROY = "depot_grad_scaler_destroy"
 
     def __init__(self, job):
         handle = ctypes.c_void_p()
@@ -60,18 +63,3 @@ class GradScaler:
         _capi.check(_capi.lib().depot_grad_scaler_load_state(
             self._live_handle(), ctypes.byref(state)))
 
-    def close(self):
-        handle, self._handle = self._handle, None
-        if handle:
-            _capi.lib().depot_grad_scaler_destroy(handle)
-
-    def _live_handle(self):
-        if not self._handle:
-            raise ValueError("the GradScaler is closed")
-        return self._handle
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone
-            pass

@@ -1,0 +1,40 @@
+"""OwnedHandle: the life of a C API handle owned by a Python object."""
+
+from depot import _capi
+
+
+class OwnedHandle:
+    """Owns one C API handle, freed by close(), at the end of a `with`
+    block, or when the object is collected.
+
+    Subclasses set self._handle, name the C function that frees it in
+    _DESTROY, and may override _describe() for the "is closed" error.
+    """
+
+    _DESTROY = None  # the name of the depot.h function that frees the handle
+    _handle = None
+
+    def _describe(self):
+        return f"the {type(self).__name__}"
+
+    def close(self):
+        handle, self._handle = self._handle, None
+        if handle:
+            getattr(_capi.lib(), self._DESTROY)(handle)
+
+    def _live_handle(self):
+        if not self._handle:
+            raise ValueError(f"{self._describe()} is closed")
+        return self._handle
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
