@@ -1,0 +1,46 @@
+// One result line of depot-bench: named numeric fields printed either as a
+// human-readable table row or as one JSON object (docs/performance.md lists
+// the keys of each subcommand).
+#ifndef DEPOT_TESTS_BENCH_BENCH_OUTPUT_H_
+#define DEPOT_TESTS_BENCH_BENCH_OUTPUT_H_
+
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace depot::bench {
+
+struct ResultLine {
+  std::string bench;  // the subcommand, e.g. "kernel"
+  std::vector<std::pair<std::string, std::string>> text;  // string fields
+  std::vector<std::pair<std::string, double>> numbers;    // numeric fields
+
+  // Prints the line to stdout: `json` gives one JSON object with "bench" and
+  // every field; otherwise "key: value" pairs, one per line, under a header.
+  void Print(bool json) const {
+    if (json) {
+      std::string out = absl::StrCat("{\"bench\": \"", bench, "\"");
+      for (const auto& [key, value] : text)
+        absl::StrAppend(&out, ", \"", key, "\": \"", value, "\"");
+      for (const auto& [key, value] : numbers)
+        absl::StrAppend(&out, ", \"", key,
+                        "\": ", absl::StrFormat("%.10g", value));
+      std::printf("%s}\n", out.c_str());
+    } else {
+      std::printf("== %s\n", bench.c_str());
+      for (const auto& [key, value] : text)
+        std::printf("  %-24s %s\n", key.c_str(), value.c_str());
+      for (const auto& [key, value] : numbers)
+        std::printf("  %-24s %.10g\n", key.c_str(), value);
+    }
+    std::fflush(stdout);
+  }
+};
+
+}  // namespace depot::bench
+
+#endif  // DEPOT_TESTS_BENCH_BENCH_OUTPUT_H_

@@ -1,0 +1,226 @@
+#include "tests/bench/kernel_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "depot/dtype.h"
+#include "depot/job_config.h"
+#include "server/optimizer/optimizer_kernel.h"
+#include "tests/bench/bench_output.h"
+
+namespace depot::bench {
+namespace {
+
+absl::StatusOr<OptimizerKind> ParseKind(const std::string& name) {
+  if (name == "adamw") return OptimizerKind::kAdamW;
+  if (name == "adam") return OptimizerKind::kAdam;
+  if (name == "sgd") return OptimizerKind::kSgd;
+  if (name == "adagrad") return OptimizerKind::kAdagrad;
+  if (name == "lion") return OptimizerKind::kLion;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--optimizer=", name, " is not one of adamw, adam, sgd, adagrad, lion"));
+}
+
+// Uninitialised storage, so that the first touch (in the worker threads)
+// decides which NUMA node and page each element lands on.
+struct RawArray {
+  std::unique_ptr<unsigned char[]> bytes;
+  explicit RawArray(size_t n) : bytes(new unsigned char[n]) {}
+  void* data() { return bytes.get(); }
+};
+
+// The state of the whole run: n parameters cut into chunks of chunk_elems.
+struct BenchState {
+  OptimizerConfig config;
+  DType grad_dtype;
+  DType weight_dtype;
+  int slots = 0;
+  size_t n = 0;
+  size_t chunk_elems = 0;
+  std::unique_ptr<RawArray> grads, master, weights, slot[2];
+  size_t chunks() const { return (n + chunk_elems - 1) / chunk_elems; }
+};
+
+// Runs body(chunk_begin, chunk_end, thread) for every chunk, chunk c on thread
+// c % threads (the same split for the first touch, the update and the probe),
+// and returns the wall seconds.
+double ForChunks(const BenchState& state, int threads,
+                 const std::function<void(size_t, size_t, int)>& body) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (size_t c = t; c < state.chunks(); c += threads) {
+        const size_t begin = c * state.chunk_elems;
+        body(begin, std::min(state.n, begin + state.chunk_elems), t);
+      }
+    });
+  }
+  for (std::thread& thread : pool) thread.join();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+template <typename T>
+T* At(RawArray& array, size_t elem_bytes, size_t begin) {
+  return reinterpret_cast<T*>(static_cast<unsigned char*>(array.data()) +
+                              begin * elem_bytes);
+}
+
+// The probe: the update's streams (grads in, master and slots read and
+// written in place, weights out) with trivial arithmetic, so its time is the
+// memory traffic alone. SlotT is float for fp32 slots, uint16_t for bf16.
+template <typename SlotT>
+void ProbeChunk(BenchState& s, size_t begin, size_t end) {
+  const size_t n = end - begin;
+  const uint16_t* g = At<uint16_t>(*s.grads, 2, begin);
+  float* master = At<float>(*s.master, 4, begin);
+  uint16_t* w = At<uint16_t>(*s.weights, 2, begin);
+  SlotT* m =
+      s.slots > 0 ? At<SlotT>(*s.slot[0], sizeof(SlotT), begin) : nullptr;
+  SlotT* v =
+      s.slots > 1 ? At<SlotT>(*s.slot[1], sizeof(SlotT), begin) : nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    const SlotT gi = static_cast<SlotT>(g[i]);
+    if (m != nullptr) m[i] = static_cast<SlotT>(m[i] + gi);
+    if (v != nullptr) v[i] = static_cast<SlotT>(v[i] + gi);
+    master[i] = master[i] + 1.0f;
+    uint32_t bits;
+    std::memcpy(&bits, &master[i], 4);
+    w[i] = static_cast<uint16_t>(bits >> 16);
+  }
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid]
+                           : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+}  // namespace
+
+absl::Status RunKernelBench(const KernelBenchOptions& options) {
+  if (options.params == 0 || options.threads < 1 || options.repeats < 1 ||
+      options.chunk_elems == 0) {
+    return absl::InvalidArgumentError(
+        "--params, --threads, --repeats and --chunk_elems must be positive");
+  }
+  BenchState s;
+  absl::StatusOr<OptimizerKind> kind = ParseKind(options.optimizer);
+  if (!kind.ok()) return kind.status();
+  s.config.kind = *kind;
+  absl::StatusOr<DType> grad = ParseDType(options.grad_dtype);
+  absl::StatusOr<DType> weight = ParseDType(options.weight_dtype);
+  absl::StatusOr<DType> moment = ParseDType(options.moment_dtype);
+  if (!grad.ok()) return grad.status();
+  if (!weight.ok()) return weight.status();
+  if (!moment.ok()) return moment.status();
+  // The probe's loads and stores are written for 2-byte grads and weights and
+  // fp32 or bf16 slots: the configurations the targets name.
+  if (*grad != DType::kBFloat16 || *weight != DType::kBFloat16 ||
+      *moment == DType::kFloat16) {
+    return absl::InvalidArgumentError(
+        "the probe supports --grad_dtype=bf16 --weight_dtype=bf16 and "
+        "--moment_dtype=fp32|bf16 only");
+  }
+  s.config.exp_avg_dtype = *moment;
+  s.config.exp_avg_sq_dtype = *moment;
+  if (absl::Status valid = ValidateOptimizerConfig(s.config); !valid.ok())
+    return valid;
+  s.grad_dtype = *grad;
+  s.weight_dtype = *weight;
+  s.slots = OptimizerStateSlots(s.config);
+  s.n = options.params;
+  s.chunk_elems = options.chunk_elems;
+  const size_t slot_bytes = DTypeSize(*moment);
+
+  s.grads = std::make_unique<RawArray>(s.n * 2);
+  s.master = std::make_unique<RawArray>(s.n * 4);
+  s.weights = std::make_unique<RawArray>(s.n * 2);
+  for (int k = 0; k < s.slots; ++k)
+    s.slot[k] = std::make_unique<RawArray>(s.n * slot_bytes);
+  // Parallel first touch, with the chunk split the runs use.
+  ForChunks(s, options.threads, [&](size_t begin, size_t end, int) {
+    const size_t n = end - begin;
+    uint16_t* g = At<uint16_t>(*s.grads, 2, begin);
+    for (size_t i = 0; i < n; ++i)
+      g[i] =
+          FloatToBFloat16(1e-3f * static_cast<float>((begin + i) % 97) - 0.05f);
+    float* master = At<float>(*s.master, 4, begin);
+    for (size_t i = 0; i < n; ++i) master[i] = 0.01f;
+    std::memset(At<uint16_t>(*s.weights, 2, begin), 0, n * 2);
+    for (int k = 0; k < s.slots; ++k)
+      std::memset(At<unsigned char>(*s.slot[k], slot_bytes, begin), 0,
+                  n * slot_bytes);
+  });
+
+  std::unique_ptr<OptimizerKernel> kernel = MakeOptimizerKernel(s.config);
+  // Per-thread fp32 gradient of one chunk, as the server's SumGradients fills.
+  std::vector<std::vector<float>> grad_f32(options.threads,
+                                           std::vector<float>(s.chunk_elems));
+  uint64_t step = 0;
+  const auto update = [&](size_t begin, size_t end, int t) {
+    const size_t n = end - begin;
+    float* g = grad_f32[t].data();
+    ConvertToFloat(s.grad_dtype, At<uint16_t>(*s.grads, 2, begin), g, n);
+    ParamRun run;
+    run.master = At<float>(*s.master, 4, begin);
+    for (int k = 0; k < s.slots; ++k)
+      run.slots[k] = At<unsigned char>(*s.slot[k], slot_bytes, begin);
+    run.n = n;
+    kernel->Update(g, run, {.lr = 1e-4, .weight_decay = 0.01, .step = step});
+    ConvertFromFloat(run.master, s.weight_dtype,
+                     At<uint16_t>(*s.weights, 2, begin), n);
+  };
+  const auto probe = [&](size_t begin, size_t end, int) {
+    if (slot_bytes == 4) {
+      ProbeChunk<float>(s, begin, end);
+    } else {
+      ProbeChunk<uint16_t>(s, begin, end);
+    }
+  };
+
+  std::vector<double> update_s, probe_s;
+  for (int r = 0; r < options.repeats; ++r) {
+    ++step;
+    update_s.push_back(ForChunks(s, options.threads, update));
+    probe_s.push_back(ForChunks(s, options.threads, probe));
+  }
+  // Bytes moved per parameter: the gradient read, the master and each slot
+  // read and written, the weight written (the fp32 gradient scratch is per
+  // chunk and not counted).
+  const double bytes_per_param = DTypeSize(s.grad_dtype) + 2.0 * 4 +
+                                 2.0 * s.slots * slot_bytes +
+                                 DTypeSize(s.weight_dtype);
+  const double update_pps = s.n / Median(update_s);
+  const double probe_pps = s.n / Median(probe_s);
+  ResultLine line;
+  line.bench = "kernel";
+  line.text = {{"optimizer", options.optimizer},
+               {"grad_dtype", options.grad_dtype},
+               {"weight_dtype", options.weight_dtype},
+               {"moment_dtype", options.moment_dtype}};
+  line.numbers = {{"params", static_cast<double>(s.n)},
+                  {"threads", static_cast<double>(options.threads)},
+                  {"repeats", static_cast<double>(options.repeats)},
+                  {"chunk_elems", static_cast<double>(s.chunk_elems)},
+                  {"bytes_per_param", bytes_per_param},
+                  {"update_params_per_s", update_pps},
+                  {"update_gb_per_s", update_pps * bytes_per_param / 1e9},
+                  {"probe_params_per_s", probe_pps},
+                  {"probe_gb_per_s", probe_pps * bytes_per_param / 1e9},
+                  {"ratio", update_pps / probe_pps}};
+  line.Print(options.json);
+  return absl::OkStatus();
+}
+
+}  // namespace depot::bench
