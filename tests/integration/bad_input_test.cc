@@ -66,7 +66,9 @@ class BadInputTest : public ::testing::Test {
       }
     }
     next_grads_ = MakeGradients(*layout_, DType::kFloat32, kSeed, kNextStep, 0);
-    ASSERT_NO_FATAL_FAILURE(ReadChecksum(&checksum_before_));
+    v1::JobStatus applied;
+    ASSERT_NO_FATAL_FAILURE(state_before_.Record(*stub_, job_id_, &applied));
+    EXPECT_EQ(applied.step(), kAppliedSteps);
   }
 
   std::vector<v1::Chunk> AllChunks(const std::string& flat) const {
@@ -143,18 +145,11 @@ class BadInputTest : public ::testing::Test {
     return writer->Finish();
   }
 
-  void ReadChecksum(uint64_t* checksum) {
-    v1::JobStatus status;
-    grpc::Status rpc = RawGetJob(*stub_, job_id_, true, &status);
-    ASSERT_TRUE(rpc.ok()) << rpc.error_message();
-    EXPECT_EQ(status.step(), kAppliedSteps);
-    *checksum = status.state_checksum();
-  }
-
   void ExpectStateUnchanged() {
-    uint64_t checksum = 0;
-    ASSERT_NO_FATAL_FAILURE(ReadChecksum(&checksum));
-    EXPECT_EQ(checksum, checksum_before_) << "a rejected request changed state";
+    v1::JobStatus status;
+    ASSERT_NO_FATAL_FAILURE(
+        state_before_.ExpectUnchanged(*stub_, job_id_, &status));
+    EXPECT_EQ(status.step(), kAppliedSteps);
   }
 
   std::unique_ptr<ServerProcess> server_;
@@ -166,7 +161,7 @@ class BadInputTest : public ::testing::Test {
   std::optional<Layout> layout_;
   std::optional<ShardPlan> plan_;
   std::string next_grads_;
-  uint64_t checksum_before_ = 0;
+  StateChecksumWatch state_before_;
 };
 
 TEST_F(BadInputTest, UnknownJobIdIsNotFound) {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "gtest/gtest.h"
 #include "wire/wire.h"
 
 namespace depot::testing {
@@ -98,6 +99,34 @@ grpc::Status RawGetJob(v1::Depot::Stub& stub, uint64_t job_id,
   request.set_job_id(job_id);
   request.set_with_checksum(with_checksum);
   return stub.GetJob(&context, request, status);
+}
+
+namespace {
+
+// Reads job_id's status with its checksum (gtest assertions).
+void ReadStatusWithChecksum(v1::Depot::Stub& stub, uint64_t job_id,
+                            v1::JobStatus* status) {
+  grpc::Status rpc = RawGetJob(stub, job_id, /*with_checksum=*/true, status);
+  ASSERT_TRUE(rpc.ok()) << rpc.error_message();
+}
+
+}  // namespace
+
+void StateChecksumWatch::Record(v1::Depot::Stub& stub, uint64_t job_id,
+                                v1::JobStatus* status) {
+  v1::JobStatus read;
+  ASSERT_NO_FATAL_FAILURE(ReadStatusWithChecksum(stub, job_id, &read));
+  checksum_ = read.state_checksum();
+  if (status != nullptr) *status = std::move(read);
+}
+
+void StateChecksumWatch::ExpectUnchanged(v1::Depot::Stub& stub, uint64_t job_id,
+                                         v1::JobStatus* status) const {
+  v1::JobStatus read;
+  ASSERT_NO_FATAL_FAILURE(ReadStatusWithChecksum(stub, job_id, &read));
+  EXPECT_EQ(read.state_checksum(), checksum_)
+      << "a rejected request changed state";
+  if (status != nullptr) *status = std::move(read);
 }
 
 grpc::Status RawInitWeights(v1::Depot::Stub& stub, const v1::InitHeader& header,

@@ -46,6 +46,23 @@ grpc::Status RawCreateJob(v1::Depot::Stub& stub, const v1::JobSpec& spec,
 grpc::Status RawGetJob(v1::Depot::Stub& stub, uint64_t job_id,
                        bool with_checksum, v1::JobStatus* status);
 
+// Remembers a job's state checksum so a test can show that rejected requests
+// left the state exactly as it was. Both calls use gtest assertions: wrap them
+// in ASSERT_NO_FATAL_FAILURE.
+class StateChecksumWatch {
+ public:
+  // Reads and remembers the checksum; `status` (optional) gets the whole
+  // status.
+  void Record(v1::Depot::Stub& stub, uint64_t job_id,
+              v1::JobStatus* status = nullptr);
+  // Reads the checksum again and expects the remembered one; `status` as above.
+  void ExpectUnchanged(v1::Depot::Stub& stub, uint64_t job_id,
+                       v1::JobStatus* status = nullptr) const;
+
+ private:
+  uint64_t checksum_ = 0;
+};
+
 // Sends `header` then `chunks` on one InitWeights stream.
 grpc::Status RawInitWeights(v1::Depot::Stub& stub, const v1::InitHeader& header,
                             const std::vector<v1::Chunk>& chunks);

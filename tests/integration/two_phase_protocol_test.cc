@@ -105,7 +105,7 @@ class TwoPhaseProtocolTest : public ::testing::Test {
     layout_.emplace(*Layout::Create(config_.tensors, config_.alignment_elems));
     plan_.emplace(
         *ShardPlan::Create(layout_->total_elems(), 1, config_.chunk_elems));
-    ASSERT_NO_FATAL_FAILURE(ReadChecksum(&checksum_before_));
+    ASSERT_NO_FATAL_FAILURE(state_before_.Record(*stub_, job_id_));
   }
 
   v1::StepHeader Header(uint32_t rank) const {
@@ -146,17 +146,8 @@ class TwoPhaseProtocolTest : public ::testing::Test {
     return request;
   }
 
-  void ReadChecksum(uint64_t* checksum) {
-    v1::JobStatus status;
-    grpc::Status rpc = RawGetJob(*stub_, job_id_, true, &status);
-    ASSERT_TRUE(rpc.ok()) << rpc.error_message();
-    *checksum = status.state_checksum();
-  }
-
   void ExpectStateUnchanged() {
-    uint64_t checksum = 0;
-    ASSERT_NO_FATAL_FAILURE(ReadChecksum(&checksum));
-    EXPECT_EQ(checksum, checksum_before_) << "a rejected request changed state";
+    ASSERT_NO_FATAL_FAILURE(state_before_.ExpectUnchanged(*stub_, job_id_));
   }
 
   std::unique_ptr<ServerProcess> server_;
@@ -166,7 +157,7 @@ class TwoPhaseProtocolTest : public ::testing::Test {
   uint64_t fingerprint_ = 0;
   std::optional<Layout> layout_;
   std::optional<ShardPlan> plan_;
-  uint64_t checksum_before_ = 0;
+  StateChecksumWatch state_before_;
 };
 
 TEST_F(TwoPhaseProtocolTest, LossScaleMustBeFiniteAndPositive) {
