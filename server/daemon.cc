@@ -46,7 +46,8 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
   }
   daemon->pool_ = std::make_unique<ThreadPool>(options.threads);
   daemon->jobs_ = std::make_unique<JobStore>(
-      options.memory_limit_bytes, daemon->pool_.get(), daemon->metrics_.get());
+      options.memory_limit_bytes, daemon->pool_.get(), daemon->metrics_.get(),
+      options.bench_noop_update);
   daemon->service_ = std::make_unique<DepotService>(daemon->jobs_.get(),
                                                     daemon->metrics_.get());
 

@@ -8,8 +8,11 @@
 namespace depot {
 
 JobStore::JobStore(uint64_t memory_limit_bytes, ThreadPool* pool,
-                   ServerMetrics* metrics)
-    : memory_limit_bytes_(memory_limit_bytes), pool_(pool), metrics_(metrics) {}
+                   ServerMetrics* metrics, bool bench_noop_update)
+    : memory_limit_bytes_(memory_limit_bytes),
+      pool_(pool),
+      metrics_(metrics),
+      bench_noop_update_(bench_noop_update) {}
 
 absl::StatusOr<OpenedJob> JobStore::CreateOrAttach(JobConfig config,
                                                    uint32_t server_index) {
@@ -47,7 +50,8 @@ absl::StatusOr<OpenedJob> JobStore::CreateOrAttach(JobConfig config,
         memory_limit_bytes_ - state_bytes_));
   }
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      ShardState::Create(next_id_, *std::move(shape), pool_, metrics_);
+      ShardState::Create(next_id_, *std::move(shape), pool_, metrics_,
+                         bench_noop_update_);
   if (!shard.ok()) return shard.status();
   const uint64_t id = next_id_++;
   jobs_.emplace(id, *shard);

@@ -30,8 +30,9 @@ struct OpenedJob {
 class JobStore {
  public:
   // `pool` and `metrics` must outlive the store and every job it hands out.
+  // `bench_noop_update` makes every job's steps change nothing (ShardState).
   JobStore(uint64_t memory_limit_bytes, ThreadPool* pool,
-           ServerMetrics* metrics);
+           ServerMetrics* metrics, bool bench_noop_update = false);
 
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
@@ -69,6 +70,7 @@ class JobStore {
   const uint64_t memory_limit_bytes_;
   ThreadPool* const pool_;
   ServerMetrics* const metrics_;
+  const bool bench_noop_update_;
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<ShardState>> jobs_ ABSL_GUARDED_BY(mu_);

@@ -38,6 +38,12 @@ ABSL_FLAG(uint64_t, memory_limit_bytes, 0,
           "Budget for job state (master weights and optimizer moments), all "
           "jobs together; CreateJob beyond it fails with RESOURCE_EXHAUSTED. "
           "0: 80% of physical RAM.");
+ABSL_FLAG(bool, bench_noop_update, false,
+          "Benchmarking only, never for training: Step streams carry their "
+          "chunks as usual, but no chunk is summed or updated. Each chunk is "
+          "answered with worker 0's gradient payload when the grad and weight "
+          "dtypes are the same, else with the unchanged weights. depot-bench "
+          "uses it to time the transfer alone (docs/performance.md).");
 ABSL_FLAG(double, shutdown_grace_seconds, 10,
           "On SIGTERM/SIGINT, how long in-flight steps may run on before the "
           "remaining streams fail with UNAVAILABLE.");
@@ -98,6 +104,7 @@ depot::ServerOptions OptionsFromFlags() {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.port_file = absl::GetFlag(FLAGS_port_file);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.bench_noop_update = absl::GetFlag(FLAGS_bench_noop_update);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit_bytes);
   const double grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
@@ -141,6 +148,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("depot-server listening on %s\n", (*daemon)->address().c_str());
+  if (options->bench_noop_update) {
+    std::fprintf(stderr,
+                 "depot-server: WARNING: --bench_noop_update is set: steps "
+                 "change no state (benchmarking only)\n");
+  }
   if (!(*daemon)->metrics_address().empty()) {
     std::printf("depot-server metrics on %s\n",
                 (*daemon)->metrics_address().c_str());

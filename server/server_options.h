@@ -25,6 +25,9 @@ struct ServerOptions {
   uint64_t memory_limit_bytes = 0;
   // How long in-flight steps may run on after SIGTERM/SIGINT.
   absl::Duration shutdown_grace = absl::Seconds(10);
+  // Benchmarking only (depot-bench transport and step): steps move their
+  // chunks but change no state; see --bench_noop_update in main.cc.
+  bool bench_noop_update = false;
 };
 
 // A host:port address. `host` is kept as written (an IPv6 host in brackets).

@@ -55,7 +55,8 @@ void ZeroPadding(const Layout& layout, const ChunkRange& range, float* data) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<ShardState>> ShardState::Create(
-    uint64_t job_id, JobShape shape, ThreadPool* pool, ServerMetrics* metrics) {
+    uint64_t job_id, JobShape shape, ThreadPool* pool, ServerMetrics* metrics,
+    bool noop_update) {
   const uint64_t arrays = 1 + static_cast<uint64_t>(shape.slots());
   const uint64_t shard_elems = shape.shard().size();
   // Each array may round up by less than a line.
@@ -71,17 +72,20 @@ absl::StatusOr<std::shared_ptr<ShardState>> ShardState::Create(
       PlanStateArrays(shard_elems, shape.config().optimizer).total_bytes);
   if (!state.ok()) return state.status();
   return std::shared_ptr<ShardState>(new ShardState(
-      job_id, std::move(shape), *std::move(state), pool, metrics));
+      job_id, std::move(shape), *std::move(state), pool, metrics,
+      noop_update));
 }
 
 ShardState::ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
-                       ThreadPool* pool, ServerMetrics* metrics)
+                       ThreadPool* pool, ServerMetrics* metrics,
+                       bool noop_update)
     : job_id_(job_id),
       shape_(std::move(shape)),
       state_(std::move(state)),
       kernel_(MakeOptimizerKernel(shape_.config().optimizer)),
       pool_(pool),
       metrics_(metrics),
+      noop_update_(noop_update),
       chunks_(new ChunkState[shape_.shard().num_chunks()]) {
   const OptimizerConfig& optimizer = shape_.config().optimizer;
   const StateArrays arrays = PlanStateArrays(shape_.shard().size(), optimizer);

@@ -81,9 +81,15 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // `pool`, which, like `metrics`, must outlive every task (destroy the pool
   // first).
   // RESOURCE_EXHAUSTED when the memory cannot be allocated.
+  //
+  // `noop_update` is for benchmarks that time the transfer alone: chunks are
+  // neither summed nor updated (master weights, slots and optimizer step
+  // counts never change), and each chunk's weights answer is worker 0's
+  // gradient payload itself when the grad and weight dtypes are the same (no
+  // conversion, no copy), else the unchanged weights.
   static absl::StatusOr<std::shared_ptr<ShardState>> Create(
-      uint64_t job_id, JobShape shape, ThreadPool* pool,
-      ServerMetrics* metrics);
+      uint64_t job_id, JobShape shape, ThreadPool* pool, ServerMetrics* metrics,
+      bool noop_update = false);
 
   ShardState(const ShardState&) = delete;
   ShardState& operator=(const ShardState&) = delete;
@@ -180,7 +186,7 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   };
 
   ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
-             ThreadPool* pool, ServerMetrics* metrics);
+             ThreadPool* pool, ServerMetrics* metrics, bool noop_update);
 
   absl::Status CheckNotDeleted() const;
   // OUT_OF_RANGE unless the chunk is in the shard; INVALID_ARGUMENT unless
@@ -222,6 +228,7 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   std::unique_ptr<OptimizerKernel> kernel_;
   ThreadPool* const pool_;
   ServerMetrics* const metrics_;
+  const bool noop_update_;
   std::unique_ptr<ChunkState[]> chunks_;
   std::atomic<bool> deleted_{false};
 

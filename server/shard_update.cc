@@ -123,7 +123,13 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
     summed = std::move(chunk.pending->summed);
   }
 
-  if (!commit.skip) {
+  std::shared_ptr<const std::string> weights;
+  if (noop_update_) {
+    // Benchmarks only (Create): nothing changes; the answer costs no compute.
+    if (config.grad_dtype == config.weight_dtype && !payloads.empty()) {
+      weights = std::make_shared<const std::string>(std::move(payloads[0]));
+    }
+  } else if (!commit.skip) {
     float* grad = summed.data();
     if (settings.two_phase == nullptr) {
       // Reused across updates: a pool thread keeps one chunk-sized buffer.
@@ -142,8 +148,10 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   }
   payloads = {};
   summed = {};
-  auto weights = std::make_shared<const std::string>(
-      EncodeMaster(range.begin, range.end, config.weight_dtype));
+  if (weights == nullptr) {
+    weights = std::make_shared<const std::string>(
+        EncodeMaster(range.begin, range.end, config.weight_dtype));
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -157,7 +165,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
     sinks = LiveSinks(chunk.pending->sinks);
     chunk.pending.reset();
   }
-  if (!commit.skip) metrics_->chunks_updated.Increment();
+  if (!commit.skip && !noop_update_) metrics_->chunks_updated.Increment();
   metrics_->chunk_update_seconds.Observe(seconds);
   // Before delivering, so that a worker that has all its weights sees the step
   // completed in GetJob.
