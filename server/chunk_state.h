@@ -28,9 +28,10 @@ struct ShardState::PendingStep {
   uint32_t count = 0;
   // Every worker has contributed: the sum (or update) task owns the payloads.
   bool complete = false;
-  // Two-phase steps: the summed, unscaled gradient of the chunk, kept from the
-  // sum until the update (summed_ready says it is there).
-  std::vector<float> summed;
+  // Two-phase steps: the summed, unscaled gradient of the chunk (fp32, in a
+  // PayloadPool buffer), kept from the sum until the update (summed_ready
+  // says it is there).
+  std::string summed;
   bool summed_ready = false;
 };
 

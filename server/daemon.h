@@ -1,6 +1,6 @@
 // DepotDaemon: one running depot server — the gRPC service with its health
-// service, the metrics exposer, the update thread pool and the job store —
-// wired together from ServerOptions. main.cc adds flags and signals; tests
+// service, the metrics exposer, the update thread pool, the payload buffer
+// pool and the job store — wired together from ServerOptions. main.cc adds flags and signals; tests
 // start it in-process on ephemeral ports.
 #ifndef DEPOT_SERVER_DAEMON_H_
 #define DEPOT_SERVER_DAEMON_H_
@@ -15,6 +15,7 @@
 #include "server/depot_service.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
+#include "server/payload_pool.h"
 #include "server/server_options.h"
 #include "server/thread_pool.h"
 
@@ -59,6 +60,7 @@ class DepotDaemon {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<ThreadPool> pool_;
+  std::shared_ptr<PayloadPool> payloads_;
   std::unique_ptr<JobStore> jobs_;
   std::unique_ptr<DepotService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -1,33 +1,23 @@
 #include "server/gradient_sum.h"
 
-#include <algorithm>
-
-#include "server/step_numerics.h"
+#include "absl/container/inlined_vector.h"
+#include "server/optimizer/optimizer_kernel.h"
 
 namespace depot {
-namespace {
-
-// Elements converted per block: small enough that a block of the sum stays in
-// L1/L2 while each worker's part is added to it.
-constexpr size_t kBlockElems = 4096;
-
-}  // namespace
 
 void SumGradients(DType dtype, const std::vector<std::string>& payloads,
                   float* sum, size_t n, float scale) {
-  const size_t elem_bytes = DTypeSize(dtype);
-  float part[kBlockElems];
-  for (size_t begin = 0; begin < n; begin += kBlockElems) {
-    const size_t m = std::min(kBlockElems, n - begin);
-    float* block = sum + begin;
-    ConvertToFloat(dtype, payloads[0].data() + begin * elem_bytes, block, m);
-    for (size_t w = 1; w < payloads.size(); ++w) {
-      ConvertToFloat(dtype, payloads[w].data() + begin * elem_bytes, part, m);
-      for (size_t i = 0; i < m; ++i) block[i] += part[i];
-    }
-    // While the block is still in cache.
-    if (scale != 1.0f) ScaleGradient(scale, block, m);
-  }
+  absl::InlinedVector<const void*, 8> parts;
+  for (const std::string& payload : payloads) parts.push_back(payload.data());
+  GradientInput grad;
+  grad.dtype = dtype;
+  grad.parts = parts.data();
+  grad.num_parts = parts.size();
+  grad.unscale = scale != 1.0f;
+  grad.unscale_factor = scale;
+  // The fused kernel's gradient stage: the same arithmetic as the one-phase
+  // update's, so a two-phase step sums exactly as a one-phase step would.
+  SumGradientInput(grad, sum, n);
 }
 
 }  // namespace depot

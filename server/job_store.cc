@@ -8,9 +8,13 @@
 namespace depot {
 
 JobStore::JobStore(uint64_t memory_limit_bytes, ThreadPool* pool,
-                   ServerMetrics* metrics, bool bench_noop_update)
+                   ServerMetrics* metrics, bool bench_noop_update,
+                   std::shared_ptr<PayloadPool> payloads)
     : memory_limit_bytes_(memory_limit_bytes),
       pool_(pool),
+      payloads_(payloads != nullptr
+                    ? std::move(payloads)
+                    : PayloadPool::Create(kPayloadPoolFreeBytes)),
       metrics_(metrics),
       bench_noop_update_(bench_noop_update) {}
 
@@ -50,8 +54,8 @@ absl::StatusOr<OpenedJob> JobStore::CreateOrAttach(JobConfig config,
         memory_limit_bytes_ - state_bytes_));
   }
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      ShardState::Create(next_id_, *std::move(shape), pool_, metrics_,
-                         bench_noop_update_);
+      ShardState::Create(next_id_, *std::move(shape), pool_, payloads_,
+                         metrics_, bench_noop_update_);
   if (!shard.ok()) return shard.status();
   const uint64_t id = next_id_++;
   jobs_.emplace(id, *shard);

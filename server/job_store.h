@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "depot/job_config.h"
 #include "server/metrics.h"
+#include "server/payload_pool.h"
 #include "server/shard_state.h"
 #include "server/thread_pool.h"
 
@@ -29,10 +30,24 @@ struct OpenedJob {
 
 class JobStore {
  public:
+  // The free list of the server's PayloadPool: 16 MiB. A steady stream of
+  // steps recycles buffers as fast as it uses them, so the free list only has
+  // to absorb the difference between what the streams hold at the peak and in
+  // the trough of the pipeline: with the default chunk (1 Mi elements, 2 MiB
+  // as bf16), 8 buffers, a full client window (max_inflight_chunks = 4) of
+  // gradient and weight payloads. What it keeps stays resident between
+  // steps, and depot-bench memory allows 64 MiB beyond the state for
+  // everything (gRPC, payloads in flight, this), so it must stay well below
+  // that (docs/performance.md, "memory").
+  static constexpr size_t kPayloadPoolFreeBytes = size_t{16} << 20;
+
   // `pool` and `metrics` must outlive the store and every job it hands out.
   // `bench_noop_update` makes every job's steps change nothing (ShardState).
+  // Every job recycles its payloads through `payloads` (null: a pool of the
+  // store's own, of kPayloadPoolFreeBytes).
   JobStore(uint64_t memory_limit_bytes, ThreadPool* pool,
-           ServerMetrics* metrics, bool bench_noop_update = false);
+           ServerMetrics* metrics, bool bench_noop_update = false,
+           std::shared_ptr<PayloadPool> payloads = nullptr);
 
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
@@ -69,6 +84,7 @@ class JobStore {
 
   const uint64_t memory_limit_bytes_;
   ThreadPool* const pool_;
+  const std::shared_ptr<PayloadPool> payloads_;
   ServerMetrics* const metrics_;
   const bool bench_noop_update_;
 

@@ -21,6 +21,8 @@ struct ServerOptions {
   std::string metrics_listen = "127.0.0.1:9464";
   // Update thread pool size; 0 means the hardware concurrency.
   int threads = 0;
+  // Pin update thread i to the i-th CPU of the process's affinity mask.
+  bool pin_threads = true;
   // Budget for job state; 0 means 80% of physical RAM.
   uint64_t memory_limit_bytes = 0;
   // How long in-flight steps may run on after SIGTERM/SIGINT.

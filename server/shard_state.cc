@@ -1,11 +1,13 @@
 #include "server/shard_state.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "server/checksum.h"
 #include "server/chunk_state.h"
 #include "server/step_hparams.h"
@@ -55,7 +57,8 @@ void ZeroPadding(const Layout& layout, const ChunkRange& range, float* data) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<ShardState>> ShardState::Create(
-    uint64_t job_id, JobShape shape, ThreadPool* pool, ServerMetrics* metrics,
+    uint64_t job_id, JobShape shape, ThreadPool* pool,
+    std::shared_ptr<PayloadPool> payloads, ServerMetrics* metrics,
     bool noop_update) {
   const uint64_t arrays = 1 + static_cast<uint64_t>(shape.slots());
   const uint64_t shard_elems = shape.shard().size();
@@ -71,36 +74,55 @@ absl::StatusOr<std::shared_ptr<ShardState>> ShardState::Create(
   absl::StatusOr<AlignedBuffer> state = AlignedBuffer::Allocate(
       PlanStateArrays(shard_elems, shape.config().optimizer).total_bytes);
   if (!state.ok()) return state.status();
-  return std::shared_ptr<ShardState>(new ShardState(
-      job_id, std::move(shape), *std::move(state), pool, metrics,
-      noop_update));
+  std::shared_ptr<ShardState> shard(
+      new ShardState(job_id, std::move(shape), *std::move(state), pool,
+                     std::move(payloads), metrics, noop_update));
+  // Before any other method can run: InitChunk and the updates then only ever
+  // see the initial values (Adagrad's state_sum starts at its accumulator).
+  const ShardRange& range = shard->shape_.shard();
+  absl::BlockingCounter touched(static_cast<int>(range.num_chunks()));
+  for (uint64_t index = range.first_chunk; index < range.end_chunk; ++index) {
+    pool->Schedule([&shard = *shard, &touched, index] {
+      shard.InitChunkState(index);
+      touched.DecrementCount();
+    });
+  }
+  touched.Wait();
+  return shard;
 }
 
 ShardState::ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
-                       ThreadPool* pool, ServerMetrics* metrics,
-                       bool noop_update)
+                       ThreadPool* pool, std::shared_ptr<PayloadPool> payloads,
+                       ServerMetrics* metrics, bool noop_update)
     : job_id_(job_id),
       shape_(std::move(shape)),
       state_(std::move(state)),
       kernel_(MakeOptimizerKernel(shape_.config().optimizer)),
       pool_(pool),
+      payloads_(std::move(payloads)),
       metrics_(metrics),
       noop_update_(noop_update),
       chunks_(new ChunkState[shape_.shard().num_chunks()]) {
   const OptimizerConfig& optimizer = shape_.config().optimizer;
   const StateArrays arrays = PlanStateArrays(shape_.shard().size(), optimizer);
-  ParamRun whole_shard;
-  whole_shard.master = static_cast<float*>(state_.data());
   for (int k = 0; k < shape_.slots(); ++k) {
     slot_begin_[k] =
         static_cast<unsigned char*>(state_.data()) + arrays.slot_offset[k];
     slot_elem_bytes_[k] = DTypeSize(OptimizerSlotDType(optimizer, k));
-    whole_shard.slots[k] = slot_begin_[k];
   }
-  whole_shard.n = shape_.shard().size();
-  // Before any other method can run: InitChunk and the updates then only ever
-  // see the initial values (Adagrad's state_sum starts at its accumulator).
-  InitOptimizerSlots(optimizer, whole_shard);
+}
+
+void ShardState::InitChunkState(uint64_t chunk_index) {
+  const ChunkRange range = shape_.plan().chunk(chunk_index);
+  ParamRun run;
+  run.master = master(range);
+  std::fill(run.master, run.master + range.size(), 0.0f);
+  for (int k = 0; k < shape_.slots(); ++k) {
+    run.slots[k] = slot(k, range.begin);
+    std::memset(run.slots[k], 0, range.size() * slot_elem_bytes_[k]);
+  }
+  run.n = range.size();
+  InitOptimizerSlots(shape_.config().optimizer, run);
 }
 
 ShardState::~ShardState() = default;
@@ -147,10 +169,15 @@ void* ShardState::slot(int k, uint64_t index) const {
 std::string ShardState::EncodeMaster(uint64_t begin, uint64_t end,
                                      DType dtype) const {
   std::string payload((end - begin) * DTypeSize(dtype), '\0');
+  EncodeMasterInto(begin, end, dtype, payload.data());
+  return payload;
+}
+
+void ShardState::EncodeMasterInto(uint64_t begin, uint64_t end, DType dtype,
+                                  void* out) const {
   const float* src =
       static_cast<const float*>(state_.data()) + (begin - shape_.shard().begin);
-  ConvertFromFloat(src, dtype, payload.data(), end - begin);
-  return payload;
+  EncodeWeights(src, end - begin, {dtype, out});
 }
 
 absl::Status ShardState::InitChunk(uint64_t chunk_index, DType dtype,

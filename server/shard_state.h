@@ -7,10 +7,13 @@
 //   when s == a + 1, replayed (the chunk's current weights are sent back,
 //   nothing is applied) when s == a, and ABORTED otherwise.
 // - Once all W workers have contributed a chunk, an update task on the thread
-//   pool sums the contributions in worker-rank order, undoes the loss scale,
-//   applies the step's commit (clip coefficient, or skip: then nothing changes
-//   but the applied step), runs the optimizer kernel on each tensor segment,
-//   and delivers the new weights to every subscribed sink.
+//   pool applies the step's commit (skip: then nothing changes but the applied
+//   step), and otherwise makes one fused pass over each tensor segment of the
+//   chunk (OptimizerKernel::FusedUpdate): it sums the contributions in
+//   worker-rank order, undoes the loss scale, applies the clip coefficient,
+//   updates the master weights and slots, and writes the new weights into a
+//   PayloadPool buffer, which it delivers to every subscribed sink. The
+//   contributions' payloads go back to the pool.
 // - In a two-phase step the sum runs first, on its own: each summed chunk is
 //   acknowledged and kept, the shard's gradient statistics go to the step's
 //   streams once every chunk is summed (TwoPhaseStep), and the updates start at
@@ -47,6 +50,7 @@
 #include "server/job_shape.h"
 #include "server/metrics.h"
 #include "server/optimizer/optimizer_kernel.h"
+#include "server/payload_pool.h"
 #include "server/step_numerics.h"
 #include "server/thread_pool.h"
 #include "server/two_phase_step.h"
@@ -76,10 +80,14 @@ struct ChunkSnapshot {
 
 class ShardState : public std::enable_shared_from_this<ShardState> {
  public:
-  // Allocates the state for `shape`'s shard: master weights zero, optimizer
-  // slots at their initial values (InitOptimizerSlots). Update tasks run on
-  // `pool`, which, like `metrics`, must outlive every task (destroy the pool
-  // first).
+  // Allocates the state for `shape`'s shard (AlignedBuffer: 2 MiB-aligned,
+  // huge pages) and has `pool`'s threads touch it first, chunk by chunk in
+  // parallel, writing the initial values (master weights zero, optimizer slots
+  // at InitOptimizerSlots' values) before it returns, so that the pages are
+  // committed on the NUMA nodes of the threads that update them. Update tasks
+  // run on `pool`, which, like `metrics`, must outlive every task (destroy the
+  // pool first). Payloads are recycled through `payloads` (the server's one
+  // PayloadPool). REQUIRES: not called from a task on `pool`.
   // RESOURCE_EXHAUSTED when the memory cannot be allocated.
   //
   // `noop_update` is for benchmarks that time the transfer alone: chunks are
@@ -88,7 +96,8 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // gradient payload itself when the grad and weight dtypes are the same (no
   // conversion, no copy), else the unchanged weights.
   static absl::StatusOr<std::shared_ptr<ShardState>> Create(
-      uint64_t job_id, JobShape shape, ThreadPool* pool, ServerMetrics* metrics,
+      uint64_t job_id, JobShape shape, ThreadPool* pool,
+      std::shared_ptr<PayloadPool> payloads, ServerMetrics* metrics,
       bool noop_update = false);
 
   ShardState(const ShardState&) = delete;
@@ -97,6 +106,11 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
 
   uint64_t job_id() const { return job_id_; }
   const JobShape& shape() const { return shape_; }
+
+  // The server's buffer pool: take a contribution's payload from it
+  // (Take(bytes)); updates give the payloads back once summed, and take the
+  // weights answers from it.
+  PayloadPool& payload_pool() const { return *payloads_; }
 
   // Sets the master weights of chunk `chunk_index` from `payload` (`dtype`,
   // upcast to fp32; padding elements are stored as 0).
@@ -186,7 +200,11 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   };
 
   ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
-             ThreadPool* pool, ServerMetrics* metrics, bool noop_update);
+             ThreadPool* pool, std::shared_ptr<PayloadPool> payloads,
+             ServerMetrics* metrics, bool noop_update);
+
+  // Writes the initial state of chunk `chunk_index` (see Create).
+  void InitChunkState(uint64_t chunk_index);
 
   absl::Status CheckNotDeleted() const;
   // OUT_OF_RANGE unless the chunk is in the shard; INVALID_ARGUMENT unless
@@ -199,8 +217,11 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // Element `index` (a flat index in the shard) of state slot k, in the slot's
   // dtype. REQUIRES: k < shape_.slots().
   void* slot(int k, uint64_t index) const;
-  // The chunk's master weights as `dtype`. REQUIRES: no update runs on it.
+  // Master weights [begin, end) as `dtype`. REQUIRES: no update runs on them.
   std::string EncodeMaster(uint64_t begin, uint64_t end, DType dtype) const;
+  // The same into out, which holds (end - begin) elements of `dtype`.
+  void EncodeMasterInto(uint64_t begin, uint64_t end, DType dtype,
+                        void* out) const;
 
   void NoteContributionStart(uint64_t step);
   // Two-phase steps: runs on the pool once every worker has contributed
@@ -209,10 +230,15 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // Runs on the pool once every worker has contributed `chunk_index` for
   // `step` (one phase) or once the step is committed (two phases).
   void RunUpdate(uint64_t chunk_index, uint64_t step);
-  // The optimizer update of the chunk `range` from its final gradient.
-  void ApplyOptimizer(const ChunkRange& range, const float* grad,
+  // The fused update of the chunk `range`: one FusedUpdate per tensor
+  // segment, `grad` (parts and transform; its offset is set per segment)
+  // giving the chunk's gradient; the chunk's weights, padding included, go to
+  // `weights` (range.size() elements of the weight dtype).
+  void ApplyOptimizer(const ChunkRange& range, const GradientInput& grad,
                       const std::vector<GroupHyperParams>& step_groups,
-                      uint64_t optimizer_step);
+                      uint64_t optimizer_step, void* weights);
+  // Returns the payloads' buffers to the payload pool and empties the vector.
+  void GiveBack(std::vector<std::string>& payloads);
   // What the step's first header fixed (defaults if no header was seen).
   StepProgress StepSettings(uint64_t step) const;
   // The step's TwoPhaseStep; null in a one-phase (or unknown) step.
@@ -227,6 +253,7 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   size_t slot_elem_bytes_[2] = {0, 0};
   std::unique_ptr<OptimizerKernel> kernel_;
   ThreadPool* const pool_;
+  const std::shared_ptr<PayloadPool> payloads_;
   ServerMetrics* const metrics_;
   const bool noop_update_;
   std::unique_ptr<ChunkState[]> chunks_;

@@ -1,12 +1,14 @@
-// ShardState's update path: the sum of a chunk's contributions, the step's
-// numerics (loss-scale unscaling, clipping, skipping; docs/protocol.md), the
-// optimizer update, and the two-phase commit that releases the updates.
+// ShardState's update path: the fused per-chunk update (the sum of a chunk's
+// contributions, the step's numerics — loss-scale unscaling, clipping,
+// skipping; docs/protocol.md — the optimizer update and the weights out), the
+// two-phase sum, and the two-phase commit that releases the updates.
 #include <chrono>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "server/chunk_state.h"
 #include "server/grad_stats.h"
@@ -28,6 +30,14 @@ std::vector<std::shared_ptr<WeightsSink>> LiveSinks(
 }
 
 }  // namespace
+
+void ShardState::GiveBack(std::vector<std::string>& payloads) {
+  for (std::string& payload : payloads) {
+    // Empty ones were moved out (the noop answer) and own no buffer.
+    if (!payload.empty()) payloads_->Give(std::move(payload));
+  }
+  payloads.clear();
+}
 
 ShardState::StepProgress ShardState::StepSettings(uint64_t step) const {
   absl::MutexLock lock(&steps_mu_);
@@ -52,12 +62,13 @@ void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
     absl::MutexLock lock(&chunk.mu);
     payloads = std::move(chunk.pending->payloads);
   }
-  std::vector<float> summed(range.size());
-  SumGradients(shape_.config().grad_dtype, payloads, summed.data(),
-               range.size(), UnscaleFactor(settings.numerics.loss_scale));
-  payloads = {};
-  const GradStats stats =
-      ComputeGradStats(shape_.layout(), range, summed.data());
+  std::string summed = payloads_->Take(range.size() * sizeof(float));
+  // The pool's buffers come from operator new: aligned for float.
+  float* sum = reinterpret_cast<float*>(summed.data());
+  SumGradients(shape_.config().grad_dtype, payloads, sum, range.size(),
+               UnscaleFactor(settings.numerics.loss_scale));
+  GiveBack(payloads);
+  const GradStats stats = ComputeGradStats(shape_.layout(), range, sum);
 
   std::vector<std::shared_ptr<WeightsSink>> sinks;
   {
@@ -114,7 +125,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
                                     ? settings.two_phase->commit()
                                     : settings.numerics.commit;
   std::vector<std::string> payloads;
-  std::vector<float> summed;
+  std::string summed;
   uint64_t optimizer_step = 0;
   {
     absl::MutexLock lock(&chunk.mu);
@@ -124,34 +135,44 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   }
 
   std::shared_ptr<const std::string> weights;
-  if (noop_update_) {
+  if (noop_update_ && config.grad_dtype == config.weight_dtype &&
+      !payloads.empty()) {
     // Benchmarks only (Create): nothing changes; the answer costs no compute.
-    if (config.grad_dtype == config.weight_dtype && !payloads.empty()) {
-      weights = std::make_shared<const std::string>(std::move(payloads[0]));
+    weights = payloads_->Share(std::move(payloads[0]));
+  } else {
+    std::string out =
+        payloads_->Take(range.size() * DTypeSize(config.weight_dtype));
+    if (noop_update_ || commit.skip) {
+      EncodeMasterInto(range.begin, range.end, config.weight_dtype, out.data());
+    } else {
+      // One phase: the workers' payloads as they arrived; two phases: the
+      // chunk's sum, already unscaled (RunSum).
+      absl::InlinedVector<const void*, 8> parts;
+      GradientInput grad;
+      if (settings.two_phase == nullptr) {
+        for (const std::string& payload : payloads) {
+          parts.push_back(payload.data());
+        }
+        grad.dtype = config.grad_dtype;
+        grad.unscale_factor = UnscaleFactor(settings.numerics.loss_scale);
+        grad.unscale = grad.unscale_factor != 1.0f;
+      } else {
+        parts.push_back(summed.data());
+        grad.dtype = DType::kFloat32;
+      }
+      grad.parts = parts.data();
+      grad.num_parts = parts.size();
+      // Megatron clips only when the coefficient is below 1.
+      grad.clip = commit.clip_coef < 1.0;
+      grad.clip_coef = static_cast<float>(commit.clip_coef);
+      ++optimizer_step;
+      ApplyOptimizer(range, grad, settings.group_hparams, optimizer_step,
+                     out.data());
     }
-  } else if (!commit.skip) {
-    float* grad = summed.data();
-    if (settings.two_phase == nullptr) {
-      // Reused across updates: a pool thread keeps one chunk-sized buffer.
-      thread_local std::vector<float> sum;
-      sum.resize(range.size());
-      SumGradients(config.grad_dtype, payloads, sum.data(), range.size(),
-                   UnscaleFactor(settings.numerics.loss_scale));
-      grad = sum.data();
-    }
-    // Megatron clips only when the coefficient is below 1.
-    if (commit.clip_coef < 1.0) {
-      ScaleGradient(static_cast<float>(commit.clip_coef), grad, range.size());
-    }
-    ++optimizer_step;
-    ApplyOptimizer(range, grad, settings.group_hparams, optimizer_step);
+    weights = payloads_->Share(std::move(out));
   }
-  payloads = {};
-  summed = {};
-  if (weights == nullptr) {
-    weights = std::make_shared<const std::string>(
-        EncodeMaster(range.begin, range.end, config.weight_dtype));
-  }
+  GiveBack(payloads);
+  if (!summed.empty()) payloads_->Give(std::move(summed));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
@@ -176,22 +197,40 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
 }
 
 void ShardState::ApplyOptimizer(
-    const ChunkRange& range, const float* grad,
-    const std::vector<GroupHyperParams>& step_groups, uint64_t optimizer_step) {
+    const ChunkRange& range, const GradientInput& grad,
+    const std::vector<GroupHyperParams>& step_groups, uint64_t optimizer_step,
+    void* weights) {
   const OptimizerConfig& optimizer = shape_.config().optimizer;
+  const DType weight_dtype = shape_.config().weight_dtype;
+  unsigned char* out = static_cast<unsigned char*>(weights);
+  const size_t weight_bytes = DTypeSize(weight_dtype);
   float* chunk_master = master(range);
+  // Padding between the segments is not updated (it stays zero), but the
+  // answer covers the whole chunk.
+  uint64_t pos = range.begin;
+  const auto encode_padding = [&](uint64_t end) {
+    EncodeMasterInto(pos, end, weight_dtype,
+                     out + (pos - range.begin) * weight_bytes);
+  };
   for (const Segment& segment :
        shape_.layout().SegmentsIn(range.begin, range.end)) {
+    encode_padding(segment.begin);
     const size_t offset = segment.begin - range.begin;
+    GradientInput segment_grad = grad;
+    segment_grad.offset = offset;
     ParamRun run;
     run.master = chunk_master + offset;
     for (int k = 0; k < shape_.slots(); ++k)
       run.slots[k] = slot(k, segment.begin);
     run.n = segment.end - segment.begin;
-    kernel_->Update(grad + offset, run,
-                    ResolveHyperParams(optimizer, step_groups,
-                                       segment.param_group, optimizer_step));
+    kernel_->FusedUpdate(
+        segment_grad, run,
+        ResolveHyperParams(optimizer, step_groups, segment.param_group,
+                           optimizer_step),
+        {weight_dtype, out + offset * weight_bytes});
+    pos = segment.end;
   }
+  encode_padding(range.end);
 }
 
 }  // namespace depot

@@ -41,8 +41,4 @@ float UnscaleFactor(double loss_scale) {
   return static_cast<float>(1.0 / loss_scale);
 }
 
-void ScaleGradient(float factor, float* grad, size_t n) {
-  for (size_t i = 0; i < n; ++i) grad[i] *= factor;
-}
-
 }  // namespace depot

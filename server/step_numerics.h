@@ -4,11 +4,10 @@
 // one-phase step, the clip coefficient and skip flag the worker already knows.
 // The order of operations is Megatron's: sum in rank order (fp32), multiply by
 // float(1 / loss_scale), check for non-finite values and take the norm, then
-// multiply by float(clip_coef) when it is < 1.
+// multiply by float(clip_coef) when it is < 1. The fused update kernel
+// (OptimizerKernel::FusedUpdate's GradientInput) applies them.
 #ifndef DEPOT_SERVER_STEP_NUMERICS_H_
 #define DEPOT_SERVER_STEP_NUMERICS_H_
-
-#include <cstddef>
 
 #include "absl/status/status.h"
 
@@ -49,9 +48,6 @@ bool SameStepNumerics(const StepNumerics& a, const StepNumerics& b);
 // reciprocal taken in double and rounded once, as Megatron's grad scaler's
 // inv_scale.
 float UnscaleFactor(double loss_scale);
-
-// grad[i] *= factor for i in [0, n): one fp32 multiply per element.
-void ScaleGradient(float factor, float* grad, size_t n);
 
 }  // namespace depot
 

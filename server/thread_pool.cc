@@ -2,12 +2,20 @@
 
 #include <utility>
 
+#include "server/optimizer/cpu_affinity.h"
+
 namespace depot {
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads, bool pin_threads) {
+  const std::vector<int> cpus =
+      pin_threads ? AllowedCpus() : std::vector<int>();
   threads_.reserve(num_threads);
   for (int i = 0; i < num_threads; ++i) {
-    threads_.emplace_back([this] { WorkerLoop(); });
+    threads_.emplace_back([this, i, cpus] {
+      // Best effort: an unpinned thread computes the same results.
+      if (!cpus.empty()) PinCurrentThread(i, cpus).IgnoreError();
+      WorkerLoop();
+    });
   }
 }
 

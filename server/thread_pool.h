@@ -16,8 +16,12 @@ namespace depot {
 
 class ThreadPool {
  public:
+  // With pin_threads, thread i runs only on the i-th CPU of the process's
+  // affinity mask at construction (wrapping round when there are more threads
+  // than CPUs): a chunk's update then stays on one core, and the threads
+  // spread over distinct cores. A thread that cannot be pinned runs unpinned.
   // REQUIRES: num_threads >= 1.
-  explicit ThreadPool(int num_threads);
+  explicit ThreadPool(int num_threads, bool pin_threads = false);
   // Runs every task already scheduled, then joins the threads.
   ~ThreadPool();
 

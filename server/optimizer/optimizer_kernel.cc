@@ -6,10 +6,85 @@
 #include "depot/dtype.h"
 #include "server/optimizer/adagrad_kernel.h"
 #include "server/optimizer/adam_kernel.h"
+#include "server/optimizer/fused_update.h"
 #include "server/optimizer/lion_kernel.h"
 #include "server/optimizer/sgd_kernel.h"
 
 namespace depot {
+namespace {
+
+fused::GradientParts PartsOf(const GradientInput& grad) {
+  fused::GradientParts parts;
+  parts.dtype = grad.dtype;
+  parts.parts = grad.parts;
+  parts.num_parts = grad.num_parts;
+  parts.offset = grad.offset;
+  parts.unscale = grad.unscale;
+  parts.unscale_factor = grad.unscale_factor;
+  parts.clip = grad.clip;
+  parts.clip_coef = grad.clip_coef;
+  return parts;
+}
+
+}  // namespace
+
+namespace fused {
+
+const IsaKernels& KernelsFor(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kScalar:
+      break;
+    case KernelIsa::kAvx2:
+      return Avx2Kernels();
+    case KernelIsa::kAvx512:
+      return Avx512Kernels();
+    case KernelIsa::kAvx512Bf16:
+      return Avx512Bf16Kernels();
+  }
+  return ScalarKernels();
+}
+
+}  // namespace fused
+
+void OptimizerKernel::FusedUpdate(const GradientInput& grad,
+                                  const ParamRun& run,
+                                  const UpdateHyperParams& hparams,
+                                  const WeightsOutput& weights,
+                                  KernelIsa isa) const {
+  if (run.n == 0) return;
+  fused::FusedCall call;
+  call.grad = PartsOf(grad);
+  call.step = Prepare(hparams);
+  call.master = run.master;
+  call.slots[0] = run.slots[0];
+  call.slots[1] = run.slots[1];
+  call.n = run.n;
+  call.weight_dtype = weights.dtype;
+  call.weights = weights.data;
+  fused::KernelsFor(isa).update(call);
+}
+
+void OptimizerKernel::Update(const float* grad, const ParamRun& run,
+                             const UpdateHyperParams& hparams,
+                             KernelIsa isa) const {
+  const void* parts[1] = {grad};
+  GradientInput input;
+  input.parts = parts;
+  input.num_parts = 1;
+  FusedUpdate(input, run, hparams, WeightsOutput(), isa);
+}
+
+void SumGradientInput(const GradientInput& grad, float* out, size_t n,
+                      KernelIsa isa) {
+  if (n == 0) return;
+  fused::KernelsFor(isa).sum(PartsOf(grad), out, n);
+}
+
+void EncodeWeights(const float* master, size_t n, const WeightsOutput& weights,
+                   KernelIsa isa) {
+  if (n == 0) return;
+  fused::KernelsFor(isa).encode(master, weights.dtype, weights.data, n);
+}
 
 std::unique_ptr<OptimizerKernel> MakeOptimizerKernel(
     const OptimizerConfig& config) {

@@ -1,8 +1,11 @@
 // OptimizerKernel: the update of one contiguous run of parameters, all in one
-// param group, from an fp32 gradient already summed over the workers, unscaled
-// and clipped. Implementations follow torch.optim semantics exactly (Lion: its
-// paper; see docs/optimizers.md); they work element by element, so any split
-// of a shard into runs, and any thread count, gives the same bits.
+// param group. FusedUpdate does the whole per-chunk work in one pass: the sum
+// of the workers' gradients, unscaling, clipping, the update and the weights
+// out; Update runs it on a gradient already summed, unscaled and clipped.
+// Implementations follow torch.optim semantics exactly (Lion: its paper; see
+// docs/optimizers.md); they work element by element, so any split of a shard
+// into runs, any thread count and any instruction set (KernelIsa) gives the
+// same bits.
 #ifndef DEPOT_SERVER_OPTIMIZER_OPTIMIZER_KERNEL_H_
 #define DEPOT_SERVER_OPTIMIZER_OPTIMIZER_KERNEL_H_
 
@@ -10,9 +13,15 @@
 #include <cstdint>
 #include <memory>
 
+#include "depot/dtype.h"
 #include "depot/job_config.h"
+#include "server/optimizer/kernel_isa.h"
 
 namespace depot {
+
+namespace fused {
+struct OptimizerStep;
+}  // namespace fused
 
 // The hyperparameters of one update call.
 struct UpdateHyperParams {
@@ -35,19 +44,71 @@ struct ParamRun {
   size_t n = 0;
 };
 
+// The gradient of a run as it arrives: the sum of the workers' contributions
+// g[i] = part_0[i] + part_1[i] + ... (each converted from `dtype` to fp32,
+// added left to right in rank order, in fp32; SumGradients' order), then
+// g[i] = g[i] * unscale_factor if `unscale`, then g[i] = g[i] * clip_coef if
+// `clip`: each a separate fp32 multiply (docs/protocol.md, "Numerics").
+struct GradientInput {
+  DType dtype = DType::kFloat32;
+  // num_parts pointers, each to the run's elements of one worker's gradient
+  // from element `offset` on. REQUIRES: num_parts >= 1.
+  const void* const* parts = nullptr;
+  size_t num_parts = 0;
+  size_t offset = 0;
+  bool unscale = false;
+  float unscale_factor = 1.0f;
+  bool clip = false;
+  float clip_coef = 1.0f;
+};
+
+// Where the updated weights go: run.n elements of `dtype` (rounded to
+// nearest, ties to even, as ConvertFromFloat), or nowhere when data is null.
+struct WeightsOutput {
+  DType dtype = DType::kFloat32;
+  void* data = nullptr;
+};
+
 class OptimizerKernel {
  public:
   virtual ~OptimizerKernel() = default;
 
-  // Updates run.master and run.slots in place from grad[0, run.n). bf16 slots
-  // are widened to fp32, updated in fp32 and stored back rounded to nearest,
-  // ties to even; the update of the weights uses the unrounded fp32 values.
-  // REQUIRES: grad and master hold run.n floats, every used slot run.n elements
-  // of its dtype, float arrays 4-byte and bf16 ones 2-byte aligned, none
-  // overlapping.
-  virtual void Update(const float* grad, const ParamRun& run,
-                      const UpdateHyperParams& hparams) const = 0;
+  // Updates run.master and run.slots in place from the gradient `grad`, then
+  // writes the new master weights to `weights`. bf16 slots are widened to
+  // fp32, updated in fp32 and stored back rounded to nearest, ties to even;
+  // the update of the weights uses the unrounded fp32 values. `isa` must be
+  // one this CPU supports; every one gives the same bits.
+  // REQUIRES: master holds run.n floats, every used slot run.n elements of its
+  // dtype, each gradient part and the weights run.n elements of their dtype;
+  // float arrays 4-byte and 2-byte ones 2-byte aligned; no two of the arrays
+  // overlap (master and slots are updated in place).
+  void FusedUpdate(const GradientInput& grad, const ParamRun& run,
+                   const UpdateHyperParams& hparams,
+                   const WeightsOutput& weights,
+                   KernelIsa isa = ActiveKernelIsa()) const;
+
+  // FusedUpdate from one fp32 gradient grad[0, run.n) used as it is (already
+  // summed, unscaled and clipped), with no weights out.
+  void Update(const float* grad, const ParamRun& run,
+              const UpdateHyperParams& hparams,
+              KernelIsa isa = ActiveKernelIsa()) const;
+
+ protected:
+  // What the kernel runs for these hyperparameters (fused_update.h).
+  virtual fused::OptimizerStep Prepare(
+      const UpdateHyperParams& hparams) const = 0;
 };
+
+// SumGradients' arithmetic without an update: out[i] = the gradient of `grad`
+// (see GradientInput) for i in [0, n), with the fused kernel's instructions.
+void SumGradientInput(const GradientInput& grad, float* out, size_t n,
+                      KernelIsa isa = ActiveKernelIsa());
+
+// ConvertFromFloat(master, weights.dtype, weights.data, n) (the same bits),
+// with the fused kernel's instructions. REQUIRES: weights.data holds n
+// elements.
+void EncodeWeights(const float* master, size_t n, const WeightsOutput& weights,
+                   KernelIsa isa = ActiveKernelIsa());
 
 // The kernel for config.kind. REQUIRES: ValidateOptimizerConfig(config).ok().
 // The config's betas, eps, momentum, dampening, nesterov, lr decay and slot

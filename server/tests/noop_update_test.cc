@@ -23,7 +23,8 @@ class NoopUpdateTest : public ::testing::Test {
  protected:
   std::shared_ptr<ShardState> MakeShard(const JobConfig& config) {
     return ShardState::Create(/*job_id=*/1, JobShape::Create(config, 0).value(),
-                              &pool_, &metrics_, /*noop_update=*/true)
+                              &pool_, PayloadPool::Create(1 << 20), &metrics_,
+                              /*noop_update=*/true)
         .value();
   }
 

@@ -58,7 +58,7 @@ class OptimizerStateTest : public ::testing::Test {
  protected:
   std::shared_ptr<ShardState> MakeShard(const JobConfig& config) {
     return ShardState::Create(/*job_id=*/1, JobShape::Create(config, 0).value(),
-                              &pool_, &metrics_)
+                              &pool_, PayloadPool::Create(1 << 20), &metrics_)
         .value();
   }
 

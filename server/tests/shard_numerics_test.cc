@@ -53,7 +53,7 @@ class ShardNumericsTest : public ::testing::Test {
  protected:
   std::shared_ptr<ShardState> MakeShard(const JobConfig& config) {
     return ShardState::Create(1, JobShape::Create(config, 0).value(), &pool_,
-                              &metrics_)
+                              PayloadPool::Create(1 << 20), &metrics_)
         .value();
   }
 

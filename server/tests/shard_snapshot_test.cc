@@ -35,7 +35,7 @@ class ShardSnapshotTest : public ::testing::Test {
                                         uint32_t server_index = 0) {
     return ShardState::Create(/*job_id=*/1,
                               JobShape::Create(config, server_index).value(),
-                              &pool_, &metrics_)
+                              &pool_, PayloadPool::Create(1 << 20), &metrics_)
         .value();
   }
 

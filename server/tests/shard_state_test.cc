@@ -36,7 +36,7 @@ class ShardStateTest : public ::testing::Test {
                                         uint32_t server_index = 0) {
     return ShardState::Create(/*job_id=*/1,
                               JobShape::Create(config, server_index).value(),
-                              &pool_, &metrics_)
+                              &pool_, payloads_, &metrics_)
         .value();
   }
 
@@ -79,7 +79,45 @@ class ShardStateTest : public ::testing::Test {
   prometheus::Registry registry_;
   ServerMetrics metrics_{registry_};
   ThreadPool pool_{1};
+  std::shared_ptr<PayloadPool> payloads_ = PayloadPool::Create(1 << 20);
 };
+
+TEST_F(ShardStateTest, NewStateIsZeroWeightsAndInitialSlots) {
+  JobConfig config = TwoTensorConfig(1);
+  config.optimizer.kind = OptimizerKind::kAdagrad;
+  config.optimizer.adagrad_initial_accumulator_value = 0.5;
+  auto shard = MakeShard(config);
+  EXPECT_EQ(ReadFp32(*shard, 0, 16), std::vector<float>(16, 0.0f));
+  ChunkSnapshot chunk;
+  ASSERT_TRUE(shard
+                  ->ExportChunks([&](ChunkSnapshot snapshot) {
+                    chunk = std::move(snapshot);
+                    return false;
+                  })
+                  .code() == absl::StatusCode::kCancelled);
+  ASSERT_EQ(chunk.slots.size(), 1u);
+  EXPECT_EQ(Fp32Values(chunk.slots[0]), std::vector<float>(8, 0.5f));
+}
+
+TEST_F(ShardStateTest, UpdateRecyclesPayloadsThroughThePayloadPool) {
+  auto shard = MakeShard(TwoTensorConfig(2));
+  EXPECT_EQ(&shard->payload_pool(), payloads_.get());
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
+  ASSERT_TRUE(shard->BeginStep(1, 1, {}).ok());
+  ASSERT_TRUE(Send(*shard, 1, 0, 0, 1, sink).ok());
+  ASSERT_TRUE(Send(*shard, 1, 1, 0, 2, sink).ok());
+  sink->WaitFor(2);
+  DrainPool(pool_);  // the update task has let go of everything
+  // Both gradient payloads (8 fp32 each) were given back before the answer
+  // went out.
+  const size_t given_back = payloads_->free_bytes();
+  EXPECT_GE(given_back, 2 * 8 * sizeof(float));
+  // The answer is a pool buffer too: it comes back once its last holder, the
+  // sink, lets go.
+  sink.reset();
+  EXPECT_GE(payloads_->free_bytes(), given_back + 8 * sizeof(float));
+}
 
 TEST_F(ShardStateTest, InitChunkStoresWeightsAndZeroesPadding) {
   auto shard = MakeShard(TwoTensorConfig(1));
@@ -336,23 +374,30 @@ TEST_F(ShardStateTest, DeletedJobRejectsContributions) {
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
 }
 
-// Three Adam steps, three workers, four chunks: once with one update thread and
-// contributions in rank order, once with four threads and a shuffled arrival
-// order. The state must be bitwise identical.
-uint64_t ChecksumAfterAdamSteps(int threads, bool shuffle) {
+// Three Adam steps, three workers, four chunks of two tensors, with a loss
+// scale and a clip coefficient: once with one update thread and contributions
+// in rank order, once with four pinned threads and a shuffled arrival order.
+// The state and the weights answered must be bitwise identical.
+struct StepOutcome {
+  uint64_t state_checksum = 0;
+  std::vector<std::string> last_weights;  // by chunk, the last step's answer
+};
+
+StepOutcome AdamSteps(int threads, bool shuffle) {
   JobConfig config;
   config.name = "determinism";
   config.tensors = {{"w", 100, 0}, {"b", 20, 1}};
   config.num_workers = 3;
   config.optimizer.kind = OptimizerKind::kAdamW;
   config.grad_dtype = DType::kBFloat16;
+  config.weight_dtype = DType::kBFloat16;
   config.chunk_elems = 32;
   config.alignment_elems = 16;
   prometheus::Registry registry;
   ServerMetrics metrics(registry);
-  ThreadPool pool(threads);
+  ThreadPool pool(threads, /*pin_threads=*/threads > 1);
   auto shard = ShardState::Create(1, JobShape::Create(config, 0).value(), &pool,
-                                  &metrics)
+                                  PayloadPool::Create(1 << 20), &metrics)
                    .value();
   const ShardRange range = shard->shape().shard();
 
@@ -369,6 +414,7 @@ uint64_t ChecksumAfterAdamSteps(int threads, bool shuffle) {
                                     init.begin() + chunk.end)))
                     .ok());
   }
+  StepOutcome outcome;
   std::mt19937 order_rng(7);
   for (uint64_t step = 1; step <= 3; ++step) {
     struct Item {
@@ -381,8 +427,11 @@ uint64_t ChecksumAfterAdamSteps(int threads, bool shuffle) {
     }
     if (shuffle) std::shuffle(items.begin(), items.end(), order_rng);
     auto sink = std::make_shared<RecordingSink>();
+    StepNumerics numerics;
+    numerics.loss_scale = 1024;
+    numerics.commit.clip_coef = 0.75;
     for (uint32_t w = 0; w < 3; ++w)
-      EXPECT_TRUE(shard->BeginStep(step, w, {}).ok());
+      EXPECT_TRUE(shard->BeginStep(step, w, {}, numerics).ok());
     for (const Item& item : items) {
       const ChunkRange chunk = shard->shape().plan().chunk(item.chunk);
       std::string payload(chunk.size() * 2, '\0');
@@ -390,7 +439,7 @@ uint64_t ChecksumAfterAdamSteps(int threads, bool shuffle) {
       // The gradient depends on (step, worker, chunk) only, not on the order.
       std::mt19937 grad_rng(step * 1000 + item.worker * 100 + item.chunk);
       std::normal_distribution<float> grad_dist;
-      for (float& g : grad) g = grad_dist(grad_rng);
+      for (float& g : grad) g = 1024 * grad_dist(grad_rng);
       ConvertFromFloat(grad.data(), DType::kBFloat16, payload.data(),
                        grad.size());
       Contribution c;
@@ -401,16 +450,29 @@ uint64_t ChecksumAfterAdamSteps(int threads, bool shuffle) {
       c.sink = sink;
       EXPECT_TRUE(shard->Contribute(std::move(c)).ok());
     }
-    sink->WaitFor(items.size());
+    const std::vector<ChunkWeights> answers = sink->WaitFor(items.size());
+    outcome.last_weights.assign(range.num_chunks(), "");
+    for (const ChunkWeights& answer : answers) {
+      std::string& kept =
+          outcome.last_weights[answer.chunk_index - range.first_chunk];
+      // Every worker of a chunk gets the same answer.
+      if (!kept.empty()) {
+        EXPECT_EQ(kept, *answer.payload);
+      }
+      kept = *answer.payload;
+    }
   }
   EXPECT_EQ(shard->completed_step(), 3u);
-  return shard->Checksum();
+  outcome.state_checksum = shard->Checksum();
+  return outcome;
 }
 
 TEST(ShardStateDeterminismTest,
-     StateIsIndependentOfArrivalOrderAndThreadCount) {
-  EXPECT_EQ(ChecksumAfterAdamSteps(/*threads=*/1, /*shuffle=*/false),
-            ChecksumAfterAdamSteps(/*threads=*/4, /*shuffle=*/true));
+     StateAndWeightsAreIndependentOfArrivalOrderAndThreadCount) {
+  const StepOutcome serial = AdamSteps(/*threads=*/1, /*shuffle=*/false);
+  const StepOutcome parallel = AdamSteps(/*threads=*/4, /*shuffle=*/true);
+  EXPECT_EQ(serial.state_checksum, parallel.state_checksum);
+  EXPECT_TRUE(serial.last_weights == parallel.last_weights);
 }
 
 }  // namespace

@@ -60,13 +60,5 @@ TEST(StepNumericsTest, UnscaleFactorIsTheReciprocalRoundedOnceToFloat) {
   EXPECT_EQ(UnscaleFactor(65536.0), 1.52587890625e-05f);
 }
 
-TEST(StepNumericsTest, ScaleGradientMultipliesEveryElementInFp32) {
-  float grad[3] = {1.0f, -3.0f, 0.1f};
-  ScaleGradient(0.5f, grad, 3);
-  EXPECT_EQ(grad[0], 0.5f);
-  EXPECT_EQ(grad[1], -1.5f);
-  EXPECT_EQ(grad[2], 0.1f * 0.5f);
-}
-
 }  // namespace
 }  // namespace depot

@@ -7,12 +7,16 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "depot/dtype.h"
 #include "depot/job_config.h"
+#include "server/aligned_buffer.h"
+#include "server/optimizer/cpu_affinity.h"
+#include "server/optimizer/kernel_isa.h"
 #include "server/optimizer/optimizer_kernel.h"
 #include "tests/bench/bench_output.h"
 
@@ -29,13 +33,20 @@ absl::StatusOr<OptimizerKind> ParseKind(const std::string& name) {
       "--optimizer=", name, " is not one of adamw, adam, sgd, adagrad, lion"));
 }
 
-// Uninitialised storage, so that the first touch (in the worker threads)
+// Storage allocated as the server allocates job state (2 MiB-aligned, huge
+// pages) and not yet touched, so that the first touch (in the worker threads)
 // decides which NUMA node and page each element lands on.
 struct RawArray {
-  std::unique_ptr<unsigned char[]> bytes;
-  explicit RawArray(size_t n) : bytes(new unsigned char[n]) {}
-  void* data() { return bytes.get(); }
+  AlignedBuffer buffer;
+  explicit RawArray(AlignedBuffer allocated) : buffer(std::move(allocated)) {}
+  void* data() { return buffer.data(); }
 };
+
+absl::StatusOr<std::unique_ptr<RawArray>> NewArray(size_t bytes) {
+  absl::StatusOr<AlignedBuffer> buffer = AlignedBuffer::Allocate(bytes);
+  if (!buffer.ok()) return buffer.status();
+  return std::make_unique<RawArray>(*std::move(buffer));
+}
 
 // The state of the whole run: n parameters cut into chunks of chunk_elems.
 struct BenchState {
@@ -51,13 +62,17 @@ struct BenchState {
 
 // Runs body(chunk_begin, chunk_end, thread) for every chunk, chunk c on thread
 // c % threads (the same split for the first touch, the update and the probe),
-// and returns the wall seconds.
+// and returns the wall seconds. Thread t is pinned like the server's update
+// pool's thread t (ThreadPool).
 double ForChunks(const BenchState& state, int threads,
                  const std::function<void(size_t, size_t, int)>& body) {
+  static const std::vector<int> cpus = AllowedCpus();
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
+      // Unpinned threads still measure something: pinning is best effort.
+      PinCurrentThread(t, cpus).IgnoreError();
       for (size_t c = t; c < state.chunks(); c += threads) {
         const size_t begin = c * state.chunk_elems;
         body(begin, std::min(state.n, begin + state.chunk_elems), t);
@@ -143,11 +158,15 @@ absl::Status RunKernelBench(const KernelBenchOptions& options) {
   s.chunk_elems = options.chunk_elems;
   const size_t slot_bytes = DTypeSize(*moment);
 
-  s.grads = std::make_unique<RawArray>(s.n * 2);
-  s.master = std::make_unique<RawArray>(s.n * 4);
-  s.weights = std::make_unique<RawArray>(s.n * 2);
+  std::vector<std::pair<std::unique_ptr<RawArray>*, size_t>> arrays = {
+      {&s.grads, s.n * 2}, {&s.master, s.n * 4}, {&s.weights, s.n * 2}};
   for (int k = 0; k < s.slots; ++k)
-    s.slot[k] = std::make_unique<RawArray>(s.n * slot_bytes);
+    arrays.push_back({&s.slot[k], s.n * slot_bytes});
+  for (const auto& [array, bytes] : arrays) {
+    absl::StatusOr<std::unique_ptr<RawArray>> allocated = NewArray(bytes);
+    if (!allocated.ok()) return allocated.status();
+    *array = *std::move(allocated);
+  }
   // Parallel first touch, with the chunk split the runs use.
   ForChunks(s, options.threads, [&](size_t begin, size_t end, int) {
     const size_t n = end - begin;
@@ -163,23 +182,29 @@ absl::Status RunKernelBench(const KernelBenchOptions& options) {
                   n * slot_bytes);
   });
 
+  const absl::StatusOr<KernelIsa> isa = options.isa.empty()
+                                            ? KernelIsaFromEnvironment()
+                                            : ResolveKernelIsa(options.isa);
+  if (!isa.ok()) return isa.status();
   std::unique_ptr<OptimizerKernel> kernel = MakeOptimizerKernel(s.config);
-  // Per-thread fp32 gradient of one chunk, as the server's SumGradients fills.
-  std::vector<std::vector<float>> grad_f32(options.threads,
-                                           std::vector<float>(s.chunk_elems));
   uint64_t step = 0;
-  const auto update = [&](size_t begin, size_t end, int t) {
-    const size_t n = end - begin;
-    float* g = grad_f32[t].data();
-    ConvertToFloat(s.grad_dtype, At<uint16_t>(*s.grads, 2, begin), g, n);
+  // The server's per-chunk call (ShardState::RunUpdate, one worker, no loss
+  // scale or clipping): one fused pass from the bf16 gradient payload to the
+  // bf16 weights payload.
+  const auto update = [&](size_t begin, size_t end, int) {
+    const void* parts[] = {At<uint16_t>(*s.grads, 2, begin)};
+    GradientInput grad;
+    grad.dtype = s.grad_dtype;
+    grad.parts = parts;
+    grad.num_parts = 1;
     ParamRun run;
     run.master = At<float>(*s.master, 4, begin);
     for (int k = 0; k < s.slots; ++k)
       run.slots[k] = At<unsigned char>(*s.slot[k], slot_bytes, begin);
-    run.n = n;
-    kernel->Update(g, run, {.lr = 1e-4, .weight_decay = 0.01, .step = step});
-    ConvertFromFloat(run.master, s.weight_dtype,
-                     At<uint16_t>(*s.weights, 2, begin), n);
+    run.n = end - begin;
+    kernel->FusedUpdate(
+        grad, run, {.lr = 1e-4, .weight_decay = 0.01, .step = step},
+        {s.weight_dtype, At<uint16_t>(*s.weights, 2, begin)}, *isa);
   };
   const auto probe = [&](size_t begin, size_t end, int) {
     if (slot_bytes == 4) {
@@ -196,8 +221,7 @@ absl::Status RunKernelBench(const KernelBenchOptions& options) {
     probe_s.push_back(ForChunks(s, options.threads, probe));
   }
   // Bytes moved per parameter: the gradient read, the master and each slot
-  // read and written, the weight written (the fp32 gradient scratch is per
-  // chunk and not counted).
+  // read and written, the weight written.
   const double bytes_per_param = DTypeSize(s.grad_dtype) + 2.0 * 4 +
                                  2.0 * s.slots * slot_bytes +
                                  DTypeSize(s.weight_dtype);
@@ -205,7 +229,8 @@ absl::Status RunKernelBench(const KernelBenchOptions& options) {
   const double probe_pps = s.n / Median(probe_s);
   ResultLine line;
   line.bench = "kernel";
-  line.text = {{"optimizer", options.optimizer},
+  line.text = {{"isa", std::string(KernelIsaName(*isa))},
+               {"optimizer", options.optimizer},
                {"grad_dtype", options.grad_dtype},
                {"weight_dtype", options.weight_dtype},
                {"moment_dtype", options.moment_dtype}};

@@ -19,6 +19,9 @@ struct KernelBenchOptions {
   std::string grad_dtype = "bf16";
   std::string weight_dtype = "bf16";
   std::string moment_dtype = "fp32";
+  // scalar, avx2 or avx512 (as DEPOT_KERNEL_ISA); empty: DEPOT_KERNEL_ISA, or
+  // the best this CPU supports.
+  std::string isa;
   bool json = false;
 };
 
