@@ -8,6 +8,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "wire/channel_args.h"
 
 namespace depot {
 namespace {
@@ -44,10 +45,12 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
     daemon->metrics_address_ =
         FormatHostPort(bind->host, ports.empty() ? bind->port : ports.front());
   }
-  daemon->pool_ = std::make_unique<ThreadPool>(options.threads);
+  daemon->pool_ =
+      std::make_unique<ThreadPool>(options.threads, options.pin_threads);
+  daemon->payloads_ = PayloadPool::Create(JobStore::kPayloadPoolFreeBytes);
   daemon->jobs_ = std::make_unique<JobStore>(
       options.memory_limit_bytes, daemon->pool_.get(), daemon->metrics_.get(),
-      options.bench_noop_update);
+      options.bench_noop_update, daemon->payloads_);
   daemon->service_ = std::make_unique<DepotService>(daemon->jobs_.get(),
                                                     daemon->metrics_.get());
 
@@ -61,6 +64,8 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
   // Without this, a second server on the same fixed port would silently share
   // it (gRPC sets SO_REUSEPORT by default on Linux).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Frame size and flow control for bulk chunks (docs/protocol.md, Transport).
+  ApplyServerTransportArgs(builder);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.RegisterService(daemon->service_.get());

@@ -25,8 +25,10 @@
 
 namespace depot {
 
+// Step is a raw callback method (step_reactor.cc): its chunks bypass protobuf
+// `bytes` in both directions.
 class DepotService final
-    : public v1::Depot::WithCallbackMethod_Step<v1::Depot::Service> {
+    : public v1::Depot::WithRawCallbackMethod_Step<v1::Depot::Service> {
  public:
   // `jobs` and `metrics` must outlive the service.
   DepotService(JobStore* jobs, ServerMetrics* metrics);
@@ -37,7 +39,7 @@ class DepotService final
   grpc::Status InitWeights(grpc::ServerContext* context,
                            grpc::ServerReader<v1::InitWeightsRequest>* reader,
                            v1::InitWeightsResponse* response) override;
-  grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* Step(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Step(
       grpc::CallbackServerContext* context) override;
   grpc::Status PullWeights(
       grpc::ServerContext* context, const v1::PullRequest* request,

@@ -19,8 +19,10 @@
 #include "absl/time/time.h"
 #include "depot/flags_usage.h"
 #include "server/daemon.h"
+#include "server/optimizer/kernel_isa.h"
 #include "server/port_file.h"
 #include "server/server_options.h"
+#include "wire/transport_memory.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC address to serve on, host:port (IPv6: [host]:port). Port 0 "
@@ -34,6 +36,10 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "picks a free port). Empty disables metrics.");
 ABSL_FLAG(int32_t, threads, 0,
           "Threads of the optimizer update pool. 0: one per hardware thread.");
+ABSL_FLAG(bool, pin_threads, true,
+          "Pin update thread i to the i-th CPU the process may run on (its "
+          "affinity mask, e.g. from taskset or a cgroup), wrapping round. "
+          "--nopin_threads leaves them to the scheduler.");
 ABSL_FLAG(uint64_t, memory_limit_bytes, 0,
           "Budget for job state (master weights and optimizer moments), all "
           "jobs together; CreateJob beyond it fails with RESOURCE_EXHAUSTED. "
@@ -87,7 +93,10 @@ std::vector<char*> ParseFlags(int argc, char** argv) {
       "server/main.cc",
       "Depot parameter server: holds fp32 master weights and optimizer state "
       "in host memory and runs the optimizer step on gradients streamed by "
-      "trainers.\nUsage: depot-server [--listen=HOST:PORT] [flags]");
+      "trainers.\nUsage: depot-server [--listen=HOST:PORT] [flags]\n"
+      "Environment: DEPOT_KERNEL_ISA=scalar|avx2|avx512 forces the update "
+      "kernel's instruction set (default: the best this CPU supports; every "
+      "one gives the same bits); one the CPU lacks is an error.");
 
   bool usage_requested = false;
   for (int i = 1; i < argc; ++i) usage_requested |= RequestsUsage(argv[i]);
@@ -106,6 +115,7 @@ depot::ServerOptions OptionsFromFlags() {
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.bench_noop_update = absl::GetFlag(FLAGS_bench_noop_update);
   options.threads = absl::GetFlag(FLAGS_threads);
+  options.pin_threads = absl::GetFlag(FLAGS_pin_threads);
   options.memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit_bytes);
   const double grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
   // A non-finite grace becomes an infinite one, which validation rejects.
@@ -131,6 +141,18 @@ int main(int argc, char** argv) {
                  std::string(options.status().message()).c_str());
     return kUsageError;
   }
+  // The update kernel's instruction set (DEPOT_KERNEL_ISA, or the best the CPU
+  // has): a bad or unsupported choice stops the server here.
+  if (absl::StatusOr<depot::KernelIsa> isa = depot::KernelIsaFromEnvironment();
+      !isa.ok()) {
+    std::fprintf(stderr, "depot-server: %s\n",
+                 std::string(isa.status().message()).c_str());
+    return kUsageError;
+  }
+
+  // gRPC's receive buffers reused instead of faulted in again for every
+  // message (docs/protocol.md, "Flow control, frames and memory").
+  depot::RetainTransportBuffers();
 
   // Blocked before any thread starts, so every thread inherits the mask and the
   // signals reach only the sigwait below.
@@ -147,7 +169,11 @@ int main(int argc, char** argv) {
                  daemon.status().ToString().c_str());
     return 1;
   }
-  std::printf("depot-server listening on %s\n", (*daemon)->address().c_str());
+  std::printf(
+      "depot-server listening on %s (update kernel: %s, %d threads%s)\n",
+      (*daemon)->address().c_str(),
+      std::string(depot::KernelIsaName(depot::ActiveKernelIsa())).c_str(),
+      options->threads, options->pin_threads ? ", pinned" : "");
   if (options->bench_noop_update) {
     std::fprintf(stderr,
                  "depot-server: WARNING: --bench_noop_update is set: steps "

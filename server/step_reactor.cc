@@ -2,15 +2,24 @@
 // the header, the gradient chunks and (two phases) the commit, and hands them
 // to the job's ShardState; the sending side (weights, stats, the final status)
 // is the StepStream's, for which the reactor is the transport.
+//
+// The method is raw (grpc::ByteBuffer both ways): a chunk's payload is copied
+// once, from the received slices straight into the buffer the shard keeps
+// (wire/step_codec.h), instead of into a protobuf `bytes` and out again.
+// Other messages go through protobuf.
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "depot/v1/depot.pb.h"
 #include "grpcpp/support/server_callback.h"
 #include "server/depot_service.h"
 #include "server/shard_state.h"
 #include "server/step_numerics.h"
 #include "server/step_stream.h"
+#include "wire/byte_buffers.h"
+#include "wire/step_codec.h"
 #include "wire/wire.h"
 
 namespace depot {
@@ -23,7 +32,7 @@ CommitDecision CommitFromProto(const v1::StepCommit& commit) {
 }  // namespace
 
 class DepotService::StepReactor final
-    : public grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>,
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
       public StepTransport {
  public:
   StepReactor(DepotService* service, grpc::CallbackServerContext* context)
@@ -58,7 +67,10 @@ class DepotService::StepReactor final
       return;
     }
     if (stream_->ended()) return;
-    absl::Status status = shard_ == nullptr ? AcceptHeader() : AcceptMessage();
+    absl::Status status = AcceptRequest();
+    // The slices go back to gRPC before the next read.
+    received_.Clear();
+    request_.Clear();
     if (!status.ok()) {
       stream_->Fail(std::move(status));
       return;
@@ -80,10 +92,10 @@ class DepotService::StepReactor final
 
   // StepTransport. After a finishing call the reactor may be deleted at any
   // moment (OnDone), so none touches a member after calling into gRPC.
-  void StartWriting(const v1::StepResponse* response) override {
+  void StartWriting(const grpc::ByteBuffer* response) override {
     StartWrite(response);
   }
-  void WriteLastAndFinish(const v1::StepResponse* response) override {
+  void WriteLastAndFinish(const grpc::ByteBuffer* response) override {
     StartWriteAndFinish(response, grpc::WriteOptions(), grpc::Status::OK);
   }
   void FinishWithError(const absl::Status& status) override {
@@ -92,12 +104,51 @@ class DepotService::StepReactor final
   }
 
  private:
-  absl::Status AcceptHeader() {
-    if (!request_.has_header()) {
+  // The message in request_: a chunk parsed by hand, anything else (or a
+  // chunk in an encoding the codec leaves to protobuf) by protobuf.
+  absl::Status AcceptRequest() {
+    if (absl::Status s = received_.Load(request_); !s.ok()) return s;
+    const wire::MessagePieces pieces = received_.pieces();
+    wire::ChunkFields chunk;
+    absl::StatusOr<wire::MessageKind> kind =
+        wire::ParseChunkMessage(pieces, wire::StepMessage::kRequest, &chunk);
+    if (!kind.ok()) {
       return absl::InvalidArgumentError(
-          "the first message of a Step stream must be its header");
+          absl::StrCat("Step request: ", kind.status().message()));
     }
-    header_ = request_.header();
+    if (*kind == wire::MessageKind::kChunk) {
+      if (shard_ == nullptr) return HeaderMissing();
+      return AcceptChunk(chunk.index, chunk.payload_size, [&](char* out) {
+        wire::CopyMessageBytes(pieces, chunk.payload_offset, chunk.payload_size,
+                               out);
+      });
+    }
+    v1::StepRequest request;
+    if (absl::Status s =
+            wire::ParseFromPieces(pieces, "Step request", &request);
+        !s.ok()) {
+      return s;
+    }
+    if (shard_ == nullptr) return AcceptHeader(request);
+    if (request.has_commit()) return AcceptCommit(request.commit());
+    if (!request.has_chunk()) {
+      return absl::InvalidArgumentError(
+          "a Step stream carries one header, then only chunks (and, in a "
+          "two-phase step, one commit)");
+    }
+    const std::string& payload = request.chunk().payload();
+    return AcceptChunk(request.chunk().index(), payload.size(),
+                       [&](char* out) { payload.copy(out, payload.size()); });
+  }
+
+  static absl::Status HeaderMissing() {
+    return absl::InvalidArgumentError(
+        "the first message of a Step stream must be its header");
+  }
+
+  absl::Status AcceptHeader(const v1::StepRequest& request) {
+    if (!request.has_header()) return HeaderMissing();
+    header_ = request.header();
     absl::StatusOr<std::shared_ptr<ShardState>> shard =
         service_->jobs_->Find(header_.job_id(), header_.fingerprint());
     if (!shard.ok()) return shard.status();
@@ -123,26 +174,28 @@ class DepotService::StepReactor final
     return absl::OkStatus();
   }
 
-  // A chunk, or (two phases) the commit.
-  absl::Status AcceptMessage() {
-    if (request_.has_commit()) return AcceptCommit();
-    if (!request_.has_chunk()) {
-      return absl::InvalidArgumentError(
-          "a Step stream carries one header, then only chunks (and, in a "
-          "two-phase step, one commit)");
-    }
+  // A buffer of `bytes` bytes for a received gradient payload, from the
+  // shard's pool, so that steady steps allocate nothing.
+  std::string TakePayloadBuffer(size_t bytes) {
+    return shard_->payload_pool().Take(bytes);
+  }
+
+  // Chunk `index` with a payload of `bytes` bytes that copy_payload writes to
+  // the pointer it is given.
+  template <typename CopyPayload>
+  absl::Status AcceptChunk(uint64_t index, size_t bytes,
+                           const CopyPayload& copy_payload) {
     if (committed_) {
       return absl::InvalidArgumentError(
           "a chunk after the commit: a two-phase step sends all its chunks "
           "before its StepCommit");
     }
-    const size_t bytes = request_.chunk().payload().size();
     Contribution contribution;
     contribution.step = header_.step();
     contribution.worker_rank = header_.worker_rank();
-    contribution.chunk_index = request_.chunk().index();
-    contribution.payload =
-        std::move(*request_.mutable_chunk()->mutable_payload());
+    contribution.chunk_index = index;
+    contribution.payload = TakePayloadBuffer(bytes);
+    copy_payload(contribution.payload.data());
     contribution.sink = stream_;
     if (absl::Status s = shard_->Contribute(std::move(contribution)); !s.ok()) {
       return s;
@@ -153,7 +206,7 @@ class DepotService::StepReactor final
     return absl::OkStatus();
   }
 
-  absl::Status AcceptCommit() {
+  absl::Status AcceptCommit(const v1::StepCommit& proto) {
     if (!numerics_.two_phase) {
       return absl::InvalidArgumentError(
           "a StepCommit on a one-phase Step stream: only a header with "
@@ -163,7 +216,7 @@ class DepotService::StepReactor final
       return absl::InvalidArgumentError(
           "a second StepCommit on one Step stream: each worker commits once");
     }
-    const CommitDecision commit = CommitFromProto(request_.commit());
+    const CommitDecision commit = CommitFromProto(proto);
     if (absl::Status s = ValidateCommitDecision(commit); !s.ok()) return s;
     if (absl::Status s = shard_->Commit(header_.step(), commit); !s.ok()) {
       return s;
@@ -177,14 +230,15 @@ class DepotService::StepReactor final
   const std::shared_ptr<StepStream> stream_;
   // Reads are sequential (the next starts after OnReadDone), so these need no
   // lock.
-  v1::StepRequest request_;
+  grpc::ByteBuffer request_;
+  wire::ReceivedMessage received_;
   v1::StepHeader header_;
   StepNumerics numerics_;
   bool committed_ = false;
   std::shared_ptr<ShardState> shard_;
 };
 
-grpc::ServerBidiReactor<v1::StepRequest, v1::StepResponse>* DepotService::Step(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DepotService::Step(
     grpc::CallbackServerContext* context) {
   return new StepReactor(this, context);
 }

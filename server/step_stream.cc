@@ -1,8 +1,29 @@
 #include "server/step_stream.h"
 
+#include <memory>
+#include <string>
 #include <utility>
 
+#include "depot/v1/depot.pb.h"
+#include "wire/byte_buffers.h"
+
 namespace depot {
+namespace {
+
+using SharedPayload = std::shared_ptr<const std::string>;
+
+// gRPC's release of a weights slice: drops the slice's reference.
+void ReleasePayload(void* owner) { delete static_cast<SharedPayload*>(owner); }
+
+// A StepResponse holding `weights`, its payload referenced in place.
+grpc::ByteBuffer WeightsMessage(const ChunkWeights& weights) {
+  const SharedPayload& payload = weights.payload;
+  return wire::ChunkMessageBuffer(
+      wire::StepMessage::kResponse, weights.chunk_index, payload->data(),
+      payload->size(), &ReleasePayload, new SharedPayload(payload));
+}
+
+}  // namespace
 
 StepStream::StepStream(StepTransport* transport, ServerMetrics* metrics)
     : metrics_(metrics), transport_(transport) {}
@@ -86,6 +107,7 @@ void StepStream::OnWriteDone(bool ok) {
           "the client went away before the step's weights were sent");
     }
     in_flight_ = Outgoing();
+    response_.Clear();  // gRPC holds its own references while it needs them
     action = NextActionLocked();
   }
   Perform(action);
@@ -123,23 +145,22 @@ StepStream::Action StepStream::NextActionLocked() {
     in_flight_ = std::move(outbox_.front());
     outbox_.pop_front();
     write_in_flight_ = true;
-    response_.Clear();
+    v1::StepResponse response;
     switch (in_flight_.kind) {
-      case Outgoing::kWeights: {
-        v1::Chunk* chunk = response_.mutable_chunk();
-        chunk->set_index(in_flight_.weights.chunk_index);
-        chunk->set_payload(*in_flight_.weights.payload);
+      case Outgoing::kWeights:
+        response_ = WeightsMessage(in_flight_.weights);
         break;
-      }
       case Outgoing::kAck:
-        response_.mutable_ack()->set_index(in_flight_.ack_index);
+        response.mutable_ack()->set_index(in_flight_.ack_index);
+        wire::SerializeToBuffer(response, &response_);
         break;
       case Outgoing::kGradStats: {
-        v1::GradStats* stats = response_.mutable_grad_stats();
+        v1::GradStats* stats = response.mutable_grad_stats();
         stats->set_sum_squares(in_flight_.stats.sum_squares);
         stats->set_max_abs(in_flight_.stats.max_abs);
         stats->set_non_finite(in_flight_.stats.non_finite);
         stats->set_zero_count(in_flight_.stats.zero_count);
+        wire::SerializeToBuffer(response, &response_);
         break;
       }
     }
@@ -149,12 +170,13 @@ StepStream::Action StepStream::NextActionLocked() {
   }
   if (reads_done_ && sent_ == expected_) {
     finishing_ = true;
-    response_.Clear();
-    v1::StepStats* stats = response_.mutable_stats();
+    v1::StepResponse response;
+    v1::StepStats* stats = response.mutable_stats();
     stats->set_step(step_);
     stats->set_chunks(sent_);
     stats->set_chunks_replayed(replayed_);
     stats->set_update_seconds(update_seconds_);
+    wire::SerializeToBuffer(response, &response_);
     action.kind = Action::kWriteLastAndFinish;
     action.response = &response_;
   }

@@ -11,6 +11,10 @@
 // in flight if any: the transport is never asked to finish twice, nor to write
 // after finishing.
 //
+// A chunk's weights go out as a message whose payload slice references the
+// chunk's shared weights buffer (wire/byte_buffers.h): no copy, and the buffer
+// lives until gRPC has sent it.
+//
 // Thread safety: all methods may be called from any thread. The transport is
 // called with no lock held.
 #ifndef DEPOT_SERVER_STEP_STREAM_H_
@@ -22,7 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "depot/v1/depot.pb.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "server/metrics.h"
 #include "server/weights_sink.h"
 
@@ -33,11 +37,12 @@ namespace depot {
 class StepTransport {
  public:
   virtual ~StepTransport() = default;
-  // Starts writing `response`; the transport then calls
-  // StepStream::OnWriteDone. `response` stays valid and unchanged until then.
-  virtual void StartWriting(const v1::StepResponse* response) = 0;
+  // Starts writing `response`, a serialized StepResponse; the transport then
+  // calls StepStream::OnWriteDone. `response` stays valid and unchanged until
+  // then.
+  virtual void StartWriting(const grpc::ByteBuffer* response) = 0;
   // Writes `response` as the last message and ends the RPC OK.
-  virtual void WriteLastAndFinish(const v1::StepResponse* response) = 0;
+  virtual void WriteLastAndFinish(const grpc::ByteBuffer* response) = 0;
   // Ends the RPC with `status` (not OK).
   virtual void FinishWithError(const absl::Status& status) = 0;
 };
@@ -89,7 +94,7 @@ class StepStream final : public WeightsSink {
     enum Kind { kNone, kWrite, kWriteLastAndFinish, kFinishWithError };
     Kind kind = kNone;
     StepTransport* transport = nullptr;
-    const v1::StepResponse* response = nullptr;
+    const grpc::ByteBuffer* response = nullptr;
     absl::Status status;
   };
   // One message waiting to be written.
@@ -121,7 +126,7 @@ class StepStream final : public WeightsSink {
   // write_in_flight_.
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   Outgoing in_flight_ ABSL_GUARDED_BY(mu_);
-  v1::StepResponse response_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer response_ ABSL_GUARDED_BY(mu_);
   // Set once the transport has been (or is about to be) told to finish.
   bool finishing_ ABSL_GUARDED_BY(mu_) = false;
 };

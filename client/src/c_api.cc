@@ -114,6 +114,7 @@ void depot_client_options_init(depot_client_options_t* options) {
   options->rpc_timeout_seconds = absl::ToDoubleSeconds(defaults.rpc_timeout);
   options->step_timeout_seconds = absl::ToDoubleSeconds(defaults.step_timeout);
   options->max_inflight_chunks = defaults.max_inflight_chunks;
+  options->connections_per_server = defaults.connections_per_server;
 }
 
 int depot_client_create(const char* const* servers, size_t num_servers,

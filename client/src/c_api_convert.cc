@@ -94,6 +94,7 @@ absl::StatusOr<ClientOptions> FromC(const char* const* servers,
   options.rpc_timeout = absl::Seconds(c.rpc_timeout_seconds);
   options.step_timeout = absl::Seconds(c.step_timeout_seconds);
   options.max_inflight_chunks = c.max_inflight_chunks;
+  options.connections_per_server = c.connections_per_server;
   return options;
 }
 

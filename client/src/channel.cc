@@ -8,6 +8,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "wire/channel_args.h"
 
 namespace depot::client_internal {
 
@@ -35,16 +36,32 @@ absl::Status ValidateServerAddress(absl::string_view address) {
   return absl::OkStatus();
 }
 
-std::unique_ptr<ServerConnection> Connect(const std::string& address) {
+StepChannel::StepChannel(std::shared_ptr<grpc::Channel> channel_in)
+    : channel(std::move(channel_in)),
+      step_method("/depot.v1.Depot/Step",
+                  grpc::internal::RpcMethod::BIDI_STREAMING, channel) {}
+
+std::unique_ptr<ServerConnection> Connect(const std::string& address,
+                                          int connections) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
   args.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args);
+  ApplyClientTransportArgs(&args);
+  // Channels with the same target and arguments share one TCP connection
+  // through gRPC's global subchannel pool; a channel with a pool of its own
+  // opens its own.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   auto connection = std::make_unique<ServerConnection>();
   connection->address = address;
-  connection->depot = v1::Depot::NewStub(channel);
-  connection->health = grpc::health::v1::Health::NewStub(channel);
+  for (int i = 0; i < connections; ++i) {
+    connection->step_channels.push_back(
+        std::make_unique<StepChannel>(grpc::CreateCustomChannel(
+            address, grpc::InsecureChannelCredentials(), args)));
+  }
+  const std::shared_ptr<grpc::Channel>& first =
+      connection->step_channels.front()->channel;
+  connection->depot = v1::Depot::NewStub(first);
+  connection->health = grpc::health::v1::Health::NewStub(first);
   return connection;
 }
 

@@ -14,7 +14,9 @@
 #include "absl/time/time.h"
 #include "depot/v1/depot.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/impl/rpc_method.h"
 
 namespace depot::client_internal {
 
@@ -28,10 +30,27 @@ inline constexpr size_t kMessageOverheadBytes = 4096;
 // The health-service name under which a server reports that it accepts RPCs.
 inline constexpr char kDepotServiceName[] = "depot.v1.Depot";
 
+// The most TCP connections a client opens to one server: beyond a few,
+// connections only add threads and memory (docs/protocol.md, "Transport").
+inline constexpr int kMaxConnectionsPerServer = 16;
+
+// One TCP connection's channel and its Step method, called raw
+// (grpc::ByteBuffer both ways; step_stream.cc) so that chunk payloads are
+// never copied through protobuf.
+struct StepChannel {
+  StepChannel(std::shared_ptr<grpc::Channel> channel_in);
+
+  std::shared_ptr<grpc::Channel> channel;
+  grpc::internal::RpcMethod step_method;
+};
+
 struct ServerConnection {
   std::string address;
   std::unique_ptr<v1::Depot::Stub> depot;
   std::unique_ptr<grpc::health::v1::Health::Stub> health;
+  // ClientOptions::connections_per_server channels, each its own TCP
+  // connection; [0] is the one the stubs above use.
+  std::vector<std::unique_ptr<StepChannel>> step_channels;
 };
 
 // The client's servers, in shard-plan order.
@@ -41,10 +60,12 @@ using Connections = std::vector<std::unique_ptr<ServerConnection>>;
 // be a bracketed IPv6 literal). INVALID_ARGUMENT naming the address otherwise.
 absl::Status ValidateServerAddress(absl::string_view address);
 
-// Opens an insecure channel to `address` with the message-size limits above.
-// Does not wait for the connection. REQUIRES:
-// ValidateServerAddress(address).ok().
-std::unique_ptr<ServerConnection> Connect(const std::string& address);
+// Opens `connections` insecure channels to `address`, each with its own TCP
+// connection, with the message-size limits above and the transport settings
+// of wire/channel_args.h. Does not wait for the connections. REQUIRES:
+// ValidateServerAddress(address).ok(), connections >= 1.
+std::unique_ptr<ServerConnection> Connect(const std::string& address,
+                                          int connections);
 
 // Sets the context's deadline to `deadline`.
 void SetDeadline(grpc::ClientContext* context, absl::Time deadline);

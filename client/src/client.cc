@@ -13,6 +13,7 @@
 #include "channel.h"
 #include "grpcpp/support/sync_stream.h"
 #include "job_impl.h"
+#include "wire/transport_memory.h"
 #include "wire/wire.h"
 
 namespace depot {
@@ -185,6 +186,13 @@ absl::Status ValidateOptions(const ClientOptions& options) {
         absl::StrCat("ClientOptions.max_inflight_chunks is ",
                      options.max_inflight_chunks, ", must be at least 1"));
   }
+  if (options.connections_per_server < 1 ||
+      options.connections_per_server > kMaxConnectionsPerServer) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions.connections_per_server is ",
+                     options.connections_per_server, ", must be in [1, ",
+                     kMaxConnectionsPerServer, "]"));
+  }
   return absl::OkStatus();
 }
 
@@ -194,9 +202,11 @@ absl::Status ValidateOptions(const ClientOptions& options) {
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   absl::Status valid = client_internal::ValidateOptions(options);
   if (!valid.ok()) return valid;
+  if (options.retain_transport_buffers) RetainTransportBuffers();
   auto connections = std::make_shared<client_internal::Connections>();
   for (const std::string& address : options.servers) {
-    connections->push_back(client_internal::Connect(address));
+    connections->push_back(
+        client_internal::Connect(address, options.connections_per_server));
   }
   return std::make_unique<client_internal::ClientImpl>(std::move(options),
                                                        std::move(connections));

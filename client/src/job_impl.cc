@@ -5,7 +5,9 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -141,13 +143,20 @@ absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
         StepStreamParams server_params = params;
         server_params.job_id = job_ids_[server];
         server_params.server = server;
-        absl::StatusOr<StepStreamStats> server_stats = RunStepStream(
-            *(*connections_)[server]->depot, server_params, group);
-        if (!server_stats.ok()) {
-          // Streams waiting for this server's GradStats must not wait on.
-          if (barrier.has_value()) barrier->Abort(server_stats.status());
-          return server_stats.status();
+        if (barrier.has_value()) {
+          absl::StatusOr<StepStreamStats> server_stats =
+              StepTwoPhaseServer(server_params, group);
+          if (!server_stats.ok()) {
+            // Streams waiting for this server's GradStats must not wait on.
+            barrier->Abort(server_stats.status());
+            return server_stats.status();
+          }
+          stats[server] = *server_stats;
+          return absl::OkStatus();
         }
+        absl::StatusOr<StepStreamStats> server_stats =
+            StepOnePhaseServer(server_params, group);
+        if (!server_stats.ok()) return server_stats.status();
         stats[server] = *server_stats;
         return absl::OkStatus();
       });
@@ -177,6 +186,57 @@ absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
     result->wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<StepStreamStats> JobImpl::StepTwoPhaseServer(
+    StepStreamParams params, CallGroup& group) const {
+  // One stream: the GradStats and the commit are one exchange per stream,
+  // and the barrier expects one report per server.
+  const ShardRange& shard = plan().shard(params.server);
+  params.first_chunk = shard.first_chunk;
+  params.end_chunk = shard.end_chunk;
+  return RunStepStream(*(*connections_)[params.server]->step_channels.front(),
+                       params, group);
+}
+
+absl::StatusOr<StepStreamStats> JobImpl::StepOnePhaseServer(
+    StepStreamParams params, CallGroup& group) const {
+  const ServerConnection& connection = *(*connections_)[params.server];
+  const ShardRange& shard = plan().shard(params.server);
+  // Contiguous parts of the shard, sizes within one chunk of each other, one
+  // per connection (no empty part).
+  const uint64_t parts =
+      std::min<uint64_t>(connection.step_channels.size(), shard.num_chunks());
+  std::vector<StepStreamParams> part_params(parts, params);
+  for (uint64_t p = 0; p < parts; ++p) {
+    part_params[p].first_chunk =
+        shard.first_chunk + shard.num_chunks() * p / parts;
+    part_params[p].end_chunk =
+        shard.first_chunk + shard.num_chunks() * (p + 1) / parts;
+  }
+  std::vector<absl::StatusOr<StepStreamStats>> results(parts);
+  auto run = [&](uint64_t p) {
+    results[p] =
+        RunStepStream(*connection.step_channels[p], part_params[p], group);
+    // The other parts of this server's shard must not run on.
+    if (!results[p].ok()) {
+      group.Fail(WithServer(results[p].status(), connection.address));
+    }
+  };
+  std::vector<std::thread> threads;
+  for (uint64_t p = 1; p < parts; ++p) threads.emplace_back(run, p);
+  run(0);
+  for (std::thread& thread : threads) thread.join();
+  StepStreamStats total;
+  for (const absl::StatusOr<StepStreamStats>& result : results) {
+    if (!result.ok()) return result.status();
+    total.chunks += result->chunks;
+    total.chunks_replayed += result->chunks_replayed;
+    total.bytes_sent += result->bytes_sent;
+    total.bytes_received += result->bytes_received;
+    total.update_seconds += result->update_seconds;
+  }
+  return total;
 }
 
 absl::Status JobImpl::Pull(uint64_t begin, uint64_t end, DType dtype,

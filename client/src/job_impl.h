@@ -10,6 +10,7 @@
 #include "call_group.h"
 #include "channel.h"
 #include "depot/client.h"
+#include "step_stream.h"
 
 namespace depot::client_internal {
 
@@ -42,6 +43,15 @@ class JobImpl : public Job {
   // Whether a Step with `options` runs in two phases: no known commit, and the
   // config clips, has a skip threshold or scales the loss dynamically.
   bool NeedsTwoPhases(const StepOptions& options) const;
+
+  // Step's streams to one server (params has its job id and index): one in
+  // a two-phase step; in one phase, one per connection, each over a
+  // contiguous part of the shard. Their stats summed; the first failure
+  // (which cancels the group).
+  absl::StatusOr<StepStreamStats> StepTwoPhaseServer(StepStreamParams params,
+                                                     CallGroup& group) const;
+  absl::StatusOr<StepStreamStats> StepOnePhaseServer(StepStreamParams params,
+                                                     CallGroup& group) const;
 
   absl::Status InitShard(uint32_t server, const void* weights, DType dtype,
                          absl::Time deadline, CallGroup& group) const;

@@ -2,37 +2,82 @@
 
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "depot/v1/depot.pb.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/sync_stream.h"
+#include "wire/byte_buffers.h"
+#include "wire/step_codec.h"
 #include "wire/wire.h"
 
 namespace depot::client_internal {
 namespace {
 
-using Stream = grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>;
+using Stream = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 void CommitToProto(const StepCommit& commit, v1::StepCommit* out) {
   out->set_clip_coef(commit.clip_coef);
   out->set_skip(commit.skip);
 }
 
+// The slices gRPC holds that reference the caller's gradient buffer: each
+// holds a reference to this count, so that the stream can wait until gRPC
+// has let go of them all before the caller may reuse the buffer.
+class LentSlices : public std::enable_shared_from_this<LentSlices> {
+ public:
+  // The user_data of one more lent slice, for Release.
+  void* Lend() {
+    absl::MutexLock lock(&mu_);
+    ++lent_;
+    return new std::shared_ptr<LentSlices>(shared_from_this());
+  }
+
+  // gRPC's release of a lent slice; any thread.
+  static void Release(void* user_data) {
+    std::unique_ptr<std::shared_ptr<LentSlices>> owner(
+        static_cast<std::shared_ptr<LentSlices>*>(user_data));
+    absl::MutexLock lock(&(*owner)->mu_);
+    --(*owner)->lent_;
+  }
+
+  // Blocks until every lent slice is released. Once the stream's call is
+  // over, gRPC releases them as soon as the bytes are written or the
+  // connection is dropped.
+  void WaitUntilReleased() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* lent) { return *lent == 0; }, &lent_));
+  }
+
+ private:
+  absl::Mutex mu_;
+  int lent_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class StepStream {
  public:
-  StepStream(v1::Depot::Stub& stub, const StepStreamParams& params,
-             CallGroup& group)
+  StepStream(const StepChannel& channel, const StepStreamParams& params,
+             CallGroup& group, std::shared_ptr<LentSlices> lent)
       : params_(params),
-        shard_(params.plan->shard(params.server)),
+        chunks_(params.end_chunk - params.first_chunk),
         window_(static_cast<uint64_t>(params.max_inflight_chunks)),
         two_phase_(params.barrier != nullptr),
+        lent_(std::move(lent)),
         context_(group, params.deadline),
-        stream_(stub.Step(context_.get())) {
-    seen_.assign(shard_.num_chunks(), false);
-    answered_.assign(shard_.num_chunks(), false);
+        stream_(grpc::internal::ClientReaderWriterFactory<
+                grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.channel
+                                                                .get(),
+                                                            channel.step_method,
+                                                            context_.get())) {
+    seen_.assign(chunks_, false);
+    answered_.assign(chunks_, false);
   }
 
   absl::StatusOr<StepStreamStats> Run() {
@@ -45,10 +90,10 @@ class StepStream {
     if (!protocol_error_.ok()) return protocol_error_;
     if (!writer.ok()) return writer;
     if (!finish.ok()) return FromGrpcStatus(finish);
-    if (stats_.chunks != shard_.num_chunks()) {
+    if (stats_.chunks != chunks_) {
       return absl::InternalError(absl::StrCat(
           "step ", params_.step, " stream ended after ", stats_.chunks, " of ",
-          shard_.num_chunks(), " chunks were answered"));
+          chunks_, " chunks were answered"));
     }
     if (!have_server_stats_) {
       return absl::InternalError(absl::StrCat(
@@ -64,6 +109,7 @@ class StepStream {
   // and Finish() tells why.
   absl::Status SendGradients() {
     const size_t grad_size = DTypeSize(params_.grad_dtype);
+    grpc::ByteBuffer buffer;
     v1::StepRequest request;
     v1::StepHeader* header = request.mutable_header();
     header->set_job_id(params_.job_id);
@@ -78,20 +124,22 @@ class StepStream {
     if (params_.known_commit.has_value()) {
       CommitToProto(*params_.known_commit, header->mutable_commit());
     }
-    if (!stream_->Write(request)) return absl::OkStatus();
+    wire::SerializeToBuffer(request, &buffer);
+    if (!stream_->Write(buffer)) return absl::OkStatus();
 
     const char* grads = static_cast<const char*>(params_.grads);
-    for (uint64_t index = shard_.first_chunk; index < shard_.end_chunk;
+    for (uint64_t index = params_.first_chunk; index < params_.end_chunk;
          ++index) {
       if (!WaitForWindow()) return absl::OkStatus();
       const ChunkRange chunk = params_.plan->chunk(index);
-      v1::Chunk* message = request.mutable_chunk();  // reuses its buffer
-      message->set_index(index);
-      message->mutable_payload()->assign(grads + chunk.begin * grad_size,
-                                         chunk.size() * grad_size);
-      if (!stream_->Write(request)) return absl::OkStatus();
-      bytes_sent_ += message->payload().size();
+      const size_t bytes = chunk.size() * grad_size;
+      buffer = wire::ChunkMessageBuffer(wire::StepMessage::kRequest, index,
+                                        grads + chunk.begin * grad_size, bytes,
+                                        &LentSlices::Release, lent_->Lend());
+      if (!stream_->Write(buffer)) return absl::OkStatus();
+      bytes_sent_ += bytes;
     }
+    buffer.Clear();
     if (two_phase_) {
       std::optional<v1::GradStats> stats = WaitForGradStats();
       if (!stats.has_value()) return absl::OkStatus();
@@ -99,7 +147,8 @@ class StepStream {
           params_.barrier->Report(params_.server, *stats, params_.deadline);
       if (!commit.ok()) return commit.status();
       CommitToProto(*commit, request.mutable_commit());
-      if (!stream_->Write(request)) return absl::OkStatus();
+      wire::SerializeToBuffer(request, &buffer);
+      if (!stream_->Write(buffer)) return absl::OkStatus();
     }
     stream_->WritesDone();
     return absl::OkStatus();
@@ -135,9 +184,13 @@ class StepStream {
   // The reader: runs on its own thread until the stream ends or breaks
   // protocol.
   void ReadAnswers() {
-    v1::StepResponse response;
-    while (stream_->Read(&response)) {
-      absl::Status status = Accept(response);
+    grpc::ByteBuffer buffer;
+    wire::ReceivedMessage received;
+    while (stream_->Read(&buffer)) {
+      absl::Status status = received.Load(buffer);
+      if (status.ok()) status = Accept(received.pieces());
+      received.Clear();
+      buffer.Clear();
       if (!status.ok()) {
         protocol_error_ = std::move(status);
         context_.get()->TryCancel();
@@ -148,12 +201,38 @@ class StepStream {
     reader_done_ = true;
   }
 
-  absl::Status Accept(const v1::StepResponse& response) {
+  // A chunk's weights parsed by hand, anything else (or weights in an
+  // encoding the codec leaves to protobuf) by protobuf.
+  absl::Status Accept(wire::MessagePieces pieces) {
+    wire::ChunkFields chunk;
+    absl::StatusOr<wire::MessageKind> kind =
+        wire::ParseChunkMessage(pieces, wire::StepMessage::kResponse, &chunk);
+    if (!kind.ok()) {
+      return absl::InternalError(
+          absl::StrCat("server sent a StepResponse that is not valid: ",
+                       kind.status().message()));
+    }
+    if (*kind == wire::MessageKind::kChunk) {
+      return AcceptWeights(chunk.index, chunk.payload_size, [&](char* out) {
+        wire::CopyMessageBytes(pieces, chunk.payload_offset, chunk.payload_size,
+                               out);
+      });
+    }
+    v1::StepResponse response;
+    if (absl::Status s =
+            wire::ParseFromPieces(pieces, "StepResponse", &response);
+        !s.ok()) {
+      return absl::InternalError(absl::StrCat("server sent a ", s.message()));
+    }
     switch (response.kind_case()) {
       case v1::StepResponse::kStats:
         return AcceptStats(response.stats());
-      case v1::StepResponse::kChunk:
-        return AcceptWeights(response.chunk());
+      case v1::StepResponse::kChunk: {
+        const std::string& payload = response.chunk().payload();
+        return AcceptWeights(
+            response.chunk().index(), payload.size(),
+            [&](char* out) { payload.copy(out, payload.size()); });
+      }
       case v1::StepResponse::kAck:
         return AcceptAck(response.ack());
       case v1::StepResponse::kGradStats:
@@ -191,21 +270,21 @@ class StepStream {
     return absl::OkStatus();
   }
 
-  // INTERNAL unless `index` is a chunk of the shard that was sent, or a
+  // INTERNAL unless `index` is a chunk of the stream that was sent, or a
   // message follows StepStats.
   absl::Status CheckAnsweredChunk(uint64_t index, const char* what) {
     if (have_server_stats_) {
       return absl::InternalError(
           absl::StrCat("server sent ", what, " after StepStats"));
     }
-    if (index < shard_.first_chunk || index >= shard_.end_chunk) {
+    if (index < params_.first_chunk || index >= params_.end_chunk) {
       return absl::InternalError(
           absl::StrCat("server sent ", what, " of chunk ", index,
-                       " outside its shard's chunks [", shard_.first_chunk,
-                       ", ", shard_.end_chunk, ")"));
+                       " outside the stream's chunks [", params_.first_chunk,
+                       ", ", params_.end_chunk, ")"));
     }
     absl::MutexLock lock(&mu_);
-    if (index >= shard_.first_chunk + sent_) {
+    if (index >= params_.first_chunk + sent_) {
       return absl::InternalError(absl::StrCat(
           "server sent ", what, " of chunk ", index, " before it was sent"));
     }
@@ -215,8 +294,8 @@ class StepStream {
   // The first answer of a chunk (ack or weights) frees a place in the window.
   void NoteAnswered(uint64_t index) {
     absl::MutexLock lock(&mu_);
-    if (answered_[index - shard_.first_chunk]) return;
-    answered_[index - shard_.first_chunk] = true;
+    if (answered_[index - params_.first_chunk]) return;
+    answered_[index - params_.first_chunk] = true;
     ++answered_count_;
   }
 
@@ -226,37 +305,39 @@ class StepStream {
     }
     const uint64_t index = ack.index();
     if (absl::Status s = CheckAnsweredChunk(index, "an ack"); !s.ok()) return s;
-    if (acked_.empty()) acked_.assign(shard_.num_chunks(), false);
-    if (acked_[index - shard_.first_chunk]) {
+    if (acked_.empty()) acked_.assign(chunks_, false);
+    if (acked_[index - params_.first_chunk]) {
       return absl::InternalError(
           absl::StrCat("server acked chunk ", index, " twice"));
     }
-    acked_[index - shard_.first_chunk] = true;
+    acked_[index - params_.first_chunk] = true;
     NoteAnswered(index);
     return absl::OkStatus();
   }
 
-  absl::Status AcceptWeights(const v1::Chunk& chunk) {
-    const uint64_t index = chunk.index();
+  // Chunk `index`'s weights, `bytes` bytes that copy_payload writes to the
+  // pointer it is given.
+  template <typename CopyPayload>
+  absl::Status AcceptWeights(uint64_t index, uint64_t bytes,
+                             const CopyPayload& copy_payload) {
     if (absl::Status s = CheckAnsweredChunk(index, "weights"); !s.ok()) {
       return s;
     }
-    if (seen_[index - shard_.first_chunk]) {
+    if (seen_[index - params_.first_chunk]) {
       return absl::InternalError(
           absl::StrCat("server answered chunk ", index, " twice"));
     }
     const ChunkRange range = params_.plan->chunk(index);
     const size_t weight_size = DTypeSize(params_.weight_dtype);
     const uint64_t expected = range.size() * weight_size;
-    if (chunk.payload().size() != expected) {
-      return absl::InternalError(absl::StrCat(
-          "server answered chunk ", index, " with ", chunk.payload().size(),
-          " payload bytes, expected ", expected));
+    if (bytes != expected) {
+      return absl::InternalError(
+          absl::StrCat("server answered chunk ", index, " with ", bytes,
+                       " payload bytes, expected ", expected));
     }
-    std::memcpy(
-        static_cast<char*>(params_.weights_out) + range.begin * weight_size,
-        chunk.payload().data(), expected);
-    seen_[index - shard_.first_chunk] = true;
+    copy_payload(static_cast<char*>(params_.weights_out) +
+                 range.begin * weight_size);
+    seen_[index - params_.first_chunk] = true;
     ++stats_.chunks;
     stats_.bytes_received += expected;
     NoteAnswered(index);
@@ -264,15 +345,16 @@ class StepStream {
   }
 
   const StepStreamParams& params_;
-  const ShardRange& shard_;
+  const uint64_t chunks_;  // in the stream
   const uint64_t window_;
   const bool two_phase_;
+  const std::shared_ptr<LentSlices> lent_;
   GroupContext context_;
   std::unique_ptr<Stream> stream_;
 
   mutable absl::Mutex mu_;
   uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;  // chunks counted by WaitForWindow
-  // Per chunk of the shard: it has had an ack or its weights.
+  // Per chunk of the stream: it has had an ack or its weights.
   std::vector<bool> answered_ ABSL_GUARDED_BY(mu_);
   uint64_t answered_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<v1::GradStats> grad_stats_ ABSL_GUARDED_BY(mu_);
@@ -281,7 +363,7 @@ class StepStream {
   uint64_t bytes_sent_ = 0;  // writer only
 
   // Reader only until it is joined.
-  std::vector<bool> seen_;   // weights received, per chunk of the shard
+  std::vector<bool> seen_;   // weights received, per chunk of the stream
   std::vector<bool> acked_;  // two phases: acks received, per chunk
   absl::Status protocol_error_;
   bool have_server_stats_ = false;
@@ -290,11 +372,19 @@ class StepStream {
 
 }  // namespace
 
-absl::StatusOr<StepStreamStats> RunStepStream(v1::Depot::Stub& stub,
+absl::StatusOr<StepStreamStats> RunStepStream(const StepChannel& channel,
                                               const StepStreamParams& params,
                                               CallGroup& group) {
-  StepStream stream(stub, params, group);
-  return stream.Run();
+  auto lent = std::make_shared<LentSlices>();
+  absl::StatusOr<StepStreamStats> stats;
+  {
+    // The call is released with the stream (its context): only then can
+    // gRPC drop the slices still queued on a failed stream.
+    StepStream stream(channel, params, group, lent);
+    stats = stream.Run();
+  }
+  lent->WaitUntilReleased();
+  return stats;
 }
 
 }  // namespace depot::client_internal

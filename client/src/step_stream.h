@@ -1,12 +1,19 @@
-// One worker's Step stream to one server for one step, pipelined: gradient
-// chunks go out in ascending index order while at most `max_inflight_chunks` of
-// them are unanswered, and a reader thread copies each answered chunk's
-// weights into place as it arrives. A chunk is answered by its weights, or in
-// a two-phase step first by its ack (summed on the server): the window then
-// bounds the server's unsummed payloads, and cannot deadlock although no
-// weights come before the commit. In two phases the writer, after the chunks,
-// waits for the server's GradStats, hands them to the step's CommitBarrier and
-// sends the commit it returns.
+// One worker's Step stream to one server for one step, over one of its
+// connections, pipelined: the stream's gradient chunks (the whole shard, or a
+// contiguous part of it when a one-phase step uses several connections) go
+// out in ascending index order while at most `max_inflight_chunks` of them
+// are unanswered, and a reader thread copies each answered chunk's weights
+// into place as it arrives.
+//
+// No payload goes through a protobuf `bytes` (wire/step_codec.h): a gradient
+// chunk is sent as a slice that references the caller's gradient buffer, and
+// the stream returns only once gRPC has released every such slice; weights
+// are copied once, from the received slices into weights_out. A chunk is
+// answered by its weights, or in a two-phase step first by its ack (summed on
+// the server): the window then bounds the server's unsummed payloads, and
+// cannot deadlock although no weights come before the commit. In two phases the
+// writer, after the chunks, waits for the server's GradStats, hands them to the
+// step's CommitBarrier and sends the commit it returns.
 #ifndef DEPOT_CLIENT_SRC_STEP_STREAM_H_
 #define DEPOT_CLIENT_SRC_STEP_STREAM_H_
 
@@ -17,11 +24,11 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "call_group.h"
+#include "channel.h"
 #include "depot/client.h"
 #include "depot/dtype.h"
 #include "depot/job_config.h"
 #include "depot/shard_plan.h"
-#include "depot/v1/depot.grpc.pb.h"
 #include "step_commit.h"
 
 namespace depot::client_internal {
@@ -38,7 +45,11 @@ struct StepStreamParams {
   // Two phases: the step's barrier, shared by its streams; null in one phase.
   CommitBarrier* barrier = nullptr;
   const ShardPlan* plan = nullptr;
-  uint32_t server = 0;  // the shard this stream covers; REQUIRES: not empty
+  uint32_t server = 0;  // the shard this stream's chunks are in
+  // The chunks this stream carries: REQUIRES a non-empty range inside the
+  // server's shard, the whole shard in a two-phase step.
+  uint64_t first_chunk = 0;
+  uint64_t end_chunk = 0;
   DType grad_dtype = DType::kFloat32;
   DType weight_dtype = DType::kFloat32;
   const void* grads = nullptr;  // the whole flat gradient buffer
@@ -56,13 +67,13 @@ struct StepStreamStats {
   double update_seconds = 0.0;
 };
 
-// Runs the stream to completion. Returns the server's status on failure (its
-// code kept), the barrier's (two phases), or INTERNAL when the server's
-// answers break the protocol (a chunk outside the shard, answered twice, with
-// the wrong payload size, or missing at the end; an ack or GradStats in a
-// one-phase step, or either twice). The stream's context joins `group`, so
-// another server's failure cancels it.
-absl::StatusOr<StepStreamStats> RunStepStream(v1::Depot::Stub& stub,
+// Runs the stream on `channel` to completion. Returns the server's status on
+// failure (its code kept), the barrier's (two phases), or INTERNAL when the
+// server's answers break the protocol (a chunk outside the stream's chunks,
+// answered twice, with the wrong payload size, or missing at the end; an ack
+// or GradStats in a one-phase step, or either twice; a malformed message).
+// The stream's context joins `group`, so another stream's failure cancels it.
+absl::StatusOr<StepStreamStats> RunStepStream(const StepChannel& channel,
                                               const StepStreamParams& params,
                                               CallGroup& group);
 

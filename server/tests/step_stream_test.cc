@@ -4,6 +4,9 @@
 #include <string>
 #include <vector>
 
+#include "depot/v1/depot.pb.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 #include "server/metrics.h"
@@ -11,18 +14,36 @@
 namespace depot {
 namespace {
 
+// A written message as protobuf parses it: the stream's hand-encoded chunks
+// must read back as the same StepResponse.
+v1::StepResponse Parse(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  v1::StepResponse response;
+  EXPECT_TRUE(response.ParseFromString(bytes));
+  return response;
+}
+
 // Records the transport calls; the test completes writes by hand.
 class FakeTransport : public StepTransport {
  public:
-  void StartWriting(const v1::StepResponse* response) override {
-    writes.push_back(*response);
+  void StartWriting(const grpc::ByteBuffer* response) override {
+    buffers.push_back(*response);
+    writes.push_back(Parse(*response));
   }
-  void WriteLastAndFinish(const v1::StepResponse* response) override {
-    writes.push_back(*response);
+  void WriteLastAndFinish(const grpc::ByteBuffer* response) override {
+    buffers.push_back(*response);
+    writes.push_back(Parse(*response));
     finished_ok = true;
   }
   void FinishWithError(const absl::Status& status) override { error = status; }
 
+  // What gRPC would hold: references to the written messages' slices.
+  std::vector<grpc::ByteBuffer> buffers;
   std::vector<v1::StepResponse> writes;
   bool finished_ok = false;
   absl::Status error;
@@ -51,6 +72,25 @@ TEST_F(StepStreamTest, WritesOneChunkAtATime) {
   stream_.OnWriteDone(true);
   ASSERT_EQ(transport_.writes.size(), 2u);
   EXPECT_EQ(transport_.writes[1].chunk().index(), 5u);
+}
+
+TEST_F(StepStreamTest, WeightsAreSentFromTheSharedPayloadWithoutACopy) {
+  auto payload = std::make_shared<const std::string>(1000, 'w');
+  stream_.Deliver({7, payload, 0.0, false});
+  ASSERT_EQ(transport_.buffers.size(), 1u);
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(transport_.buffers[0].Dump(&slices).ok());
+  ASSERT_EQ(slices.size(), 2u);  // the encoded prefix, then the payload
+  EXPECT_EQ(reinterpret_cast<const char*>(slices[1].begin()), payload->data());
+  EXPECT_EQ(transport_.writes[0].chunk().index(), 7u);
+  EXPECT_EQ(transport_.writes[0].chunk().payload(), *payload);
+
+  // The payload lives while a slice references it, and not longer.
+  stream_.OnWriteDone(true);
+  EXPECT_GT(payload.use_count(), 1);
+  slices.clear();
+  transport_.buffers.clear();
+  EXPECT_EQ(payload.use_count(), 1);
 }
 
 TEST_F(StepStreamTest, FinishesWithStatsOnceEveryExpectedChunkIsWritten) {

@@ -30,7 +30,8 @@ class ClientTraining {
   // and opens the job as each rank. config.num_workers sets W.
   static absl::StatusOr<std::unique_ptr<ClientTraining>> Open(
       const std::vector<std::string>& servers, const JobConfig& config,
-      absl::Duration step_timeout = absl::Minutes(2));
+      absl::Duration step_timeout = absl::Minutes(2),
+      int connections_per_server = ClientOptions().connections_per_server);
 
   // Rank 0 initialises the job with MakeInitialWeights(seed) in `dtype`.
   absl::Status InitWeights(uint64_t seed, DType dtype);

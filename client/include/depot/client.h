@@ -60,10 +60,24 @@ struct ClientOptions {
   // waits for every worker's contribution, so this bounds how long a slow peer
   // may keep the others waiting.
   absl::Duration step_timeout = absl::Minutes(5);
-  // Chunks a worker may have sent to one server without having received their
-  // updated weights. Bounds in-flight memory per (worker, server) stream to about
-  // max_inflight_chunks * chunk size * (grad + weight dtype size).
+  // Chunks a worker may have sent on one Step stream without having received
+  // their updated weights. Bounds in-flight memory per (worker, server) to
+  // about connections_per_server * max_inflight_chunks * chunk size *
+  // (grad + weight dtype size).
   int max_inflight_chunks = 4;
+  // TCP connections to each server, >= 1. A one-phase step splits the
+  // server's chunks over them, one Step stream each, so that one connection's
+  // throughput does not cap the step's; a two-phase step uses the first only
+  // (docs/protocol.md, "Transport").
+  int connections_per_server = 3;
+  // Connect sets glibc malloc's mmap and trim thresholds for the whole process
+  // (RetainTransportBuffers in common/wire/transport_memory.h), so that gRPC's
+  // receive buffers are reused instead of returned to the kernel and faulted
+  // in again: Depot's transfers then take about a third less CPU. The process
+  // keeps up to 64 MiB of freed memory per malloc arena. Set false to leave
+  // malloc alone; malloc settings in the environment (GLIBC_TUNABLES,
+  // MALLOC_*_THRESHOLD_) always win.
+  bool retain_transport_buffers = true;
 };
 
 // The global decision on a step's gradients: skip the step (no state changes,

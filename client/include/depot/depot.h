@@ -56,7 +56,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 2
+#define DEPOT_API_VERSION 3
 uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -117,7 +117,8 @@ typedef struct depot_job depot_job_t;
 typedef struct depot_client_options {
   double rpc_timeout_seconds;  /* deadline of unary RPCs */
   double step_timeout_seconds; /* deadline of a whole step, init or pull */
-  int32_t max_inflight_chunks; /* per (worker, server) stream */
+  int32_t max_inflight_chunks; /* per Step stream */
+  int32_t connections_per_server; /* TCP connections to each server */
 } depot_client_options_t;
 
 /* Fills `options` with the defaults of depot::ClientOptions. */

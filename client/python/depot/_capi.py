@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 2
+API_VERSION = 3
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -27,6 +27,7 @@ class ClientOptions(ctypes.Structure):
         ("rpc_timeout_seconds", c_double),
         ("step_timeout_seconds", c_double),
         ("max_inflight_chunks", c_int32),
+        ("connections_per_server", c_int32),
     ]
 
 

@@ -112,7 +112,7 @@ class Client(OwnedHandle):
     _DESTROY = "depot_client_destroy"
 
     def __init__(self, servers, *, rpc_timeout=None, step_timeout=None,
-                 max_inflight_chunks=None):
+                 max_inflight_chunks=None, connections_per_server=None):
         if isinstance(servers, str):
             servers = [servers]
         self.servers = list(servers)
@@ -125,6 +125,8 @@ class Client(OwnedHandle):
             options.step_timeout_seconds = step_timeout
         if max_inflight_chunks is not None:
             options.max_inflight_chunks = max_inflight_chunks
+        if connections_per_server is not None:
+            options.connections_per_server = connections_per_server
         addresses = (ctypes.c_char_p * len(self.servers))(
             *[s.encode() for s in self.servers])
         handle = ctypes.c_void_p()
