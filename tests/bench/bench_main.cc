@@ -2,6 +2,8 @@
 //
 //   depot-bench kernel [--params=N --threads=T --repeats=R ...] [--json]
 //   depot-bench memory [--params=N --server=PATH] [--json]
+//   depot-bench transport [...] [--json]   (flags in transport_bench.cc)
+//   depot-bench step [...] [--json]        (flags in step_bench.cc)
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -13,6 +15,8 @@
 #include "depot/flags_usage.h"
 #include "tests/bench/kernel_bench.h"
 #include "tests/bench/memory_bench.h"
+#include "tests/bench/step_bench.h"
+#include "tests/bench/transport_bench.h"
 
 ABSL_FLAG(uint64_t, params, 0,
           "Parameters (0 = the subcommand's default: 100000000 for kernel, "
@@ -30,17 +34,22 @@ ABSL_FLAG(std::string, moment_dtype, "fp32",
           "kernel: optimizer state slot dtype, fp32 or bf16.");
 ABSL_FLAG(std::string, server, DEPOT_SERVER_PATH,
           "memory: the depot-server binary to start.");
+ABSL_FLAG(std::string, isa, "",
+          "kernel: the update kernel's instruction set, scalar, avx2 or avx512 "
+          "(empty: DEPOT_KERNEL_ISA, or the best this CPU supports).");
 ABSL_FLAG(bool, json, false,
           "Print one JSON object per result line instead of a table.");
 
 int main(int argc, char** argv) {
   depot::SetFlagsUsage(
-      "tests/bench/bench_main.cc",
-      "Depot benchmarks. Usage: depot-bench kernel|memory [flags]; "
-      "see docs/performance.md.");
+      "tests/bench/",
+      "Depot benchmarks. Usage: depot-bench kernel|memory|transport|step "
+      "[flags]; each measures its limit in the same run and prints a ratio "
+      "(docs/performance.md).");
   const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    std::fprintf(stderr, "usage: depot-bench kernel|memory [flags] (--help)\n");
+    std::fprintf(stderr, "usage: depot-bench kernel|memory|transport|step [flags] "
+                 "(--help)\n");
     return 2;
   }
   const std::string command = args[1];
@@ -57,6 +66,7 @@ int main(int argc, char** argv) {
     options.grad_dtype = absl::GetFlag(FLAGS_grad_dtype);
     options.weight_dtype = absl::GetFlag(FLAGS_weight_dtype);
     options.moment_dtype = absl::GetFlag(FLAGS_moment_dtype);
+    options.isa = absl::GetFlag(FLAGS_isa);
     options.json = json;
     status = depot::bench::RunKernelBench(options);
   } else if (command == "memory") {
@@ -65,15 +75,22 @@ int main(int argc, char** argv) {
     options.server = absl::GetFlag(FLAGS_server);
     options.json = json;
     status = depot::bench::RunMemoryBench(options);
+  } else if (command == "transport") {
+    status = depot::bench::RunTransportCommand(json);
+  } else if (command == "step") {
+    status = depot::bench::RunStepCommand(json);
   } else {
-    std::fprintf(stderr, "unknown subcommand '%s': use kernel or memory\n",
+    std::fprintf(stderr,
+                 "unknown subcommand '%s': use kernel, memory, transport or "
+                 "step\n",
                  command.c_str());
     return 2;
   }
   if (!status.ok()) {
     std::fprintf(stderr, "depot-bench %s: %s\n", command.c_str(),
                  status.ToString().c_str());
-    return 1;
+    // A bad flag value is a usage error, as a bad subcommand is.
+    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   return 0;
 }

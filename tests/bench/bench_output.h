@@ -4,6 +4,7 @@
 #ifndef DEPOT_TESTS_BENCH_BENCH_OUTPUT_H_
 #define DEPOT_TESTS_BENCH_BENCH_OUTPUT_H_
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -14,6 +15,30 @@
 
 namespace depot::bench {
 
+// The median of `values` (the mean of the middle two for an even count).
+// REQUIRES: values is not empty.
+inline double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// `text` as a JSON string literal, quotes included.
+inline std::string JsonString(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
 struct ResultLine {
   std::string bench;  // the subcommand, e.g. "kernel"
   std::vector<std::pair<std::string, std::string>> text;  // string fields
@@ -23,12 +48,12 @@ struct ResultLine {
   // every field; otherwise "key: value" pairs, one per line, under a header.
   void Print(bool json) const {
     if (json) {
-      std::string out = absl::StrCat("{\"bench\": \"", bench, "\"");
+      std::string out = absl::StrCat("{\"bench\": ", JsonString(bench));
       for (const auto& [key, value] : text)
-        absl::StrAppend(&out, ", \"", key, "\": \"", value, "\"");
+        absl::StrAppend(&out, ", ", JsonString(key), ": ", JsonString(value));
       for (const auto& [key, value] : numbers)
-        absl::StrAppend(&out, ", \"", key,
-                        "\": ", absl::StrFormat("%.10g", value));
+        absl::StrAppend(&out, ", ", JsonString(key), ": ",
+                        absl::StrFormat("%.10g", value));
       std::printf("%s}\n", out.c_str());
     } else {
       std::printf("== %s\n", bench.c_str());

@@ -11,8 +11,14 @@ KEYS = {
     "memory": {"bench", "ratio", "params", "moment_dtype", "point",
                "baseline_rss_mib", "rss_mib", "job_mib", "bytes_per_param",
                "limit_mib"},
+    "transport": {"bench", "ratio", "link", "params", "chunk_elems",
+                  "connections", "inflight", "bytes_per_step",
+                  "depot_step_seconds", "raw_step_seconds", "depot_gb_per_s",
+                  "raw_gb_per_s"},
+    "step": {"bench", "ratio", "speedup", "link", "params", "step_s",
+             "xfer_s", "update_s", "serial_s"},
 }
-EXPECTED_LINES = {"kernel": 1, "memory": 4}
+EXPECTED_LINES = {"kernel": 1, "memory": 4, "transport": 1, "step": 1}
 
 
 def run(binary, command, args):
@@ -30,6 +36,7 @@ def run(binary, command, args):
             sys.exit(f"{command}: bad line {line} (missing {sorted(missing)})")
         if not line["ratio"] > 0:
             sys.exit(f"{command}: ratio not positive in {line}")
+    return lines
 
 
 def main():
@@ -39,6 +46,17 @@ def main():
     run(binary, "kernel",
         ["--params=100000", "--repeats=1", "--moment_dtype=bf16"])
     run(binary, "memory", ["--params=100000"])
+    run(binary, "kernel", ["--params=100000", "--repeats=1", "--isa=scalar"])
+    run(binary, "transport",
+        ["--transport_params=1000000", "--transport_chunk_elems=65536",
+         "--transport_repeats=1", "--transport_steps=1"])
+    step = ["--step_params=1000000", "--step_repeats=1"]
+    run(binary, "step", step + ["--step_link=loopback"])
+    # The shaped link needs network namespaces (root); without them the
+    # bench falls back to loopback and says so in "note".
+    [line] = run(binary, "step", step + ["--step_link=veth"])
+    if line["link"] != "veth" and not line.get("note"):
+        sys.exit(f"step: fell back to {line['link']} without a note: {line}")
     print("depot-bench smoke OK")
 
 

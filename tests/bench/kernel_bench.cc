@@ -114,13 +114,6 @@ void ProbeChunk(BenchState& s, size_t begin, size_t end) {
   }
 }
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 ? values[mid]
-                           : 0.5 * (values[mid - 1] + values[mid]);
-}
-
 }  // namespace
 
 absl::Status RunKernelBench(const KernelBenchOptions& options) {

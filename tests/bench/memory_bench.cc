@@ -118,8 +118,10 @@ absl::Status MeasureOne(const MemoryBenchOptions& options, DType moments) {
   if (!created.ok()) return created.status();
   PrintPoint(options, moments, "after_create", *created, *baseline);
 
-  const std::vector<uint16_t> grads(options.params, FloatToBFloat16(1e-3f));
-  std::vector<uint16_t> weights(options.params);
+  // Step reads and writes the job's whole flat layout, tensors padded.
+  const uint64_t n = (*job)->total_elems();
+  const std::vector<uint16_t> grads(n, FloatToBFloat16(1e-3f));
+  std::vector<uint16_t> weights(n);
   for (uint64_t step = 1; step <= kSteps; ++step) {
     if (absl::Status s =
             (*job)->Step(step, grads.data(), weights.data(), nullptr);
@@ -139,10 +141,8 @@ absl::Status RunMemoryBench(const MemoryBenchOptions& options) {
   if (options.params == 0)
     return absl::InvalidArgumentError("--params must be positive");
   for (DType moments : {DType::kFloat32, DType::kBFloat16}) {
-    // Each measurement in its own child process, which is the first to use
-    // gRPC: a second Client in one process crashed inside gRPC's call arena
-    // in Job::Step (free(): invalid pointer) after the first Client and its
-    // server were gone, and a fresh process also gives a clean heap.
+    // Each measurement in its own child process, the first to use gRPC, so
+    // that the first job's server and client leave nothing behind.
     std::fflush(stdout);
     const pid_t child = fork();
     if (child < 0) return absl::InternalError("fork() failed");
