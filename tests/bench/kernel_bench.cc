@@ -92,10 +92,54 @@ T* At(RawArray& array, size_t elem_bytes, size_t begin) {
 
 // The probe: the update's streams (grads in, master and slots read and
 // written in place, weights out) with trivial arithmetic, so its time is the
-// memory traffic alone. SlotT is float for fp32 slots, uint16_t for bf16.
+// memory traffic alone. SlotT is float for fp32 slots, uint16_t for bf16;
+// kSlots of them are used.
+template <typename SlotT, int kSlots>
+[[gnu::always_inline]] inline void ProbeLoop(size_t n, const uint16_t* g,
+                                             float* master, uint16_t* w,
+                                             SlotT* m, SlotT* v) {
+  for (size_t i = 0; i < n; ++i) {
+    const SlotT gi = static_cast<SlotT>(g[i]);
+    if constexpr (kSlots > 0) m[i] = static_cast<SlotT>(m[i] + gi);
+    if constexpr (kSlots > 1) v[i] = static_cast<SlotT>(v[i] + gi);
+    master[i] = master[i] + 1.0f;
+    uint32_t bits;
+    std::memcpy(&bits, &master[i], 4);
+    w[i] = static_cast<uint16_t>(bits >> 16);
+  }
+}
+
+// The probe's loop compiled for AVX-512, AVX2 and the baseline and chosen at
+// run time (GCC's target_clones), as the kernel is: so that the widest
+// vectors this CPU has are the probe's too, and only memory limits it.
+template <typename SlotT>
+[[gnu::always_inline]] inline void ProbeSlots(size_t n, const uint16_t* g,
+                                              float* master, uint16_t* w,
+                                              SlotT* m, SlotT* v, int slots) {
+  switch (slots) {
+    case 0:
+      return ProbeLoop<SlotT, 0>(n, g, master, w, m, v);
+    case 1:
+      return ProbeLoop<SlotT, 1>(n, g, master, w, m, v);
+    default:
+      return ProbeLoop<SlotT, 2>(n, g, master, w, m, v);
+  }
+}
+
+[[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]] void ProbeFp32Slots(
+    size_t n, const uint16_t* g, float* master, uint16_t* w, float* m,
+    float* v, int slots) {
+  ProbeSlots<float>(n, g, master, w, m, v, slots);
+}
+
+[[gnu::target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")]] void ProbeBf16Slots(
+    size_t n, const uint16_t* g, float* master, uint16_t* w, uint16_t* m,
+    uint16_t* v, int slots) {
+  ProbeSlots<uint16_t>(n, g, master, w, m, v, slots);
+}
+
 template <typename SlotT>
 void ProbeChunk(BenchState& s, size_t begin, size_t end) {
-  const size_t n = end - begin;
   const uint16_t* g = At<uint16_t>(*s.grads, 2, begin);
   float* master = At<float>(*s.master, 4, begin);
   uint16_t* w = At<uint16_t>(*s.weights, 2, begin);
@@ -103,14 +147,10 @@ void ProbeChunk(BenchState& s, size_t begin, size_t end) {
       s.slots > 0 ? At<SlotT>(*s.slot[0], sizeof(SlotT), begin) : nullptr;
   SlotT* v =
       s.slots > 1 ? At<SlotT>(*s.slot[1], sizeof(SlotT), begin) : nullptr;
-  for (size_t i = 0; i < n; ++i) {
-    const SlotT gi = static_cast<SlotT>(g[i]);
-    if (m != nullptr) m[i] = static_cast<SlotT>(m[i] + gi);
-    if (v != nullptr) v[i] = static_cast<SlotT>(v[i] + gi);
-    master[i] = master[i] + 1.0f;
-    uint32_t bits;
-    std::memcpy(&bits, &master[i], 4);
-    w[i] = static_cast<uint16_t>(bits >> 16);
+  if constexpr (sizeof(SlotT) == 4) {
+    ProbeFp32Slots(end - begin, g, master, w, m, v, s.slots);
+  } else {
+    ProbeBf16Slots(end - begin, g, master, w, m, v, s.slots);
   }
 }
 
