@@ -26,6 +26,12 @@ absl::StatusOr<OpenedJob> JobStore::CreateOrAttach(JobConfig config,
   const std::string name = shape->config().name;
 
   absl::MutexLock lock(&mu_);
+  // A job of this name being created by another request: wait for it, then
+  // attach to it (or, if that creation failed, create it here).
+  auto not_creating = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return creating_.count(name) == 0;
+  };
+  mu_.Await(absl::Condition(&not_creating));
   if (auto it = ids_by_name_.find(name); it != ids_by_name_.end()) {
     std::shared_ptr<ShardState> existing = jobs_.at(it->second);
     const JobShape& have = existing->shape();
@@ -46,18 +52,28 @@ absl::StatusOr<OpenedJob> JobStore::CreateOrAttach(JobConfig config,
   }
 
   const uint64_t needed = shape->state_bytes();
-  if (needed > memory_limit_bytes_ - state_bytes_) {
+  const uint64_t committed = state_bytes_ + reserved_bytes_;
+  if (needed > memory_limit_bytes_ - committed) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "job \"%s\" needs %d bytes of state, but %d of this server's %d byte "
-        "budget are in use (%d free)",
-        name, needed, state_bytes_, memory_limit_bytes_,
-        memory_limit_bytes_ - state_bytes_));
+        "budget are in use or being allocated (%d free)",
+        name, needed, committed, memory_limit_bytes_,
+        memory_limit_bytes_ - committed));
   }
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      ShardState::Create(next_id_, *std::move(shape), pool_, payloads_,
-                         metrics_, bench_noop_update_);
-  if (!shard.ok()) return shard.status();
+  // Allocating and first-touching the state takes a while (about 0.1 s per
+  // GB): other jobs' RPCs, which look their jobs up here, must not wait for
+  // it, so it runs unlocked with the name and the budget reserved.
   const uint64_t id = next_id_++;
+  creating_.insert(name);
+  reserved_bytes_ += needed;
+  mu_.Unlock();
+  absl::StatusOr<std::shared_ptr<ShardState>> shard =
+      ShardState::Create(id, *std::move(shape), pool_, payloads_, metrics_,
+                         bench_noop_update_);
+  mu_.Lock();
+  creating_.erase(name);
+  reserved_bytes_ -= needed;
+  if (!shard.ok()) return shard.status();
   jobs_.emplace(id, *shard);
   ids_by_name_.emplace(name, id);
   state_bytes_ += needed;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -56,7 +57,10 @@ class JobStore {
   // fingerprint and server index match. INVALID_ARGUMENT: invalid config or
   // server index. FAILED_PRECONDITION: a job of that name exists with another
   // fingerprint or server index. RESOURCE_EXHAUSTED: the budget (or the system)
-  // cannot hold the new job's state; nothing is allocated then.
+  // cannot hold the new job's state; nothing is allocated then. The state is
+  // allocated without holding the store's lock, so other jobs' RPCs go on
+  // meanwhile; a concurrent request for the same name waits for that
+  // creation and attaches to its job.
   absl::StatusOr<OpenedJob> CreateOrAttach(JobConfig config,
                                            uint32_t server_index);
 
@@ -93,6 +97,10 @@ class JobStore {
   std::map<std::string, uint64_t> ids_by_name_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t state_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Jobs being created (their state allocated outside mu_) and the budget
+  // they hold until they are in jobs_ or have failed.
+  std::set<std::string> creating_ ABSL_GUARDED_BY(mu_);
+  uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace depot

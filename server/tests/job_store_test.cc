@@ -1,6 +1,8 @@
 #include "server/job_store.h"
 
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -52,6 +54,33 @@ TEST_F(JobStoreTest, SameNameConfigAndServerIndexAttaches) {
   EXPECT_FALSE(second->created);
   EXPECT_EQ(second->shard, first->shard);
   EXPECT_EQ(store_.state_bytes(), kShardBytes);
+}
+
+// The state is allocated outside the store's lock: requests for one name at
+// once must still create it once, and each must get that one job.
+TEST_F(JobStoreTest, ConcurrentRequestsForOneNameCreateItOnce) {
+  constexpr int kThreads = 8;
+  std::vector<absl::StatusOr<OpenedJob>> opened(
+      kThreads, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back(
+        [&, t] { opened[t] = store_.CreateOrAttach(AdamConfig("run"), 0); });
+  }
+  for (std::thread& thread : threads) thread.join();
+  int created = 0;
+  for (const absl::StatusOr<OpenedJob>& job : opened) {
+    ASSERT_TRUE(job.ok()) << job.status();
+    created += job->created ? 1 : 0;
+    EXPECT_EQ(job->shard, opened[0]->shard);
+  }
+  EXPECT_EQ(created, 1);
+  EXPECT_EQ(store_.state_bytes(), kShardBytes);
+  EXPECT_EQ(metrics_.jobs.Value(), 1.0);
+  // Only the one job holds budget: one more shard fits, a second does not.
+  EXPECT_TRUE(store_.CreateOrAttach(AdamConfig("b"), 0).ok());
+  EXPECT_EQ(store_.CreateOrAttach(AdamConfig("c"), 0).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 TEST_F(JobStoreTest, SameNameWithOtherConfigIsFailedPrecondition) {
