@@ -82,13 +82,13 @@ struct FusedLoops {
   }
 
   template <DType kDType>
-  static const Elem<kDType>* Part(const GradientParts& grad, size_t w) {
+  static const Elem<kDType>* Part(const GradientInput& grad, size_t w) {
     return static_cast<const Elem<kDType>*>(grad.parts[w]) + grad.offset;
   }
 
   // The final gradient of one vector from its W loaded parts (load(w)).
   template <class LoadPart>
-  static F Gradient(const GradientParts& grad, const F& unscale, const F& clip,
+  static F Gradient(const GradientInput& grad, const F& unscale, const F& clip,
                     LoadPart&& load) {
     F g = load(0);
     for (size_t w = 1; w < grad.num_parts; ++w) g = V::Add(g, load(w));
@@ -100,7 +100,7 @@ struct FusedLoops {
   // out[0, n) = the gradient of elements [begin, begin + n).
   // REQUIRES: n % kLanes == 0.
   template <DType kDType>
-  static void SumVectors(const GradientParts& grad, size_t begin, size_t n,
+  static void SumVectors(const GradientInput& grad, size_t begin, size_t n,
                          float* out) {
     const F unscale = V::Set(grad.unscale_factor);
     const F clip = V::Set(grad.clip_coef);
@@ -114,7 +114,7 @@ struct FusedLoops {
   // As SumVectors for the last n < kLanes elements; out must hold kLanes
   // floats (the padding lanes get the gradient of zeros).
   template <DType kDType>
-  static void SumTail(const GradientParts& grad, size_t begin, size_t n,
+  static void SumTail(const GradientInput& grad, size_t begin, size_t n,
                       float* out) {
     const F unscale = V::Set(grad.unscale_factor);
     const F clip = V::Set(grad.clip_coef);
@@ -126,7 +126,7 @@ struct FusedLoops {
                 }));
   }
 
-  static void Sum(const GradientParts& grad, size_t begin, size_t n,
+  static void Sum(const GradientInput& grad, size_t begin, size_t n,
                   float* out) {
     WithDType(grad.dtype, [&](auto dtype) {
       const size_t full = n / kLanes * kLanes;
@@ -310,7 +310,7 @@ struct FusedLoops {
     });
   }
 
-  static void SumOnly(const GradientParts& grad, float* out, size_t n) {
+  static void SumOnly(const GradientInput& grad, float* out, size_t n) {
     Sum(grad, 0, n, out);
   }
 

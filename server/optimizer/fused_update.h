@@ -17,6 +17,7 @@
 
 #include "depot/dtype.h"
 #include "depot/job_config.h"
+#include "server/optimizer/gradient_input.h"
 #include "server/optimizer/kernel_isa.h"
 
 namespace depot::fused {
@@ -74,21 +75,8 @@ struct OptimizerStep {
   LionScalars lion;
 };
 
-// The gradient of a run: the sum of num_parts arrays of `dtype`, each read
-// from element `offset` on, then the optional multiplies.
-struct GradientParts {
-  DType dtype = DType::kFloat32;
-  const void* const* parts = nullptr;
-  size_t num_parts = 0;
-  size_t offset = 0;
-  bool unscale = false;
-  float unscale_factor = 1;
-  bool clip = false;
-  float clip_coef = 1;
-};
-
 struct FusedCall {
-  GradientParts grad;
+  GradientInput grad;
   OptimizerStep step;
   float* master = nullptr;
   void* slots[2] = {nullptr, nullptr};
@@ -102,7 +90,7 @@ struct IsaKernels {
   // The fused update (see the file comment).
   void (*update)(const FusedCall& call);
   // The gradient stage alone: out[0, n) = the gradient of `grad`.
-  void (*sum)(const GradientParts& grad, float* out, size_t n);
+  void (*sum)(const GradientInput& grad, float* out, size_t n);
   // The weights stage alone: out[0, n) = master[0, n) as `dtype`.
   void (*encode)(const float* master, DType dtype, void* out, size_t n);
 };

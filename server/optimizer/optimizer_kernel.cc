@@ -11,23 +11,6 @@
 #include "server/optimizer/sgd_kernel.h"
 
 namespace depot {
-namespace {
-
-fused::GradientParts PartsOf(const GradientInput& grad) {
-  fused::GradientParts parts;
-  parts.dtype = grad.dtype;
-  parts.parts = grad.parts;
-  parts.num_parts = grad.num_parts;
-  parts.offset = grad.offset;
-  parts.unscale = grad.unscale;
-  parts.unscale_factor = grad.unscale_factor;
-  parts.clip = grad.clip;
-  parts.clip_coef = grad.clip_coef;
-  return parts;
-}
-
-}  // namespace
-
 namespace fused {
 
 const IsaKernels& KernelsFor(KernelIsa isa) {
@@ -53,7 +36,7 @@ void OptimizerKernel::FusedUpdate(const GradientInput& grad,
                                   KernelIsa isa) const {
   if (run.n == 0) return;
   fused::FusedCall call;
-  call.grad = PartsOf(grad);
+  call.grad = grad;
   call.step = Prepare(hparams);
   call.master = run.master;
   call.slots[0] = run.slots[0];
@@ -77,7 +60,7 @@ void OptimizerKernel::Update(const float* grad, const ParamRun& run,
 void SumGradientInput(const GradientInput& grad, float* out, size_t n,
                       KernelIsa isa) {
   if (n == 0) return;
-  fused::KernelsFor(isa).sum(PartsOf(grad), out, n);
+  fused::KernelsFor(isa).sum(grad, out, n);
 }
 
 void EncodeWeights(const float* master, size_t n, const WeightsOutput& weights,

@@ -15,6 +15,7 @@
 
 #include "depot/dtype.h"
 #include "depot/job_config.h"
+#include "server/optimizer/gradient_input.h"
 #include "server/optimizer/kernel_isa.h"
 
 namespace depot {
@@ -42,24 +43,6 @@ struct ParamRun {
   float* master = nullptr;
   void* slots[2] = {nullptr, nullptr};
   size_t n = 0;
-};
-
-// The gradient of a run as it arrives: the sum of the workers' contributions
-// g[i] = part_0[i] + part_1[i] + ... (each converted from `dtype` to fp32,
-// added left to right in rank order, in fp32; SumGradients' order), then
-// g[i] = g[i] * unscale_factor if `unscale`, then g[i] = g[i] * clip_coef if
-// `clip`: each a separate fp32 multiply (docs/protocol.md, "Numerics").
-struct GradientInput {
-  DType dtype = DType::kFloat32;
-  // num_parts pointers, each to the run's elements of one worker's gradient
-  // from element `offset` on. REQUIRES: num_parts >= 1.
-  const void* const* parts = nullptr;
-  size_t num_parts = 0;
-  size_t offset = 0;
-  bool unscale = false;
-  float unscale_factor = 1.0f;
-  bool clip = false;
-  float clip_coef = 1.0f;
 };
 
 // Where the updated weights go: run.n elements of `dtype` (rounded to
