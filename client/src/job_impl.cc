@@ -143,20 +143,13 @@ absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
         StepStreamParams server_params = params;
         server_params.job_id = job_ids_[server];
         server_params.server = server;
-        if (barrier.has_value()) {
-          absl::StatusOr<StepStreamStats> server_stats =
-              StepTwoPhaseServer(server_params, group);
-          if (!server_stats.ok()) {
-            // Streams waiting for this server's GradStats must not wait on.
-            barrier->Abort(server_stats.status());
-            return server_stats.status();
-          }
-          stats[server] = *server_stats;
-          return absl::OkStatus();
-        }
         absl::StatusOr<StepStreamStats> server_stats =
-            StepOnePhaseServer(server_params, group);
-        if (!server_stats.ok()) return server_stats.status();
+            StepServer(server_params, group);
+        if (!server_stats.ok()) {
+          // Streams waiting for this server's GradStats must not wait on.
+          if (barrier.has_value()) barrier->Abort(server_stats.status());
+          return server_stats.status();
+        }
         stats[server] = *server_stats;
         return absl::OkStatus();
       });
@@ -188,25 +181,15 @@ absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
   return absl::OkStatus();
 }
 
-absl::StatusOr<StepStreamStats> JobImpl::StepTwoPhaseServer(
-    StepStreamParams params, CallGroup& group) const {
-  // One stream: the GradStats and the commit are one exchange per stream,
-  // and the barrier expects one report per server.
-  const ShardRange& shard = plan().shard(params.server);
-  params.first_chunk = shard.first_chunk;
-  params.end_chunk = shard.end_chunk;
-  return RunStepStream(*(*connections_)[params.server]->step_channels.front(),
-                       params, group);
-}
-
-absl::StatusOr<StepStreamStats> JobImpl::StepOnePhaseServer(
-    StepStreamParams params, CallGroup& group) const {
+absl::StatusOr<StepStreamStats> JobImpl::StepServer(StepStreamParams params,
+                                                    CallGroup& group) const {
   const ServerConnection& connection = *(*connections_)[params.server];
   const ShardRange& shard = plan().shard(params.server);
   // Contiguous parts of the shard, sizes within one chunk of each other, one
-  // per connection (no empty part).
-  const uint64_t parts =
-      std::min<uint64_t>(connection.step_channels.size(), shard.num_chunks());
+  // per connection (no empty part); a two-phase step keeps one stream.
+  const uint64_t streams =
+      params.barrier != nullptr ? 1 : connection.step_channels.size();
+  const uint64_t parts = std::min<uint64_t>(streams, shard.num_chunks());
   std::vector<StepStreamParams> part_params(parts, params);
   for (uint64_t p = 0; p < parts; ++p) {
     part_params[p].first_chunk =

@@ -45,13 +45,13 @@ class JobImpl : public Job {
   bool NeedsTwoPhases(const StepOptions& options) const;
 
   // Step's streams to one server (params has its job id and index): one in
-  // a two-phase step; in one phase, one per connection, each over a
-  // contiguous part of the shard. Their stats summed; the first failure
+  // a two-phase step (params.barrier set: the GradStats and the commit are
+  // one exchange per stream, and the barrier expects one report per server);
+  // in one phase, one per connection, each over a contiguous part of the
+  // shard. Their stats summed; the first failure
   // (which cancels the group).
-  absl::StatusOr<StepStreamStats> StepTwoPhaseServer(StepStreamParams params,
-                                                     CallGroup& group) const;
-  absl::StatusOr<StepStreamStats> StepOnePhaseServer(StepStreamParams params,
-                                                     CallGroup& group) const;
+  absl::StatusOr<StepStreamStats> StepServer(StepStreamParams params,
+                                             CallGroup& group) const;
 
   absl::Status InitShard(uint32_t server, const void* weights, DType dtype,
                          absl::Time deadline, CallGroup& group) const;
