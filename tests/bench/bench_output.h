@@ -1,8 +1,11 @@
 // One result line of depot-bench: named numeric fields printed either as a
 // human-readable table row or as one JSON object (docs/performance.md lists
-// the keys of each subcommand).
+// the keys of each subcommand); and the statistics every subcommand takes.
 #ifndef DEPOT_TESTS_BENCH_BENCH_OUTPUT_H_
 #define DEPOT_TESTS_BENCH_BENCH_OUTPUT_H_
+
+#include <sys/types.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -21,6 +24,16 @@ inline double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t n = values.size();
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// CPU seconds (user + system, every thread, exited ones included) process
+// `pid` has used so far; 0 when it cannot be read.
+inline double ProcessCpuSeconds(pid_t pid) {
+  clockid_t clock;
+  timespec time;
+  if (clock_getcpuclockid(pid, &clock) != 0 || clock_gettime(clock, &time) != 0)
+    return 0;
+  return static_cast<double>(time.tv_sec) + time.tv_nsec * 1e-9;
 }
 
 // `text` as a JSON string literal, quotes included.

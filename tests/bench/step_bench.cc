@@ -272,16 +272,6 @@ absl::Status CheckedStep(Job& job, uint64_t step, const void* grads,
   return absl::OkStatus();
 }
 
-// CPU seconds (user + system, every thread) process `pid` has used so far;
-// 0 when it cannot be read.
-double ProcessCpuSeconds(pid_t pid) {
-  clockid_t clock;
-  timespec time;
-  if (clock_getcpuclockid(pid, &clock) != 0 || clock_gettime(clock, &time) != 0)
-    return 0;
-  return static_cast<double>(time.tv_sec) + time.tv_nsec * 1e-9;
-}
-
 // One stage's rounds: the wall time of each, and the CPU time this process
 // and (when it has one) the stage's server spent in it. The CPU time shows
 // how far the stages can overlap on the machine's cores.

@@ -18,8 +18,6 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -68,20 +66,6 @@ constexpr size_t kElemBytes = 2;
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
       .count();
-}
-
-// CPU seconds used so far by every thread of process `pid` (this process
-// included), from /proc/PID/task/*/schedstat (nanoseconds).
-double ProcessCpuSeconds(pid_t pid) {
-  const std::string dir = absl::StrCat("/proc/", pid, "/task");
-  double seconds = 0;
-  std::error_code error;
-  for (const auto& task : std::filesystem::directory_iterator(dir, error)) {
-    std::ifstream stat(task.path() / "schedstat");
-    uint64_t nanoseconds = 0;
-    if (stat >> nanoseconds) seconds += static_cast<double>(nanoseconds) / 1e9;
-  }
-  return seconds;
 }
 
 absl::Status ErrnoError(const std::string& what) {
