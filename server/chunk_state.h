@@ -16,15 +16,25 @@
 
 namespace depot {
 
+// Writes zeros to the elements of [range.begin, range.end) that belong to no
+// tensor. `data` holds the range's elements.
+void ZeroPadding(const Layout& layout, const ChunkRange& range, float* data);
+
 // The contributions to a chunk's next step (applied step + 1), one slot per
 // worker.
 struct ShardState::PendingStep {
   explicit PendingStep(uint32_t workers)
-      : payloads(workers), sinks(workers), present(workers, false) {}
+      : payloads(workers),
+        sinks(workers),
+        present(workers, false),
+        overrides(workers) {}
 
   std::vector<std::string> payloads;  // moved out by the sum
   std::vector<std::weak_ptr<WeightsSink>> sinks;
   std::vector<bool> present;
+  // New master weights some workers sent for this step (WeightsOverride),
+  // by worker rank; applied by the update before anything else.
+  std::vector<std::vector<WeightsPiece>> overrides;
   uint32_t count = 0;
   // Every worker has contributed: the sum (or update) task owns the payloads.
   bool complete = false;
@@ -42,9 +52,11 @@ struct ShardState::ChunkState {
   mutable absl::Mutex mu;
   // The last training step applied (skipped steps included).
   uint64_t applied_step ABSL_GUARDED_BY(mu) = 0;
-  // The optimizer's step count: applied steps that were not skipped. Bias
-  // correction and SGD's first momentum step use it, as torch's state["step"].
-  uint64_t optimizer_step ABSL_GUARDED_BY(mu) = 0;
+  // The optimizer's step count of each tensor segment of the chunk
+  // (Layout::SegmentsIn order): the steps that updated that tensor, i.e. were
+  // not skipped and had a gradient for it, as torch's per-parameter
+  // state["step"]. Bias correction and SGD's first momentum step use it.
+  std::vector<uint64_t> tensor_steps ABSL_GUARDED_BY(mu);
   // Set once the update is scheduled, until it is done. While set, only the
   // update task touches the chunk's master weights and slots.
   bool updating ABSL_GUARDED_BY(mu) = false;

@@ -216,6 +216,9 @@ absl::Status DepotService::DoExportState(
     message.set_index(snapshot.index);
     message.set_applied_step(snapshot.applied_step);
     message.set_optimizer_step(snapshot.optimizer_step);
+    for (const uint64_t count : snapshot.tensor_steps) {
+      message.add_tensor_steps(count);
+    }
     *message.mutable_master() = std::move(snapshot.master);
     for (std::string& slot : snapshot.slots) {
       *message.add_slots() = std::move(slot);
@@ -247,6 +250,8 @@ absl::Status DepotService::DoImportState(
     snapshot.index = chunk->index();
     snapshot.applied_step = chunk->applied_step();
     snapshot.optimizer_step = chunk->optimizer_step();
+    snapshot.tensor_steps.assign(chunk->tensor_steps().begin(),
+                                 chunk->tensor_steps().end());
     snapshot.master = std::move(*chunk->mutable_master());
     for (std::string& slot : *chunk->mutable_slots()) {
       snapshot.slots.push_back(std::move(slot));

@@ -39,9 +39,9 @@ JobShape::JobShape(JobConfig config, Layout layout, ShardPlan plan,
       plan_(std::move(plan)),
       fingerprint_(Fingerprint(config_)),
       server_index_(server_index),
-      slots_(OptimizerStateSlots(config_.optimizer)),
+      slot_config_(JobSlotConfig(config_)),
+      slots_(OptimizerStateSlots(slot_config_)),
       state_bytes_(StateBytes(plan_.shard(server_index).size(),
-                              OptimizerStateBytesPerParam(config_.optimizer))) {
-}
+                              OptimizerStateBytesPerParam(slot_config_))) {}
 
 }  // namespace depot

@@ -28,9 +28,12 @@ class JobShape {
   uint64_t fingerprint() const { return fingerprint_; }
   uint32_t server_index() const { return server_index_; }
   const ShardRange& shard() const { return plan_.shard(server_index_); }
-  // Optimizer state slots per parameter besides the master weights
-  // (OptimizerStateSlots).
+  // Optimizer state slots per parameter besides the master weights: the most
+  // any param group needs (JobStateSlots).
   int slots() const { return slots_; }
+  // The config that describes the slot arrays (JobSlotConfig): the dtype of
+  // slot k is OptimizerSlotDType(slot_config(), k).
+  const OptimizerConfig& slot_config() const { return slot_config_; }
   // shard elements * OptimizerStateBytesPerParam (4 for the master plus each
   // slot's dtype size): what the job counts against the budget.
   uint64_t state_bytes() const { return state_bytes_; }
@@ -44,6 +47,7 @@ class JobShape {
   ShardPlan plan_;
   uint64_t fingerprint_;
   uint32_t server_index_;
+  OptimizerConfig slot_config_;
   int slots_;
   uint64_t state_bytes_;
 };

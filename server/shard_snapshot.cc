@@ -1,4 +1,5 @@
 // ShardState's whole-state export and import (ExportState / ImportState).
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -21,7 +22,10 @@ absl::Status ShardState::ExportChunks(
       absl::MutexLock lock(&chunk.mu);
       chunk.mu.Await(absl::Condition(&chunk, &ChunkState::Idle));
       snapshot.applied_step = chunk.applied_step;
-      snapshot.optimizer_step = chunk.optimizer_step;
+      snapshot.tensor_steps = chunk.tensor_steps;
+      for (const uint64_t count : chunk.tensor_steps) {
+        snapshot.optimizer_step = std::max(snapshot.optimizer_step, count);
+      }
       snapshot.master.assign(reinterpret_cast<const char*>(master(range)),
                              range.size() * sizeof(float));
       for (int k = 0; k < shape_.slots(); ++k) {
@@ -61,11 +65,25 @@ absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {
             absl::StrCat("optimizer slot ", k, ": ", s.message()));
       }
     }
-    if (snapshot.optimizer_step > snapshot.applied_step) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk ", snapshot.index, ": optimizer step ",
-                       snapshot.optimizer_step, " is above its applied step ",
-                       snapshot.applied_step));
+    const size_t segments =
+        shape_.layout()
+            .SegmentsIn(shape_.plan().chunk(snapshot.index).begin,
+                        shape_.plan().chunk(snapshot.index).end)
+            .size();
+    if (snapshot.tensor_steps.empty()) {
+      // A state saved before per-tensor counts: one count for the chunk.
+      snapshot.tensor_steps.assign(segments, snapshot.optimizer_step);
+    } else if (snapshot.tensor_steps.size() != segments) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", snapshot.index, " has ", snapshot.tensor_steps.size(),
+          " tensor step counts, it holds ", segments, " tensor segments"));
+    }
+    for (const uint64_t count : snapshot.tensor_steps) {
+      if (count > snapshot.applied_step) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("chunk ", snapshot.index, ": optimizer step ", count,
+                         " is above its applied step ", snapshot.applied_step));
+      }
     }
     ChunkSnapshot*& slot_for_chunk = staged[snapshot.index - shard.first_chunk];
     if (slot_for_chunk != nullptr) {
@@ -119,7 +137,7 @@ absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {
                     snapshot.slots[k].size());
       }
       chunk.applied_step = snapshot.applied_step;
-      chunk.optimizer_step = snapshot.optimizer_step;
+      chunk.tensor_steps = snapshot.tensor_steps;
     }
   }
   for (uint64_t index = shard.end_chunk; index > shard.first_chunk; --index) {

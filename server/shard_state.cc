@@ -26,7 +26,7 @@ size_t ArrayBytes(uint64_t elems, size_t elem_size) {
 // The byte offset of each state array in the job's one buffer: the fp32 master
 // weights first, then each slot in its own dtype (OptimizerSlotDType).
 struct StateArrays {
-  size_t slot_offset[2] = {0, 0};
+  size_t slot_offset[3] = {0, 0, 0};
   size_t total_bytes = 0;
 };
 
@@ -42,8 +42,8 @@ StateArrays PlanStateArrays(uint64_t shard_elems,
   return arrays;
 }
 
-// Writes zeros to the elements of [range.begin, range.end) that belong to no
-// tensor. `data` holds the range's elements.
+}  // namespace
+
 void ZeroPadding(const Layout& layout, const ChunkRange& range, float* data) {
   uint64_t pos = range.begin;
   for (const Segment& segment : layout.SegmentsIn(range.begin, range.end)) {
@@ -53,8 +53,6 @@ void ZeroPadding(const Layout& layout, const ChunkRange& range, float* data) {
   }
   std::fill(data + (pos - range.begin), data + range.size(), 0.0f);
 }
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<ShardState>> ShardState::Create(
     uint64_t job_id, JobShape shape, ThreadPool* pool,
@@ -66,13 +64,13 @@ absl::StatusOr<std::shared_ptr<ShardState>> ShardState::Create(
   const uint64_t max_elems =
       (std::numeric_limits<size_t>::max() -
        arrays * AlignedBuffer::kAlignment) /
-      OptimizerStateBytesPerParam(shape.config().optimizer);
+      OptimizerStateBytesPerParam(shape.slot_config());
   if (shard_elems > max_elems) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "a shard of ", shard_elems, " elements does not fit in memory"));
   }
   absl::StatusOr<AlignedBuffer> state = AlignedBuffer::Allocate(
-      PlanStateArrays(shard_elems, shape.config().optimizer).total_bytes);
+      PlanStateArrays(shard_elems, shape.slot_config()).total_bytes);
   if (!state.ok()) return state.status();
   std::shared_ptr<ShardState> shard(
       new ShardState(job_id, std::move(shape), *std::move(state), pool,
@@ -97,32 +95,57 @@ ShardState::ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
     : job_id_(job_id),
       shape_(std::move(shape)),
       state_(std::move(state)),
-      kernel_(MakeOptimizerKernel(shape_.config().optimizer)),
       pool_(pool),
       payloads_(std::move(payloads)),
       metrics_(metrics),
       noop_update_(noop_update),
       chunks_(new ChunkState[shape_.shard().num_chunks()]) {
-  const OptimizerConfig& optimizer = shape_.config().optimizer;
-  const StateArrays arrays = PlanStateArrays(shape_.shard().size(), optimizer);
+  const OptimizerConfig& slots = shape_.slot_config();
+  const StateArrays arrays = PlanStateArrays(shape_.shard().size(), slots);
   for (int k = 0; k < shape_.slots(); ++k) {
     slot_begin_[k] =
         static_cast<unsigned char*>(state_.data()) + arrays.slot_offset[k];
-    slot_elem_bytes_[k] = DTypeSize(OptimizerSlotDType(optimizer, k));
+    slot_elem_bytes_[k] = DTypeSize(OptimizerSlotDType(slots, k));
   }
+  const JobConfig& config = shape_.config();
+  if (config.group_optimizers.empty()) {
+    kernels_.push_back(MakeOptimizerKernel(config.optimizer));
+  } else {
+    for (const OptimizerConfig& group : config.group_optimizers) {
+      kernels_.push_back(MakeOptimizerKernel(group));
+    }
+  }
+}
+
+const OptimizerKernel& ShardState::kernel(uint32_t param_group) const {
+  return *kernels_[kernels_.size() == 1 ? 0 : param_group];
 }
 
 void ShardState::InitChunkState(uint64_t chunk_index) {
   const ChunkRange range = shape_.plan().chunk(chunk_index);
-  ParamRun run;
-  run.master = master(range);
-  std::fill(run.master, run.master + range.size(), 0.0f);
+  float* chunk_master = master(range);
+  std::fill(chunk_master, chunk_master + range.size(), 0.0f);
   for (int k = 0; k < shape_.slots(); ++k) {
-    run.slots[k] = slot(k, range.begin);
-    std::memset(run.slots[k], 0, range.size() * slot_elem_bytes_[k]);
+    std::memset(slot(k, range.begin), 0, range.size() * slot_elem_bytes_[k]);
   }
-  run.n = range.size();
-  InitOptimizerSlots(shape_.config().optimizer, run);
+  // Each tensor's slots start at its group's initial values (Adagrad's
+  // initial accumulator); padding stays zero.
+  const std::vector<Segment> segments =
+      shape_.layout().SegmentsIn(range.begin, range.end);
+  for (const Segment& segment : segments) {
+    ParamRun run;
+    run.master = chunk_master + (segment.begin - range.begin);
+    const OptimizerConfig& group =
+        GroupOptimizer(shape_.config(), segment.param_group);
+    for (int k = 0; k < OptimizerStateSlots(group); ++k) {
+      run.slots[k] = slot(k, segment.begin);
+    }
+    run.n = segment.end - segment.begin;
+    InitOptimizerSlots(group, run);
+  }
+  ChunkState& chunk = chunk_state(chunk_index);
+  absl::MutexLock lock(&chunk.mu);
+  chunk.tensor_steps.assign(segments.size(), 0);
 }
 
 ShardState::~ShardState() = default;
@@ -211,7 +234,8 @@ absl::Status ShardState::InitChunk(uint64_t chunk_index, DType dtype,
 absl::Status ShardState::BeginStep(
     uint64_t step, uint32_t worker_rank,
     std::vector<GroupHyperParams> group_hparams, const StepNumerics& numerics,
-    const std::shared_ptr<WeightsSink>& stats_sink) {
+    const std::shared_ptr<WeightsSink>& stats_sink,
+    std::string no_grad_tensors) {
   if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
   const uint32_t workers = shape_.config().num_workers;
   if (worker_rank >= workers) {
@@ -227,6 +251,9 @@ absl::Status ShardState::BeginStep(
     return s;
   }
   if (absl::Status s = ValidateStepNumerics(numerics); !s.ok()) return s;
+  if (absl::Status s = ValidateNoGradTensors(no_grad_tensors); !s.ok()) {
+    return s;
+  }
   if (numerics.two_phase && stats_sink == nullptr) {
     return absl::InvalidArgumentError(
         "a two-phase step needs a stream to send its GradStats to");
@@ -249,6 +276,8 @@ absl::Status ShardState::BeginStep(
     if (inserted) {
       progress.group_hparams = std::move(group_hparams);
       progress.numerics = numerics;
+      progress.no_grad.resize(workers);
+      progress.header_seen.resize(workers, false);
       if (numerics.two_phase) {
         progress.two_phase =
             std::make_shared<TwoPhaseStep>(step, shape_.shard().num_chunks());
@@ -263,10 +292,93 @@ absl::Status ShardState::BeginStep(
           " differ from those of the step's first header on this server: "
           "every worker must send the same"));
     }
+    if (!progress.header_seen[worker_rank]) {
+      progress.header_seen[worker_rank] = true;
+      progress.no_grad[worker_rank] = std::move(no_grad_tensors);
+    } else if (progress.no_grad[worker_rank] != no_grad_tensors) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no_grad_tensors of worker ", worker_rank, " in step ", step,
+          " differ from those of its earlier Step stream: every stream of a "
+          "worker's step must send the same"));
+    }
     two_phase = progress.two_phase;
   }
   // Outside steps_mu_: the stats may be delivered at once.
   if (two_phase != nullptr) two_phase->Subscribe(stats_sink);
+  return absl::OkStatus();
+}
+
+absl::Status ShardState::ValidateNoGradTensors(
+    const std::string& bitmap) const {
+  if (bitmap.empty()) return absl::OkStatus();
+  const uint64_t tensors = shape_.layout().tensors().size();
+  const uint64_t bytes = (tensors + 7) / 8;
+  if (bitmap.size() != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no_grad_tensors: has ", bitmap.size(), " bytes, the job's ", tensors,
+        " tensors need ", bytes, " (or none: every tensor has a gradient)"));
+  }
+  const unsigned last = static_cast<unsigned char>(bitmap.back());
+  const unsigned used_bits = tensors % 8 == 0 ? 8 : tensors % 8;
+  if (used_bits < 8 && (last >> used_bits) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no_grad_tensors: bits past tensor ", tensors - 1,
+        " are set; the job has ", tensors, " tensors"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
+                                         uint64_t chunk_index,
+                                         WeightsPiece piece) {
+  if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  const ShardRange& shard = shape_.shard();
+  if (chunk_index < shard.first_chunk || chunk_index >= shard.end_chunk) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "weights override: chunk ", chunk_index,
+        " is not in this server's shard: chunks [", shard.first_chunk, ", ",
+        shard.end_chunk, ")"));
+  }
+  const uint32_t workers = shape_.config().num_workers;
+  if (worker_rank >= workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker_rank ", worker_rank,
+                     " is out of range: the job has ", workers, " workers"));
+  }
+  if (piece.payload.empty() || piece.payload.size() % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights override of chunk ", chunk_index, ": payload of ",
+        piece.payload.size(), " bytes is not a positive number of fp32 values"));
+  }
+  const uint64_t chunk_elems = shape_.plan().chunk(chunk_index).size();
+  const uint64_t values = piece.payload.size() / sizeof(float);
+  if (piece.offset > chunk_elems || values > chunk_elems - piece.offset) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "weights override of chunk ", chunk_index, ": elements [",
+        piece.offset, ", ", piece.offset + values, ") are past its ",
+        chunk_elems, " elements"));
+  }
+  ChunkState& chunk = chunk_state(chunk_index);
+  absl::MutexLock lock(&chunk.mu);
+  const uint64_t applied = chunk.applied_step;
+  if (step == applied && applied > 0) return absl::OkStatus();
+  if (step != applied + 1) {
+    return absl::AbortedError(
+        absl::StrCat("weights override of step ", step,
+                     " is out of order for chunk ", chunk_index,
+                     ": its last applied step is ", applied));
+  }
+  if (chunk.pending == nullptr) {
+    chunk.pending = std::make_unique<PendingStep>(workers);
+  }
+  PendingStep& pending = *chunk.pending;
+  if (pending.present[worker_rank]) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "weights override of chunk ", chunk_index, " in step ", step,
+        " after worker ", worker_rank,
+        "'s gradient for it: send overrides before the chunk"));
+  }
+  pending.overrides[worker_rank].push_back(std::move(piece));
   return absl::OkStatus();
 }
 
@@ -429,7 +541,7 @@ uint64_t ShardState::Checksum() const {
     for (int k = 0; k < shape_.slots(); ++k) {
       hash.Update(slot(k, range.begin), range.size() * slot_elem_bytes_[k]);
     }
-    hash.UpdateU64(chunk.optimizer_step);
+    for (const uint64_t count : chunk.tensor_steps) hash.UpdateU64(count);
   }
   return hash.Digest();
 }

@@ -18,8 +18,15 @@
 //   acknowledged and kept, the shard's gradient statistics go to the step's
 //   streams once every chunk is summed (TwoPhaseStep), and the updates start at
 //   the first commit.
-// - Each chunk counts its applied training steps and, separately, its
-//   optimizer steps (those not skipped), which drive bias correction.
+// - Each chunk counts its applied training steps and, separately for each
+//   tensor segment in it, that tensor's optimizer steps (those not skipped
+//   that had a gradient for the tensor), which drive bias correction, as
+//   torch's per-parameter state["step"].
+// - A step's header may list tensors a worker has no gradient for: a tensor
+//   no worker has one for is skipped (no update, count unchanged), one that
+//   some workers lack takes their parts as zero.
+// - A worker may send new master weights for part of a chunk before the
+//   chunk's gradient (OverrideWeights): the update writes them first.
 // - Every request is validated in full before any state changes: a rejected
 //   request leaves the state exactly as it was.
 //
@@ -69,11 +76,22 @@ struct Contribution {
   std::shared_ptr<WeightsSink> sink;
 };
 
+// New master weights for elements [offset, offset + values) of a chunk
+// (offset from the chunk's first element), fp32 little-endian.
+struct WeightsPiece {
+  uint64_t offset = 0;
+  std::string payload;
+};
+
 // The saved state of one chunk (ExportState / ImportState).
 struct ChunkSnapshot {
   uint64_t index = 0;
   uint64_t applied_step = 0;
-  uint64_t optimizer_step = 0;
+  // The optimizer step count of each tensor segment of the chunk, in order.
+  // On import, an empty list (a state saved before per-tensor counts) gives
+  // every segment `optimizer_step`.
+  std::vector<uint64_t> tensor_steps;
+  uint64_t optimizer_step = 0;  // the largest of tensor_steps
   std::string master;              // fp32, chunk elements * 4 bytes
   std::vector<std::string> slots;  // one per slot, in its storage dtype
 };
@@ -129,10 +147,32 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // invalid numerics (ValidateStepNumerics), a two-phase step without a sink.
   // FAILED_PRECONDITION: an earlier header of the same step sent other
   // hyperparameters or numerics. ABORTED: the job was deleted.
+  //
+  // `no_grad_tensors` is the header's bitmap of tensors this worker has no
+  // gradient for (empty: none; see depot.proto StepHeader.no_grad_tensors):
+  // INVALID_ARGUMENT unless it is empty or ceil(T / 8) bytes with the bits
+  // past T clear; FAILED_PRECONDITION when another stream of the same worker
+  // and step sent another bitmap.
   absl::Status BeginStep(uint64_t step, uint32_t worker_rank,
                          std::vector<GroupHyperParams> group_hparams,
                          const StepNumerics& numerics = {},
-                         const std::shared_ptr<WeightsSink>& stats_sink = {});
+                         const std::shared_ptr<WeightsSink>& stats_sink = {},
+                         std::string no_grad_tensors = {});
+
+  // New master weights for part of chunk `chunk_index` from worker
+  // `worker_rank` in step `step`, sent before the worker's gradient for that
+  // chunk: `payload` holds fp32 values for the chunk's elements from
+  // `offset` on. The chunk's update of `step` writes them (padding stays
+  // zero) before the optimizer runs, and keeps the slots and step counts; the
+  // lowest worker rank's values win where several overlap. Ignored (OK) when
+  // the chunk already applied `step` (a resent step).
+  // OUT_OF_RANGE: chunk outside the shard, or values past its end.
+  // INVALID_ARGUMENT: payload empty or not a whole number of floats,
+  // worker_rank out of range. FAILED_PRECONDITION: the worker already sent
+  // its gradient for the chunk in this step. ABORTED: step out of order for
+  // the chunk, or the job was deleted.
+  absl::Status OverrideWeights(uint64_t step, uint32_t worker_rank,
+                               uint64_t chunk_index, WeightsPiece piece);
 
   // Accepts one contribution (see the class comment). REQUIRES: BeginStep(step,
   // worker_rank, ...) succeeded. OUT_OF_RANGE: chunk outside the shard.
@@ -192,6 +232,10 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   struct StepProgress {
     // Fixed by the step's first header, sorted by param group.
     std::vector<GroupHyperParams> group_hparams;
+    // Each worker's no_grad_tensors bitmap, from its first header (empty:
+    // every tensor has a gradient, or no header yet).
+    std::vector<std::string> no_grad;
+    std::vector<bool> header_seen;
     StepNumerics numerics;
     std::shared_ptr<TwoPhaseStep> two_phase;  // set in a two-phase step
     uint64_t chunks_applied = 0;
@@ -207,6 +251,10 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   void InitChunkState(uint64_t chunk_index);
 
   absl::Status CheckNotDeleted() const;
+  // INVALID_ARGUMENT unless `bitmap` is a valid no_grad_tensors (BeginStep).
+  absl::Status ValidateNoGradTensors(const std::string& bitmap) const;
+  // The kernel of param group `param_group`.
+  const OptimizerKernel& kernel(uint32_t param_group) const;
   // OUT_OF_RANGE unless the chunk is in the shard; INVALID_ARGUMENT unless
   // payload_bytes == chunk elements * dtype_size.
   absl::Status CheckChunkPayload(uint64_t chunk_index, size_t payload_bytes,
@@ -234,9 +282,29 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // segment, `grad` (parts and transform; its offset is set per segment)
   // giving the chunk's gradient; the chunk's weights, padding included, go to
   // `weights` (range.size() elements of the weight dtype).
+  // tensor_steps: the counts of the chunk's segments, advanced here for each
+  // segment updated; a segment no worker has a gradient for (absent) is not
+  // updated.
   void ApplyOptimizer(const ChunkRange& range, const GradientInput& grad,
                       const std::vector<GroupHyperParams>& step_groups,
-                      uint64_t optimizer_step, void* weights);
+                      const std::vector<Segment>& segments,
+                      const std::vector<uint32_t>& absent_workers,
+                      std::vector<uint64_t>& tensor_steps, void* weights);
+  // For each segment of `segments`, how many workers sent no gradient for its
+  // tensor in the step of `settings`.
+  std::vector<uint32_t> AbsentWorkers(const StepProgress& settings,
+                                      const std::vector<Segment>& segments)
+      const;
+  // Zeroes, in each worker's payload (grad dtype, the chunk `range`), the
+  // segments that worker has no gradient for while another worker has one.
+  void ZeroAbsentParts(const StepProgress& settings, const ChunkRange& range,
+                       const std::vector<Segment>& segments,
+                       const std::vector<uint32_t>& absent_workers,
+                       std::vector<std::string>& payloads) const;
+  // Writes the workers' weights overrides into the chunk's master weights,
+  // the lowest rank last (so it wins), padding kept zero.
+  void ApplyOverrides(const ChunkRange& range,
+                      std::vector<std::vector<WeightsPiece>>& overrides);
   // Returns the payloads' buffers to the payload pool and empties the vector.
   void GiveBack(std::vector<std::string>& payloads);
   // What the step's first header fixed (defaults if no header was seen).
@@ -249,9 +317,10 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   const JobShape shape_;
   AlignedBuffer state_;
   // Where each slot's array starts in state_, and its element size.
-  unsigned char* slot_begin_[2] = {nullptr, nullptr};
-  size_t slot_elem_bytes_[2] = {0, 0};
-  std::unique_ptr<OptimizerKernel> kernel_;
+  unsigned char* slot_begin_[3] = {nullptr, nullptr, nullptr};
+  size_t slot_elem_bytes_[3] = {0, 0, 0};
+  // One kernel per param group (JobConfig::group_optimizers), or one for all.
+  std::vector<std::unique_ptr<OptimizerKernel>> kernels_;
   ThreadPool* const pool_;
   const std::shared_ptr<PayloadPool> payloads_;
   ServerMetrics* const metrics_;

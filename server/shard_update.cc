@@ -3,6 +3,7 @@
 // skipping; docs/protocol.md — the optimizer update and the weights out), the
 // two-phase sum, and the two-phase commit that releases the updates.
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -62,6 +63,10 @@ void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
     absl::MutexLock lock(&chunk.mu);
     payloads = std::move(chunk.pending->payloads);
   }
+  const std::vector<Segment> segments =
+      shape_.layout().SegmentsIn(range.begin, range.end);
+  ZeroAbsentParts(settings, range, segments,
+                  AbsentWorkers(settings, segments), payloads);
   std::string summed = payloads_->Take(range.size() * sizeof(float));
   // The pool's buffers come from operator new: aligned for float.
   float* sum = reinterpret_cast<float*>(summed.data());
@@ -126,13 +131,18 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
                                     : settings.numerics.commit;
   std::vector<std::string> payloads;
   std::string summed;
-  uint64_t optimizer_step = 0;
+  std::vector<uint64_t> tensor_steps;
+  std::vector<std::vector<WeightsPiece>> overrides;
   {
     absl::MutexLock lock(&chunk.mu);
-    optimizer_step = chunk.optimizer_step;
+    tensor_steps = chunk.tensor_steps;
     payloads = std::move(chunk.pending->payloads);
     summed = std::move(chunk.pending->summed);
+    overrides = std::move(chunk.pending->overrides);
   }
+  // Weights the trainer changed outside the optimizer become the master
+  // before anything reads it, whether the step updates or skips.
+  if (!noop_update_) ApplyOverrides(range, overrides);
 
   std::shared_ptr<const std::string> weights;
   if (noop_update_ && config.grad_dtype == config.weight_dtype &&
@@ -145,11 +155,15 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
     if (noop_update_ || commit.skip) {
       EncodeMasterInto(range.begin, range.end, config.weight_dtype, out.data());
     } else {
-      // One phase: the workers' payloads as they arrived; two phases: the
-      // chunk's sum, already unscaled (RunSum).
+      const std::vector<Segment> segments =
+          shape_.layout().SegmentsIn(range.begin, range.end);
+      const std::vector<uint32_t> absent = AbsentWorkers(settings, segments);
+      // One phase: the workers' payloads as they arrived (absent parts
+      // zeroed); two phases: the chunk's sum, already unscaled (RunSum).
       absl::InlinedVector<const void*, 8> parts;
       GradientInput grad;
       if (settings.two_phase == nullptr) {
+        ZeroAbsentParts(settings, range, segments, absent, payloads);
         for (const std::string& payload : payloads) {
           parts.push_back(payload.data());
         }
@@ -165,9 +179,8 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
       // Megatron clips only when the coefficient is below 1.
       grad.clip = commit.clip_coef < 1.0;
       grad.clip_coef = static_cast<float>(commit.clip_coef);
-      ++optimizer_step;
-      ApplyOptimizer(range, grad, settings.group_hparams, optimizer_step,
-                     out.data());
+      ApplyOptimizer(range, grad, settings.group_hparams, segments, absent,
+                     tensor_steps, out.data());
     }
     weights = payloads_->Share(std::move(out));
   }
@@ -181,7 +194,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   {
     absl::MutexLock lock(&chunk.mu);
     chunk.applied_step = step;
-    chunk.optimizer_step = optimizer_step;
+    chunk.tensor_steps = std::move(tensor_steps);
     chunk.updating = false;
     sinks = LiveSinks(chunk.pending->sinks);
     chunk.pending.reset();
@@ -196,41 +209,98 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   }
 }
 
-void ShardState::ApplyOptimizer(
-    const ChunkRange& range, const GradientInput& grad,
-    const std::vector<GroupHyperParams>& step_groups, uint64_t optimizer_step,
-    void* weights) {
-  const OptimizerConfig& optimizer = shape_.config().optimizer;
-  const DType weight_dtype = shape_.config().weight_dtype;
+std::vector<uint32_t> ShardState::AbsentWorkers(
+    const StepProgress& settings, const std::vector<Segment>& segments) const {
+  std::vector<uint32_t> absent(segments.size(), 0);
+  for (const std::string& bitmap : settings.no_grad) {
+    if (bitmap.empty()) continue;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      const size_t t = segments[i].tensor_index;
+      absent[i] += (static_cast<unsigned char>(bitmap[t / 8]) >> (t % 8)) & 1u;
+    }
+  }
+  return absent;
+}
+
+void ShardState::ZeroAbsentParts(const StepProgress& settings,
+                                 const ChunkRange& range,
+                                 const std::vector<Segment>& segments,
+                                 const std::vector<uint32_t>& absent_workers,
+                                 std::vector<std::string>& payloads) const {
+  const size_t elem_bytes = DTypeSize(shape_.config().grad_dtype);
+  for (size_t w = 0; w < settings.no_grad.size() && w < payloads.size(); ++w) {
+    const std::string& bitmap = settings.no_grad[w];
+    if (bitmap.empty() || payloads[w].empty()) continue;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      const size_t t = segments[i].tensor_index;
+      const bool lacks = (static_cast<unsigned char>(bitmap[t / 8]) >> (t % 8)) & 1u;
+      // A tensor nobody has a gradient for is not updated at all, so its
+      // parts need no zeroing.
+      if (!lacks || absent_workers[i] == payloads.size()) continue;
+      std::memset(payloads[w].data() + (segments[i].begin - range.begin) *
+                                           elem_bytes,
+                  0, (segments[i].end - segments[i].begin) * elem_bytes);
+    }
+  }
+}
+
+void ShardState::ApplyOverrides(
+    const ChunkRange& range,
+    std::vector<std::vector<WeightsPiece>>& overrides) {
+  bool any = false;
+  float* chunk_master = master(range);
+  for (size_t w = overrides.size(); w > 0; --w) {
+    for (const WeightsPiece& piece : overrides[w - 1]) {
+      std::memcpy(chunk_master + piece.offset, piece.payload.data(),
+                  piece.payload.size());
+      any = true;
+    }
+  }
+  if (any) ZeroPadding(shape_.layout(), range, chunk_master);
+}
+
+void ShardState::ApplyOptimizer(const ChunkRange& range,
+                                const GradientInput& grad,
+                                const std::vector<GroupHyperParams>& step_groups,
+                                const std::vector<Segment>& segments,
+                                const std::vector<uint32_t>& absent_workers,
+                                std::vector<uint64_t>& tensor_steps,
+                                void* weights) {
+  const JobConfig& config = shape_.config();
+  const DType weight_dtype = config.weight_dtype;
   unsigned char* out = static_cast<unsigned char*>(weights);
   const size_t weight_bytes = DTypeSize(weight_dtype);
   float* chunk_master = master(range);
-  // Padding between the segments is not updated (it stays zero), but the
-  // answer covers the whole chunk.
+  // Padding between the segments, and segments no worker has a gradient for,
+  // are not updated, but the answer covers the whole chunk.
   uint64_t pos = range.begin;
-  const auto encode_padding = [&](uint64_t end) {
+  const auto encode_unchanged = [&](uint64_t end) {
     EncodeMasterInto(pos, end, weight_dtype,
                      out + (pos - range.begin) * weight_bytes);
+    pos = end;
   };
-  for (const Segment& segment :
-       shape_.layout().SegmentsIn(range.begin, range.end)) {
-    encode_padding(segment.begin);
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& segment = segments[i];
+    if (absent_workers[i] == config.num_workers) continue;
+    encode_unchanged(segment.begin);
     const size_t offset = segment.begin - range.begin;
     GradientInput segment_grad = grad;
     segment_grad.offset = offset;
+    const OptimizerConfig& group = GroupOptimizer(config, segment.param_group);
     ParamRun run;
     run.master = chunk_master + offset;
-    for (int k = 0; k < shape_.slots(); ++k)
+    for (int k = 0; k < OptimizerStateSlots(group); ++k)
       run.slots[k] = slot(k, segment.begin);
     run.n = segment.end - segment.begin;
-    kernel_->FusedUpdate(
-        segment_grad, run,
-        ResolveHyperParams(optimizer, step_groups, segment.param_group,
-                           optimizer_step),
-        {weight_dtype, out + offset * weight_bytes});
+    kernel(segment.param_group)
+        .FusedUpdate(segment_grad, run,
+                     ResolveHyperParams(group, step_groups,
+                                        segment.param_group,
+                                        ++tensor_steps[i]),
+                     {weight_dtype, out + offset * weight_bytes});
     pos = segment.end;
   }
-  encode_padding(range.end);
+  encode_unchanged(range.end);
 }
 
 }  // namespace depot

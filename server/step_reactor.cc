@@ -131,10 +131,13 @@ class DepotService::StepReactor final
     }
     if (shard_ == nullptr) return AcceptHeader(request);
     if (request.has_commit()) return AcceptCommit(request.commit());
+    if (request.has_weights_override()) {
+      return AcceptOverride(*request.mutable_weights_override());
+    }
     if (!request.has_chunk()) {
       return absl::InvalidArgumentError(
-          "a Step stream carries one header, then only chunks (and, in a "
-          "two-phase step, one commit)");
+          "a Step stream carries one header, then only chunks and weights "
+          "overrides (and, in a two-phase step, one commit)");
     }
     const std::string& payload = request.chunk().payload();
     return AcceptChunk(request.chunk().index(), payload.size(),
@@ -164,7 +167,8 @@ class DepotService::StepReactor final
       numerics_.commit = CommitFromProto(header_.commit());
     if (absl::Status s = (*shard)->BeginStep(
             header_.step(), header_.worker_rank(),
-            GroupHyperParamsFromProto(header_), numerics_, stream_);
+            GroupHyperParamsFromProto(header_), numerics_, stream_,
+            header_.no_grad_tensors());
         !s.ok()) {
       return s;
     }
@@ -204,6 +208,17 @@ class DepotService::StepReactor final
     service_->metrics_->received_step_bytes.Increment(
         static_cast<double>(bytes));
     return absl::OkStatus();
+  }
+
+  absl::Status AcceptOverride(v1::WeightsOverride& proto) {
+    if (committed_) {
+      return absl::InvalidArgumentError(
+          "a weights override after the commit: overrides come before the "
+          "chunk they change");
+    }
+    return shard_->OverrideWeights(
+        header_.step(), header_.worker_rank(), proto.chunk_index(),
+        WeightsPiece{proto.offset(), std::move(*proto.mutable_payload())});
   }
 
   absl::Status AcceptCommit(const v1::StepCommit& proto) {

@@ -170,6 +170,8 @@ void depot_job_config_init(depot_job_config_t* config) {
   config->weight_dtype = static_cast<int32_t>(defaults.weight_dtype);
   config->chunk_elems = defaults.chunk_elems;
   config->alignment_elems = defaults.alignment_elems;
+  config->group_optimizers = nullptr;
+  config->num_group_optimizers = 0;
 }
 
 int depot_job_open(depot_client_t* client, const depot_job_config_t* config,
@@ -239,6 +241,10 @@ void depot_step_options_init(depot_step_options_t* options) {
   const depot::StepCommit commit_defaults;
   options->known_clip_coef = commit_defaults.clip_coef;
   options->known_skip = commit_defaults.skip ? 1 : 0;
+  options->no_grad_tensors = nullptr;
+  options->num_no_grad_tensors = 0;
+  options->weight_overrides = nullptr;
+  options->num_weight_overrides = 0;
 }
 
 int depot_job_step(depot_job_t* job, uint64_t step, const void* grads,

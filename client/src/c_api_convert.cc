@@ -64,6 +64,8 @@ absl::StatusOr<OptimizerConfig> FromC(const depot_optimizer_config_t& c) {
   config.min_loss_scale = c.min_loss_scale;
   config.loss_scale_window = c.loss_scale_window;
   config.hysteresis = c.hysteresis;
+  config.amsgrad = c.amsgrad != 0;
+  config.maximize = c.maximize != 0;
   return config;
 }
 
@@ -135,6 +137,8 @@ depot_optimizer_config_t ToC(const OptimizerConfig& config) {
   c.min_loss_scale = config.min_loss_scale;
   c.loss_scale_window = config.loss_scale_window;
   c.hysteresis = config.hysteresis;
+  c.amsgrad = config.amsgrad ? 1 : 0;
+  c.maximize = config.maximize ? 1 : 0;
   return c;
 }
 
@@ -155,6 +159,18 @@ absl::StatusOr<JobConfig> FromC(const depot_job_config_t& c) {
   }
   absl::StatusOr<OptimizerConfig> optimizer = FromC(c.optimizer);
   if (!optimizer.ok()) return optimizer.status();
+  if (c.group_optimizers == nullptr && c.num_group_optimizers > 0) {
+    return NullArgument("depot_job_open", "config->group_optimizers");
+  }
+  for (size_t g = 0; g < c.num_group_optimizers; ++g) {
+    absl::StatusOr<OptimizerConfig> group = FromC(c.group_optimizers[g]);
+    if (!group.ok()) {
+      return absl::Status(group.status().code(),
+                          absl::StrCat("config->group_optimizers[", g, "]: ",
+                                       group.status().message()));
+    }
+    config.group_optimizers.push_back(*group);
+  }
   absl::StatusOr<DType> grad = DTypeField(c.grad_dtype, "grad_dtype");
   if (!grad.ok()) return grad.status();
   absl::StatusOr<DType> weight = DTypeField(c.weight_dtype, "weight_dtype");
@@ -177,6 +193,18 @@ absl::StatusOr<StepOptions> FromC(const depot_step_options_t& c) {
     const depot_group_hparams_t& group = c.group_hparams[i];
     options.group_hparams.push_back(
         {group.param_group, group.lr, group.weight_decay});
+  }
+  if (c.no_grad_tensors == nullptr && c.num_no_grad_tensors > 0) {
+    return NullArgument("depot_job_step", "options->no_grad_tensors");
+  }
+  options.no_grad_tensors.assign(c.no_grad_tensors,
+                                 c.no_grad_tensors + c.num_no_grad_tensors);
+  if (c.weight_overrides == nullptr && c.num_weight_overrides > 0) {
+    return NullArgument("depot_job_step", "options->weight_overrides");
+  }
+  for (size_t i = 0; i < c.num_weight_overrides; ++i) {
+    options.weight_overrides.push_back(
+        {c.weight_overrides[i].tensor_index, c.weight_overrides[i].values});
   }
   options.loss_scale = c.loss_scale;
   if (c.has_known_commit != 0) {

@@ -88,6 +88,69 @@ absl::Status JobImpl::InitShard(uint32_t server, const void* weights,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> JobImpl::NoGradBitmap(
+    const std::vector<uint32_t>& tensors) const {
+  if (tensors.empty()) return std::string();
+  const size_t count = layout().tensors().size();
+  std::string bitmap((count + 7) / 8, '\0');
+  for (const uint32_t t : tensors) {
+    if (t >= count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Step: no_grad_tensors names tensor ", t,
+                       ", the job has ", count, " tensors"));
+    }
+    const char bit = static_cast<char>(1u << (t % 8));
+    if (bitmap[t / 8] & bit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Step: no_grad_tensors lists tensor ", t, " twice"));
+    }
+    bitmap[t / 8] = static_cast<char>(bitmap[t / 8] | bit);
+  }
+  return bitmap;
+}
+
+absl::StatusOr<std::vector<ChunkOverride>> JobImpl::OverridePieces(
+    const std::vector<TensorWeights>& tensors) const {
+  std::vector<ChunkOverride> pieces;
+  std::vector<bool> seen(layout().tensors().size(), false);
+  for (const TensorWeights& tensor : tensors) {
+    if (tensor.tensor_index >= seen.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Step: weight_overrides names tensor ",
+                       tensor.tensor_index, ", the job has ", seen.size(),
+                       " tensors"));
+    }
+    if (seen[tensor.tensor_index]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Step: weight_overrides lists tensor ",
+                       tensor.tensor_index, " twice"));
+    }
+    seen[tensor.tensor_index] = true;
+    if (tensor.values == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Step: weight_overrides of tensor ",
+                       tensor.tensor_index, " has null values"));
+    }
+    // The tensor's elements, cut at chunk boundaries.
+    const uint64_t begin = layout().offset(tensor.tensor_index);
+    const uint64_t end =
+        begin + layout().tensors()[tensor.tensor_index].numel;
+    for (uint64_t pos = begin; pos < end;) {
+      const uint64_t index = pos / plan().chunk_elems();
+      const ChunkRange chunk = plan().chunk(index);
+      const uint64_t piece_end = std::min(end, chunk.end);
+      pieces.push_back({index, pos - chunk.begin, tensor.values + (pos - begin),
+                        piece_end - pos});
+      pos = piece_end;
+    }
+  }
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const ChunkOverride& a, const ChunkOverride& b) {
+                     return a.chunk_index < b.chunk_index;
+                   });
+  return pieces;
+}
+
 bool JobImpl::NeedsTwoPhases(const StepOptions& options) const {
   if (options.known_commit.has_value()) return false;
   const OptimizerConfig& optimizer = config().optimizer;
@@ -117,6 +180,11 @@ absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
         "Step: known_commit.clip_coef must be in (0, 1] unless skip, got ",
         options.known_commit->clip_coef));
   }
+  absl::StatusOr<std::string> no_grad = NoGradBitmap(options.no_grad_tensors);
+  if (!no_grad.ok()) return no_grad.status();
+  absl::StatusOr<std::vector<ChunkOverride>> overrides =
+      OverridePieces(options.weight_overrides);
+  if (!overrides.ok()) return overrides.status();
   const absl::Time start = absl::Now();
   const std::vector<uint32_t> servers = ServersWithChunks();
   std::optional<CommitBarrier> barrier;
@@ -128,6 +196,8 @@ absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
   params.group_hparams = &options.group_hparams;
   params.loss_scale = options.loss_scale;
   params.known_commit = options.known_commit;
+  params.no_grad_tensors = &*no_grad;
+  params.overrides = &*overrides;
   params.barrier = barrier.has_value() ? &*barrier : nullptr;
   params.plan = &plan();
   params.grad_dtype = config().grad_dtype;

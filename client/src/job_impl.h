@@ -43,6 +43,14 @@ class JobImpl : public Job {
   // Whether a Step with `options` runs in two phases: no known commit, and the
   // config clips, has a skip threshold or scales the loss dynamically.
   bool NeedsTwoPhases(const StepOptions& options) const;
+  // StepOptions::no_grad_tensors as the header's bitmap (empty for none).
+  // INVALID_ARGUMENT: an index out of range or listed twice.
+  absl::StatusOr<std::string> NoGradBitmap(
+      const std::vector<uint32_t>& tensors) const;
+  // StepOptions::weight_overrides cut into per-chunk pieces, sorted by chunk.
+  // INVALID_ARGUMENT: an index out of range or twice, or null values.
+  absl::StatusOr<std::vector<ChunkOverride>> OverridePieces(
+      const std::vector<TensorWeights>& tensors) const;
 
   // Step's streams to one server (params has its job id and index): one in
   // a two-phase step (params.barrier set: the GradStats and the commit are

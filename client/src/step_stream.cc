@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "step_stream.h"
 
 #include <cstring>
@@ -124,12 +125,30 @@ class StepStream {
     if (params_.known_commit.has_value()) {
       CommitToProto(*params_.known_commit, header->mutable_commit());
     }
+    if (params_.no_grad_tensors != nullptr) {
+      header->set_no_grad_tensors(*params_.no_grad_tensors);
+    }
     wire::SerializeToBuffer(request, &buffer);
     if (!stream_->Write(buffer)) return absl::OkStatus();
 
     const char* grads = static_cast<const char*>(params_.grads);
+    std::vector<ChunkOverride>::const_iterator override_it;
+    if (params_.overrides != nullptr) {
+      override_it = std::lower_bound(
+          params_.overrides->begin(), params_.overrides->end(),
+          params_.first_chunk, [](const ChunkOverride& o, uint64_t index) {
+            return o.chunk_index < index;
+          });
+    }
     for (uint64_t index = params_.first_chunk; index < params_.end_chunk;
          ++index) {
+      if (params_.overrides != nullptr) {
+        for (; override_it != params_.overrides->end() &&
+               override_it->chunk_index == index;
+             ++override_it) {
+          if (!SendOverride(*override_it)) return absl::OkStatus();
+        }
+      }
       if (!WaitForWindow()) return absl::OkStatus();
       const ChunkRange chunk = params_.plan->chunk(index);
       const size_t bytes = chunk.size() * grad_size;
@@ -152,6 +171,20 @@ class StepStream {
     }
     stream_->WritesDone();
     return absl::OkStatus();
+  }
+
+  // Sends one weights override (rare: weights changed outside the optimizer,
+  // so a protobuf copy of the values is fine). False once the stream broke.
+  bool SendOverride(const ChunkOverride& piece) {
+    v1::StepRequest request;
+    v1::WeightsOverride* message = request.mutable_weights_override();
+    message->set_chunk_index(piece.chunk_index);
+    message->set_offset(piece.offset);
+    message->set_payload(reinterpret_cast<const char*>(piece.values),
+                         piece.count * sizeof(float));
+    grpc::ByteBuffer buffer;
+    wire::SerializeToBuffer(request, &buffer);
+    return stream_->Write(buffer);
   }
 
   // Blocks until one more chunk may be sent, and counts it as sent (before the

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -33,6 +34,15 @@
 
 namespace depot::client_internal {
 
+// New master weights for elements [offset, offset + count) of a chunk
+// (offset from the chunk's start), sent before the chunk's gradient.
+struct ChunkOverride {
+  uint64_t chunk_index = 0;
+  uint64_t offset = 0;
+  const float* values = nullptr;
+  uint64_t count = 0;
+};
+
 struct StepStreamParams {
   uint64_t job_id = 0;
   uint64_t fingerprint = 0;
@@ -42,6 +52,11 @@ struct StepStreamParams {
   double loss_scale = 1.0;
   // One phase with a known decision (sent in the header); else the default.
   std::optional<StepCommit> known_commit;
+  // The header's no_grad_tensors bitmap (empty: none); null: none.
+  const std::string* no_grad_tensors = nullptr;
+  // Weights overrides of the whole job, sorted by chunk index; each stream
+  // sends those of its chunks. Null: none.
+  const std::vector<ChunkOverride>* overrides = nullptr;
   // Two phases: the step's barrier, shared by its streams; null in one phase.
   CommitBarrier* barrier = nullptr;
   const ShardPlan* plan = nullptr;

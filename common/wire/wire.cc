@@ -111,23 +111,12 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(
   config.min_loss_scale = opt.min_loss_scale();
   config.loss_scale_window = opt.loss_scale_window();
   config.hysteresis = opt.hysteresis();
+  config.amsgrad = opt.amsgrad();
+  config.maximize = opt.maximize();
   return config;
 }
 
-}  // namespace
-
-void JobConfigToProto(const JobConfig& config, v1::JobSpec* spec) {
-  spec->Clear();
-  spec->set_name(config.name);
-  for (const TensorSpec& t : config.tensors) {
-    v1::TensorSpec* out = spec->add_tensors();
-    out->set_name(t.name);
-    out->set_numel(t.numel);
-    out->set_param_group(t.param_group);
-  }
-  spec->set_num_workers(config.num_workers);
-  v1::OptimizerConfig* opt = spec->mutable_optimizer();
-  const OptimizerConfig& o = config.optimizer;
+void OptimizerConfigToProto(const OptimizerConfig& o, v1::OptimizerConfig* opt) {
   opt->set_kind(static_cast<v1::OptimizerKind>(static_cast<int>(o.kind)));
   opt->set_lr(o.lr);
   opt->set_weight_decay(o.weight_decay);
@@ -155,6 +144,26 @@ void JobConfigToProto(const JobConfig& config, v1::JobSpec* spec) {
   opt->set_min_loss_scale(o.min_loss_scale);
   opt->set_loss_scale_window(o.loss_scale_window);
   opt->set_hysteresis(o.hysteresis);
+  opt->set_amsgrad(o.amsgrad);
+  opt->set_maximize(o.maximize);
+}
+
+}  // namespace
+
+void JobConfigToProto(const JobConfig& config, v1::JobSpec* spec) {
+  spec->Clear();
+  spec->set_name(config.name);
+  for (const TensorSpec& t : config.tensors) {
+    v1::TensorSpec* out = spec->add_tensors();
+    out->set_name(t.name);
+    out->set_numel(t.numel);
+    out->set_param_group(t.param_group);
+  }
+  spec->set_num_workers(config.num_workers);
+  OptimizerConfigToProto(config.optimizer, spec->mutable_optimizer());
+  for (const OptimizerConfig& group : config.group_optimizers) {
+    OptimizerConfigToProto(group, spec->add_group_optimizers());
+  }
   spec->set_grad_dtype(DTypeToProto(config.grad_dtype));
   spec->set_weight_dtype(DTypeToProto(config.weight_dtype));
   spec->set_chunk_elems(config.chunk_elems);
@@ -174,6 +183,16 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobSpec& spec) {
       OptimizerConfigFromProto(spec.optimizer());
   if (!optimizer.ok()) return optimizer.status();
   config.optimizer = *optimizer;
+  for (const v1::OptimizerConfig& group : spec.group_optimizers()) {
+    absl::StatusOr<OptimizerConfig> converted = OptimizerConfigFromProto(group);
+    if (!converted.ok()) {
+      return absl::Status(
+          converted.status().code(),
+          absl::StrCat("group_optimizers[", config.group_optimizers.size(),
+                       "]: ", converted.status().message()));
+    }
+    config.group_optimizers.push_back(*converted);
+  }
   absl::StatusOr<DType> grad = DTypeFromProto(spec.grad_dtype(), "grad_dtype");
   if (!grad.ok()) return grad.status();
   absl::StatusOr<DType> weight =

@@ -41,7 +41,7 @@ struct UpdateHyperParams {
 // are unused.
 struct ParamRun {
   float* master = nullptr;
-  void* slots[2] = {nullptr, nullptr};
+  void* slots[3] = {nullptr, nullptr, nullptr};
   size_t n = 0;
 };
 

@@ -88,7 +88,14 @@ struct StepCommit {
   bool skip = false;
 };
 
-// Per-step options of Job::Step. Every worker must pass the same values.
+// New master weights for one whole tensor (StepOptions::weight_overrides).
+struct TensorWeights {
+  uint32_t tensor_index = 0;      // in the layout
+  const float* values = nullptr;  // the tensor's numel values
+};
+
+// Per-step options of Job::Step. Every worker must pass the same values,
+// except no_grad_tensors and weight_overrides, which are this worker's own.
 struct StepOptions {
   // lr and weight_decay overrides per param group for this step (e.g. from a
   // schedule); groups not listed use the job's OptimizerConfig.
@@ -105,6 +112,18 @@ struct StepOptions {
   // grad_norm_skip_threshold, or uses dynamic loss scaling (loss_scale == 0
   // with fp16 gradients); otherwise one phase with no clipping and no skip.
   std::optional<StepCommit> known_commit;
+  // Tensors (layout indices, each once) this worker has no gradient for, as
+  // torch's `.grad is None`: their part of `grads` is ignored (taken as zero).
+  // A tensor that no worker has a gradient for is skipped by the servers: no
+  // update, no weight decay, no moment decay, its step count unchanged
+  // (torch.optim's semantics); one that only some workers lack is updated
+  // from the others' gradients (as DDP, which averages in zeros).
+  std::vector<uint32_t> no_grad_tensors;
+  // Tensors whose weights the trainer changed outside the optimizer (an
+  // in-place edit, a loaded checkpoint of the model): their values become the
+  // servers' fp32 master weights before this step's update, and the optimizer
+  // state (moments, step counts) is kept. Read during the call only.
+  std::vector<TensorWeights> weight_overrides;
 };
 
 // The outcome of one Step, summed over the servers.
@@ -172,8 +191,9 @@ class Job {
   // that the servers already applied returns the same weights and applies
   // nothing twice. `options` (every worker must pass the same) carries
   // per-group hyperparameters, the loss scale and a known commit. `result` may
-  // be null. INVALID_ARGUMENT: loss_scale not finite or <= 0, or a known
-  // clip_coef outside (0, 1] without skip.
+  // be null. INVALID_ARGUMENT: loss_scale not finite or <= 0, a known
+  // clip_coef outside (0, 1] without skip, a no_grad or override tensor index
+  // out of range or listed twice, or override values null.
   virtual absl::Status Step(uint64_t step, const void* grads, void* weights_out,
                             StepResult* result,
                             const StepOptions& options = {}) = 0;

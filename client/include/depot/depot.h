@@ -56,7 +56,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 3
+#define DEPOT_API_VERSION 4
 uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -178,6 +178,8 @@ typedef struct depot_optimizer_config {
   double min_loss_scale;
   double loss_scale_window;
   int32_t hysteresis;
+  int32_t amsgrad;
+  int32_t maximize;
 } depot_optimizer_config_t;
 
 /* depot::JobConfig. The strings and the tensor array are read during
@@ -192,6 +194,11 @@ typedef struct depot_job_config {
   int32_t weight_dtype;
   uint64_t chunk_elems;
   uint64_t alignment_elems;
+  /* Per-param-group optimizer configs (depot::JobConfig::group_optimizers):
+   * NULL and 0 for none, else one per param group 0..G-1. Read during
+   * depot_job_open only. */
+  const depot_optimizer_config_t* group_optimizers;
+  size_t num_group_optimizers;
 } depot_job_config_t;
 
 /* Fills `config` with the defaults of depot::JobConfig (no name, no tensors,
@@ -229,7 +236,15 @@ typedef struct depot_group_hparams {
   double weight_decay;
 } depot_group_hparams_t;
 
-/* depot::StepOptions. Every worker must pass the same values for a step. */
+/* New master weights of one tensor (depot::TensorWeights): `values` holds
+ * the tensor's numel fp32 values. */
+typedef struct depot_tensor_weights {
+  uint32_t tensor_index;
+  const float* values;
+} depot_tensor_weights_t;
+
+/* depot::StepOptions. Every worker must pass the same values for a step,
+ * except no_grad_tensors and weight_overrides. */
 typedef struct depot_step_options {
   /* Overrides of lr and weight_decay, at most one per group; groups not
    * listed use the job's config. Read during the call only. */
@@ -243,6 +258,14 @@ typedef struct depot_step_options {
   int32_t has_known_commit;
   double known_clip_coef;
   int32_t known_skip;
+  /* This worker's own (depot::StepOptions): the tensors it has no gradient
+   * for (torch's `.grad is None`; skipped when no worker has one), and new
+   * master weights for tensors changed outside the optimizer. NULL and 0 for
+   * none; read during the call only. */
+  const uint32_t* no_grad_tensors;
+  size_t num_no_grad_tensors;
+  const depot_tensor_weights_t* weight_overrides;
+  size_t num_weight_overrides;
 } depot_step_options_t;
 
 /* Fills `options` with the defaults of depot::StepOptions (no overrides,

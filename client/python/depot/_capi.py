@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 3
+API_VERSION = 4
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -66,6 +66,8 @@ class OptimizerConfig(ctypes.Structure):
         ("min_loss_scale", c_double),
         ("loss_scale_window", c_double),
         ("hysteresis", c_int32),
+        ("amsgrad", c_int32),
+        ("maximize", c_int32),
     ]
 
 
@@ -80,6 +82,8 @@ class JobConfig(ctypes.Structure):
         ("weight_dtype", c_int32),
         ("chunk_elems", c_uint64),
         ("alignment_elems", c_uint64),
+        ("group_optimizers", ctypes.POINTER(OptimizerConfig)),
+        ("num_group_optimizers", c_size_t),
     ]
 
 
@@ -91,6 +95,13 @@ class GroupHyperParams(ctypes.Structure):
     ]
 
 
+class TensorWeights(ctypes.Structure):
+    _fields_ = [
+        ("tensor_index", c_uint32),
+        ("values", ctypes.POINTER(ctypes.c_float)),
+    ]
+
+
 class StepOptions(ctypes.Structure):
     _fields_ = [
         ("group_hparams", ctypes.POINTER(GroupHyperParams)),
@@ -99,6 +110,10 @@ class StepOptions(ctypes.Structure):
         ("has_known_commit", c_int32),
         ("known_clip_coef", c_double),
         ("known_skip", c_int32),
+        ("no_grad_tensors", ctypes.POINTER(c_uint32)),
+        ("num_no_grad_tensors", c_size_t),
+        ("weight_overrides", ctypes.POINTER(TensorWeights)),
+        ("num_weight_overrides", c_size_t),
     ]
 
 

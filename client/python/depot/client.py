@@ -82,6 +82,9 @@ def optimizer_defaults():
             for name, _ in _capi.OptimizerConfig._fields_ if name != "kind"}
 
 
+_BOOL_FIELDS = ("sgd_nesterov", "amsgrad", "maximize")
+
+
 def _set_optimizer_fields(c_config, kind, fields):
     try:
         c_config.kind = OPTIMIZER_KINDS[kind.lower()]
@@ -97,7 +100,7 @@ def _set_optimizer_fields(c_config, kind, fields):
             value = int(parse_dtype(value))
         elif name == "clip_grad_norm_type" and isinstance(value, str):
             value = GRAD_NORM_TYPES[value.lower()]
-        elif name == "sgd_nesterov":
+        elif name in _BOOL_FIELDS:
             value = int(bool(value))
         setattr(c_config, name, value)
 
@@ -143,7 +146,8 @@ class Client(OwnedHandle):
 
     def open_job(self, name, tensors, *, worker_rank=0, num_workers=1,
                  optimizer="adamw", grad_dtype="fp32", weight_dtype="fp32",
-                 chunk_elems=None, alignment_elems=None, **optimizer_fields):
+                 chunk_elems=None, alignment_elems=None,
+                 group_optimizers=None, **optimizer_fields):
         """Creates the job on every server, or attaches to an identical one.
 
         `tensors`: (name, numel, param_group) per tensor, in layout order.
@@ -152,6 +156,11 @@ class Client(OwnedHandle):
         (lr, weight_decay, adam_beta1, adam_beta2, adam_eps, sgd_momentum,
         sgd_dampening, sgd_nesterov, ...; depot/job_config.h); the others keep
         the library's defaults (optimizer_defaults()).
+        `group_optimizers`: None (every param group uses the fields above),
+        or one dict per param group 0..G-1 of overrides of those fields (e.g.
+        {"adam_beta1": 0.8, "amsgrad": True}); each group's config is the
+        job's with its overrides, and may differ only in the optimizer's
+        hyperparameters (depot/job_config.h).
         FailedPreconditionError when a job of that name has another config.
         """
         specs = [TensorSpec(*t) for t in tensors]
@@ -166,6 +175,17 @@ class Client(OwnedHandle):
         config.num_tensors = len(specs)
         config.num_workers = num_workers
         _set_optimizer_fields(config.optimizer, optimizer, optimizer_fields)
+        groups = list(group_optimizers or ())
+        c_groups = (_capi.OptimizerConfig * len(groups))()
+        for c_group, overrides in zip(c_groups, groups):
+            _set_optimizer_fields(c_group, optimizer,
+                                  {**optimizer_fields, **overrides})
+            for name, _ in _capi.OptimizerConfig._fields_:
+                if name != "kind" and name not in optimizer_fields \
+                        and name not in overrides:
+                    setattr(c_group, name, getattr(config.optimizer, name))
+        config.group_optimizers = c_groups
+        config.num_group_optimizers = len(groups)
         config.grad_dtype = int(parse_dtype(grad_dtype))
         config.weight_dtype = int(parse_dtype(weight_dtype))
         if chunk_elems is not None:
