@@ -3,6 +3,7 @@
 // Every entry point that can fail runs its body through Guarded(), which turns
 // the absl::Status into the returned code and the thread's last error, and
 // catches every C++ exception: none may unwind into a C (or ctypes) caller.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -330,6 +331,26 @@ int depot_job_delete(depot_job_t* job) {
   });
 }
 
+namespace {
+
+// Hands `blob` to the caller as a malloc'ed buffer (freed with
+// depot_buffer_free).
+absl::Status GiveBlob(const char* function, const std::string& blob,
+                      void** data, size_t* size) {
+  // malloc(0) may return NULL; a blob is never empty (it has a header).
+  void* buffer = std::malloc(blob.size());
+  if (buffer == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(function, ": cannot allocate ", blob.size(), " bytes"));
+  }
+  std::memcpy(buffer, blob.data(), blob.size());
+  *data = buffer;
+  *size = blob.size();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 int depot_job_save_state(depot_job_t* job, void** data, size_t* size) {
   constexpr const char* kFunction = "depot_job_save_state";
   return depot::Guarded(kFunction, [&]() -> absl::Status {
@@ -338,16 +359,78 @@ int depot_job_save_state(depot_job_t* job, void** data, size_t* size) {
     if (size == nullptr) return depot::c_api::NullArgument(kFunction, "size");
     absl::StatusOr<std::string> blob = job->job->SaveState();
     if (!blob.ok()) return blob.status();
-    // malloc(0) may return NULL; a blob is never empty (it has a header).
-    void* buffer = std::malloc(blob->size());
-    if (buffer == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          kFunction, ": cannot allocate ", blob->size(), " bytes"));
+    return GiveBlob(kFunction, *blob, data, size);
+  });
+}
+
+size_t depot_job_num_state_slots(const depot_job_t* job) {
+  if (job == nullptr) return 0;
+  return static_cast<size_t>(depot::JobStateSlots(job->job->config()));
+}
+
+int depot_job_decode_state(const depot_job_t* job, const void* data,
+                           size_t size, depot_flat_state_t* out) {
+  constexpr const char* kFunction = "depot_job_decode_state";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    if (out == nullptr) return depot::c_api::NullArgument(kFunction, "out");
+    if (data == nullptr && size > 0) {
+      return depot::c_api::NullArgument(kFunction, "data");
     }
-    std::memcpy(buffer, blob->data(), blob->size());
-    *data = buffer;
-    *size = blob->size();
+    const size_t slots = depot_job_num_state_slots(job);
+    if (out->master == nullptr || out->tensor_steps == nullptr) {
+      return depot::c_api::NullArgument(kFunction,
+                                        "out->master or out->tensor_steps");
+    }
+    for (size_t k = 0; k < slots; ++k) {
+      if (out->slots[k] == nullptr) {
+        return depot::c_api::NullArgument(kFunction, "an out->slots entry");
+      }
+    }
+    absl::StatusOr<depot::FlatState> state = job->job->DecodeState(
+        std::string(static_cast<const char*>(data), data == nullptr ? 0 : size));
+    if (!state.ok()) return state.status();
+    out->applied_step = state->applied_step;
+    std::copy(state->master.begin(), state->master.end(), out->master);
+    for (size_t k = 0; k < slots; ++k) {
+      std::copy(state->slots[k].begin(), state->slots[k].end(), out->slots[k]);
+    }
+    std::copy(state->tensor_steps.begin(), state->tensor_steps.end(),
+              out->tensor_steps);
     return absl::OkStatus();
+  });
+}
+
+int depot_job_encode_state(const depot_job_t* job,
+                           const depot_flat_state_t* state, void** data,
+                           size_t* size) {
+  constexpr const char* kFunction = "depot_job_encode_state";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    if (state == nullptr) return depot::c_api::NullArgument(kFunction, "state");
+    if (data == nullptr) return depot::c_api::NullArgument(kFunction, "data");
+    if (size == nullptr) return depot::c_api::NullArgument(kFunction, "size");
+    const uint64_t n = job->job->total_elems();
+    const size_t slots = depot_job_num_state_slots(job);
+    if (state->master == nullptr || state->tensor_steps == nullptr) {
+      return depot::c_api::NullArgument(kFunction,
+                                        "state->master or state->tensor_steps");
+    }
+    depot::FlatState flat;
+    flat.applied_step = state->applied_step;
+    flat.master.assign(state->master, state->master + n);
+    for (size_t k = 0; k < slots; ++k) {
+      if (state->slots[k] == nullptr) {
+        return depot::c_api::NullArgument(kFunction, "a state->slots entry");
+      }
+      flat.slots.emplace_back(state->slots[k], state->slots[k] + n);
+    }
+    flat.tensor_steps.assign(
+        state->tensor_steps,
+        state->tensor_steps + job->job->layout().tensors().size());
+    absl::StatusOr<std::string> blob = job->job->EncodeState(flat);
+    if (!blob.ok()) return blob.status();
+    return GiveBlob(kFunction, *blob, data, size);
   });
 }
 

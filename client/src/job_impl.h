@@ -34,6 +34,10 @@ class JobImpl : public Job {
   // job_state.cc
   absl::StatusOr<std::string> SaveState() override;
   absl::Status LoadState(const std::string& blob) override;
+  absl::StatusOr<FlatState> DecodeState(
+      const std::string& blob) const override;
+  absl::StatusOr<std::string> EncodeState(
+      const FlatState& state) const override;
 
  private:
   // The servers whose shard holds at least one chunk: the only ones that take

@@ -1,5 +1,7 @@
 // JobImpl::SaveState and LoadState: the whole optimizer state through the
 // servers' ExportState / ImportState RPCs, in the blob of state_blob.h.
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -82,6 +84,162 @@ absl::Status JobImpl::LoadState(const std::string& bytes) {
         }
         return absl::OkStatus();
       });
+}
+
+namespace {
+
+absl::Status BadBlob(const std::string& what) {
+  return absl::DataLossError(
+      absl::StrCat("the saved state does not fit the job's shard plan: ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<FlatState> JobImpl::DecodeState(const std::string& bytes) const {
+  absl::StatusOr<StateBlob> blob = DecodeStateBlob(bytes);
+  if (!blob.ok()) return blob.status();
+  if (blob->fingerprint != StateFingerprint(config()) ||
+      blob->servers.size() != plan().num_servers()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the saved state is of another job config (state fingerprint %#x, "
+        "this job's %#x)",
+        blob->fingerprint, StateFingerprint(config())));
+  }
+  const OptimizerConfig slot_config = JobSlotConfig(config());
+  const int slots = OptimizerStateSlots(slot_config);
+  const uint64_t n = total_elems();
+  FlatState state;
+  state.master.assign(n, 0.0f);
+  state.slots.assign(slots, std::vector<float>(n, 0.0f));
+  state.tensor_steps.assign(layout().tensors().size(), 0);
+  std::vector<bool> seen(plan().num_chunks(), false);
+  bool first = true;
+  for (const std::vector<v1::StateChunk>& server : blob->servers) {
+    for (const v1::StateChunk& chunk : server) {
+      if (chunk.index() >= plan().num_chunks() || seen[chunk.index()]) {
+        return BadBlob(absl::StrCat("chunk ", chunk.index(),
+                                    " is outside the plan or listed twice"));
+      }
+      seen[chunk.index()] = true;
+      const ChunkRange range = plan().chunk(chunk.index());
+      if (chunk.master().size() != range.size() * sizeof(float) ||
+          chunk.slots_size() != slots) {
+        return BadBlob(absl::StrCat("chunk ", chunk.index(),
+                                    " has the wrong size or slot count"));
+      }
+      if (first) {
+        state.applied_step = chunk.applied_step();
+        first = false;
+      }
+      std::memcpy(state.master.data() + range.begin, chunk.master().data(),
+                  chunk.master().size());
+      for (int k = 0; k < slots; ++k) {
+        const DType dtype = OptimizerSlotDType(slot_config, k);
+        if (chunk.slots(k).size() != range.size() * DTypeSize(dtype)) {
+          return BadBlob(absl::StrCat("slot ", k, " of chunk ", chunk.index(),
+                                      " has the wrong size"));
+        }
+        ConvertToFloat(dtype, chunk.slots(k).data(),
+                       state.slots[k].data() + range.begin, range.size());
+      }
+      const std::vector<Segment> segments =
+          layout().SegmentsIn(range.begin, range.end);
+      if (chunk.tensor_steps_size() != 0 &&
+          static_cast<size_t>(chunk.tensor_steps_size()) != segments.size()) {
+        return BadBlob(absl::StrCat("chunk ", chunk.index(), " has ",
+                                    chunk.tensor_steps_size(),
+                                    " tensor counts for ", segments.size(),
+                                    " segments"));
+      }
+      for (size_t i = 0; i < segments.size(); ++i) {
+        state.tensor_steps[segments[i].tensor_index] =
+            chunk.tensor_steps_size() != 0 ? chunk.tensor_steps(i)
+                                           : chunk.optimizer_step();
+      }
+    }
+  }
+  for (size_t c = 0; c < seen.size(); ++c) {
+    if (!seen[c]) return BadBlob(absl::StrCat("chunk ", c, " is missing"));
+  }
+  return state;
+}
+
+absl::StatusOr<std::string> JobImpl::EncodeState(const FlatState& state) const {
+  const OptimizerConfig slot_config = JobSlotConfig(config());
+  const int slots = OptimizerStateSlots(slot_config);
+  const uint64_t n = total_elems();
+  if (state.master.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EncodeState: master has ", state.master.size(),
+                     " elements, the job ", n));
+  }
+  if (state.slots.size() != static_cast<size_t>(slots)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("EncodeState: ", state.slots.size(),
+                     " slot arrays, the job's optimizer keeps ", slots));
+  }
+  for (int k = 0; k < slots; ++k) {
+    if (state.slots[k].size() != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("EncodeState: slot ", k, " has ",
+                       state.slots[k].size(), " elements, the job ", n));
+    }
+  }
+  if (state.tensor_steps.size() != layout().tensors().size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "EncodeState: ", state.tensor_steps.size(), " tensor step counts, the "
+        "job has ", layout().tensors().size(), " tensors"));
+  }
+  for (size_t t = 0; t < state.tensor_steps.size(); ++t) {
+    if (state.tensor_steps[t] > state.applied_step) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "EncodeState: tensor ", t, " has step count ", state.tensor_steps[t],
+          ", above the applied step ", state.applied_step));
+    }
+  }
+  StateBlob blob;
+  blob.fingerprint = StateFingerprint(config());
+  blob.servers.resize(plan().num_servers());
+  std::vector<float> padded;
+  for (uint32_t server = 0; server < plan().num_servers(); ++server) {
+    const ShardRange& shard = plan().shard(server);
+    for (uint64_t index = shard.first_chunk; index < shard.end_chunk;
+         ++index) {
+      const ChunkRange range = plan().chunk(index);
+      const std::vector<Segment> segments =
+          layout().SegmentsIn(range.begin, range.end);
+      v1::StateChunk& chunk = blob.servers[server].emplace_back();
+      chunk.set_index(index);
+      chunk.set_applied_step(state.applied_step);
+      uint64_t largest = 0;
+      for (const Segment& segment : segments) {
+        const uint64_t count = state.tensor_steps[segment.tensor_index];
+        chunk.add_tensor_steps(count);
+        largest = std::max(largest, count);
+      }
+      chunk.set_optimizer_step(largest);
+      // Padding holds no state: zero whatever the arrays have there.
+      const auto padded_copy = [&](const std::vector<float>& source) {
+        padded.assign(range.size(), 0.0f);
+        for (const Segment& segment : segments) {
+          std::copy(source.begin() + segment.begin,
+                    source.begin() + segment.end,
+                    padded.begin() + (segment.begin - range.begin));
+        }
+        return padded.data();
+      };
+      chunk.set_master(reinterpret_cast<const char*>(padded_copy(state.master)),
+                       range.size() * sizeof(float));
+      for (int k = 0; k < slots; ++k) {
+        const DType dtype = OptimizerSlotDType(slot_config, k);
+        std::string bytes(range.size() * DTypeSize(dtype), '\0');
+        ConvertFromFloat(padded_copy(state.slots[k]), dtype, bytes.data(),
+                         range.size());
+        *chunk.add_slots() = std::move(bytes);
+      }
+    }
+  }
+  return EncodeStateBlob(blob);
 }
 
 }  // namespace depot::client_internal

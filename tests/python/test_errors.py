@@ -78,10 +78,10 @@ def test_optimizer_on_another_runs_job_name_raises_failed_precondition(
         return DepotOptimizer(model.parameters(), client=client,
                               job_name=job_name, lr=lr)
 
-    optimizer(1e-3)
+    optimizer(1e-3).job  # the job is opened on first use
     with pytest.raises(depot.FailedPreconditionError,
                        match="different config"):
-        optimizer(2e-3)
+        optimizer(2e-3).job
 
 
 def test_optimizer_on_a_trained_job_raises_failed_precondition(client,

@@ -70,10 +70,18 @@ def test_state_dict_before_the_first_step_has_no_depot_state(client,
     assert opt.state_dict()["depot_state"] is None
 
 
-def test_load_state_dict_without_depot_state_is_a_key_error(client,
-                                                            job_name):
+def test_load_state_dict_with_part_of_depot_keys_is_a_key_error(client,
+                                                                job_name):
     _, opt = make(client, job_name)
     with pytest.raises(KeyError, match="depot_state"):
+        opt.load_state_dict({"state": {}, "param_groups": [],
+                             "depot_step": 3})
+
+
+def test_torch_state_dict_of_another_shape_is_a_value_error(client,
+                                                            job_name):
+    _, opt = make(client, job_name)
+    with pytest.raises(ValueError, match="param groups do not match"):
         opt.load_state_dict({"state": {}, "param_groups": []})
 
 

@@ -1,10 +1,12 @@
-"""DepotOptimizer's loss scaling: Megatron's dynamic scaler (the C++ one,
-through the C API) with fp16 gradients, and a constant scale.
+"""DepotOptimizer's loss scaling: the dynamic scaler (the C++ one, through
+the C API) with fp16 gradients, with torch GradScaler's defaults
+(loss_scale="dynamic": 2**16, no hysteresis) or Megatron's
+(loss_scale="megatron": 2**32, hysteresis 2), and a constant scale.
 
-The dynamic scale starts at Megatron's 2**32, so this model's fp16
-gradients overflow: every such step is skipped with the parameters left
-unchanged, the first `hysteresis` (2) overflows keep the scale, each later
-one halves it, and once the scaled gradients fit in fp16 the model trains.
+Starting at 2**32, this model's fp16 gradients overflow: every such step is
+skipped with the parameters left unchanged, the first `hysteresis` overflows
+keep the scale, each later one halves it, and once the scaled gradients fit
+in fp16 the model trains.
 """
 
 import pytest
@@ -14,8 +16,9 @@ import training
 from depot.torch import DepotOptimizer
 
 INITIAL_SCALE = 2.0 ** 32
-HYSTERESIS = 2
 MAX_STEPS = 60
+# preset: its hysteresis (both run from INITIAL_SCALE here).
+PRESETS = {"megatron": 2, "dynamic": 1}
 
 
 def scaled_step(model, opt, inputs, targets):
@@ -26,17 +29,33 @@ def scaled_step(model, opt, inputs, targets):
     return loss.item()
 
 
-def expected_scale(overflows):
+def expected_scale(overflows, hysteresis):
     """The scale after `overflows` consecutive overflowing steps."""
-    return INITIAL_SCALE * 0.5 ** max(0, overflows - (HYSTERESIS - 1))
+    return INITIAL_SCALE * 0.5 ** max(0, overflows - (hysteresis - 1))
 
 
-def test_dynamic_scale_skips_overflows_backs_off_then_trains(client,
+def test_dynamic_presets_start_at_torch_and_megatron_defaults(client,
                                                               job_name):
+    model = training.make_model()
+    torch_like = DepotOptimizer(model.parameters(), client=client,
+                                job_name=job_name, grad_dtype="fp16",
+                                loss_scale="dynamic")
+    assert torch_like.loss_scale == 2.0 ** 16
+    megatron = DepotOptimizer(model.parameters(), client=client,
+                              job_name=job_name + "-m", grad_dtype="fp16",
+                              loss_scale="megatron")
+    assert megatron.loss_scale == 2.0 ** 32
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_dynamic_scale_skips_overflows_backs_off_then_trains(client,
+                                                              job_name,
+                                                              preset):
+    hysteresis = PRESETS[preset]
     model = training.make_model()
     opt = DepotOptimizer(model.parameters(), client=client,
                          job_name=job_name, lr=1e-2, grad_dtype="fp16",
-                         loss_scale="dynamic",
+                         loss_scale=preset, initial_loss_scale=INITIAL_SCALE,
                          chunk_elems=training.CHUNK_ELEMS)
     assert opt.loss_scale == INITIAL_SCALE
     inputs, targets = training.batch(0)
@@ -52,9 +71,9 @@ def test_dynamic_scale_skips_overflows_backs_off_then_trains(client,
         assert opt.last_step.found_inf
         assert torch.equal(training.flat_weights(model), before), (
             f"a skipped step (overflow {overflows}) changed the parameters")
-        assert opt.loss_scale == expected_scale(overflows)
+        assert opt.loss_scale == expected_scale(overflows, hysteresis)
         assert overflows < MAX_STEPS, "the scale never backed off enough"
-    assert overflows > HYSTERESIS
+    assert overflows > hysteresis
     assert not opt.last_step.found_inf
     assert not torch.equal(training.flat_weights(model), before)
     assert opt.loss_scale == scale  # grows only after loss_scale_window
@@ -103,10 +122,10 @@ def test_state_dict_carries_the_dynamic_scale(client, job_name):
     model = training.make_model()
     opt = DepotOptimizer(model.parameters(), client=client,
                          job_name=job_name, lr=1e-2, grad_dtype="fp16",
-                         loss_scale="dynamic",
+                         loss_scale="megatron",
                          chunk_elems=training.CHUNK_ELEMS)
     inputs, targets = training.batch(0)
-    for _ in range(HYSTERESIS + 2):  # overflows: the scale backs off
+    for _ in range(PRESETS["megatron"] + 2):  # overflows: it backs off
         scaled_step(model, opt, inputs, targets)
     assert opt.loss_scale < INITIAL_SCALE
     saved = opt.state_dict()
@@ -114,7 +133,7 @@ def test_state_dict_carries_the_dynamic_scale(client, job_name):
     resumed_model = training.twin(model)
     resumed = DepotOptimizer(resumed_model.parameters(), client=client,
                              job_name=job_name + "-resumed", lr=1e-2,
-                             grad_dtype="fp16", loss_scale="dynamic",
+                             grad_dtype="fp16", loss_scale="megatron",
                              chunk_elems=training.CHUNK_ELEMS)
     assert resumed.loss_scale == INITIAL_SCALE
     resumed.load_state_dict(saved)

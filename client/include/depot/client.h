@@ -166,6 +166,22 @@ struct ServerJobStatus {
   uint64_t state_checksum = 0;  // only when asked for
 };
 
+// A job's whole optimizer state as flat arrays over its index space [0, N),
+// for reading it or building it elsewhere (torch's optimizer state):
+// Job::DecodeState and Job::EncodeState.
+struct FlatState {
+  // The last step the servers applied (every chunk's).
+  uint64_t applied_step = 0;
+  std::vector<float> master;  // N fp32 master weights; padding is 0
+  // One array of N per state slot of the job (OptimizerStateSlots of the
+  // most any group keeps: Adam exp_avg, exp_avg_sq[, max_exp_avg_sq]; SGD
+  // momentum_buffer; Adagrad state_sum; Lion exp_avg), widened to fp32.
+  std::vector<std::vector<float>> slots;
+  // Each tensor's optimizer step count (torch's state["step"]), in layout
+  // order.
+  std::vector<uint64_t> tensor_steps;
+};
+
 class Job {
  public:
   virtual ~Job() = default;
@@ -226,6 +242,18 @@ class Job {
   // atomically; an error on one server (e.g. it is down) leaves the others'
   // shards loaded.
   virtual absl::Status LoadState(const std::string& blob) = 0;
+
+  // The state in a SaveState blob of this job's config, as flat arrays.
+  // DATA_LOSS: a corrupt blob, or one whose chunks do not describe the shard
+  // plan. FAILED_PRECONDITION: a blob of another config.
+  virtual absl::StatusOr<FlatState> DecodeState(
+      const std::string& blob) const = 0;
+
+  // A blob for LoadState holding `state`: bf16 slots are rounded to nearest
+  // even, padding is stored as 0. INVALID_ARGUMENT: an array of the wrong
+  // size or count, or a tensor step count above applied_step.
+  virtual absl::StatusOr<std::string> EncodeState(
+      const FlatState& state) const = 0;
 
  protected:
   Job(JobConfig config, Layout layout, ShardPlan plan, uint64_t fingerprint,

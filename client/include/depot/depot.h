@@ -340,6 +340,36 @@ int depot_job_save_state(depot_job_t* job, void** data, size_t* size);
  * config, or a step in flight. */
 int depot_job_load_state(depot_job_t* job, const void* data, size_t size);
 
+/* The job's optimizer state as flat fp32 arrays over [0, N)
+ * (depot::FlatState), for reading it or building it from another optimizer's
+ * state (torch.optim's). The caller owns every array: master and each of the
+ * first depot_job_num_state_slots(job) slots hold N floats, tensor_steps one
+ * count per tensor; slots[k] beyond those are ignored. Slot k is, by kind:
+ * Adam/AdamW exp_avg, exp_avg_sq, max_exp_avg_sq (amsgrad); SGD
+ * momentum_buffer; Adagrad state_sum; Lion exp_avg. */
+typedef struct depot_flat_state {
+  uint64_t applied_step; /* the last step the servers applied */
+  float* master;
+  float* slots[3];
+  uint64_t* tensor_steps; /* torch's state["step"] of each tensor */
+} depot_flat_state_t;
+
+/* The number of state slots the job keeps per element (0 to 3). */
+size_t depot_job_num_state_slots(const depot_job_t* job);
+
+/* Decodes a blob from depot_job_save_state of a job with this config into
+ * the caller's arrays of *out. DATA_LOSS: corrupt blob; FAILED_PRECONDITION:
+ * a blob of another config. */
+int depot_job_decode_state(const depot_job_t* job, const void* data,
+                           size_t size, depot_flat_state_t* out);
+
+/* Encodes `state` as a blob for depot_job_load_state (bf16 slots rounded to
+ * nearest even, padding stored as 0); *data is freed with depot_buffer_free.
+ * INVALID_ARGUMENT: a NULL array, or a tensor count above applied_step. */
+int depot_job_encode_state(const depot_job_t* job,
+                           const depot_flat_state_t* state, void** data,
+                           size_t* size);
+
 /* Frees a buffer the library allocated. NULL is ignored. */
 void depot_buffer_free(void* data);
 

@@ -13,8 +13,8 @@ the source tree's build/ or by the system loader (depot._loader).
 
 from depot._loader import LibraryNotFoundError
 from depot.buffers import DType
-from depot.client import (Client, GroupHyperParams, Job, ServerStatus,
-                          StepCommit, StepResult, TensorSpec,
+from depot.client import (Client, FlatState, GroupHyperParams, Job,
+                          ServerStatus, StepCommit, StepResult, TensorSpec,
                           optimizer_defaults)
 from depot.grad_scaler import GradScaler
 from depot.errors import *  # noqa: F401,F403 (DepotError and its subclasses)
@@ -23,7 +23,7 @@ from depot import errors as _errors
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "DType", "GradScaler", "GroupHyperParams", "Job", "LibraryNotFoundError",
+    "Client", "DType", "FlatState", "GradScaler", "GroupHyperParams", "Job", "LibraryNotFoundError",
     "ServerStatus", "StepCommit", "StepResult", "TensorSpec",
     "optimizer_defaults",
 ] + _errors.__all__

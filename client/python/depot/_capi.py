@@ -135,6 +135,15 @@ class StepResult(ctypes.Structure):
     ]
 
 
+class FlatState(ctypes.Structure):
+    _fields_ = [
+        ("applied_step", c_uint64),
+        ("master", ctypes.POINTER(ctypes.c_float)),
+        ("slots", ctypes.POINTER(ctypes.c_float) * 3),
+        ("tensor_steps", ctypes.POINTER(c_uint64)),
+    ]
+
+
 class ServerStatus(ctypes.Structure):
     _fields_ = [
         ("server", c_char_p),
@@ -192,6 +201,12 @@ _PROTOTYPES = {
     "depot_job_save_state": (ctypes.c_int, [
         c_void_p, ctypes.POINTER(c_void_p), ctypes.POINTER(c_size_t)]),
     "depot_job_load_state": (ctypes.c_int, [c_void_p, c_void_p, c_size_t]),
+    "depot_job_num_state_slots": (c_size_t, [c_void_p]),
+    "depot_job_decode_state": (ctypes.c_int, [
+        c_void_p, c_void_p, c_size_t, _p(FlatState)]),
+    "depot_job_encode_state": (ctypes.c_int, [
+        c_void_p, _p(FlatState), ctypes.POINTER(c_void_p),
+        ctypes.POINTER(c_size_t)]),
     "depot_buffer_free": (None, [c_void_p]),
     "depot_grad_scaler_create": (ctypes.c_int, [
         c_void_p, ctypes.POINTER(c_void_p)]),

@@ -61,6 +61,20 @@ class StepResult:
     clip_coef: float
 
 
+@dataclasses.dataclass
+class FlatState:
+    """A job's whole optimizer state as flat float32 arrays over
+    [0, total_elems) (Job.decode_state / encode_state): the fp32 master
+    weights, each state slot (Adam: exp_avg, exp_avg_sq[, max_exp_avg_sq];
+    SGD: momentum_buffer; Adagrad: sum; Lion: exp_avg), each tensor's
+    optimizer step count, and the last step the servers applied."""
+
+    applied_step: int
+    master: np.ndarray
+    slots: list
+    tensor_steps: np.ndarray
+
+
 @dataclasses.dataclass(frozen=True)
 class ServerStatus:
     """One server's view of a job."""
@@ -243,11 +257,18 @@ class Job(OwnedHandle):
                 self._live_handle(), address, int(dtype)))
 
     def step(self, step, grads, weights_out, *, group_hparams=(),
-             loss_scale=1.0, known_commit=None):
+             loss_scale=1.0, known_commit=None, no_grad_tensors=(),
+             weight_overrides=()):
         """Runs step `step` (1, 2, ...) for this worker: sends `grads` and
         writes the updated weights into `weights_out`. Every worker passes the
         same `group_hparams` ((param_group, lr, weight_decay) each),
-        `loss_scale` and `known_commit` (a StepCommit, or None). Returns a
+        `loss_scale` and `known_commit` (a StepCommit, or None).
+        This worker's own: `no_grad_tensors`, the tensor indices it has no
+        gradient for (a tensor no worker has one for is skipped, as torch
+        skips a parameter whose .grad is None); `weight_overrides`,
+        (tensor_index, values) pairs of new master weights (values: the
+        tensor's numel fp32 elements, a contiguous NumPy array or CPU
+        tensor) for tensors changed outside the optimizer. Returns a
         StepResult."""
         grads_address = buffer_address(grads, self.grad_dtype,
                                        self.total_elems, writable=False,
@@ -265,6 +286,23 @@ class Job(OwnedHandle):
         options.group_hparams = c_hparams
         options.num_group_hparams = len(hparams)
         options.loss_scale = loss_scale
+        no_grad = list(no_grad_tensors)
+        c_no_grad = (_capi.c_uint32 * len(no_grad))(*no_grad)
+        options.no_grad_tensors = c_no_grad
+        options.num_no_grad_tensors = len(no_grad)
+        overrides = list(weight_overrides)
+        c_overrides = (_capi.TensorWeights * len(overrides))()
+        for c_override, (index, values) in zip(c_overrides, overrides):
+            if not 0 <= index < len(self.tensors):
+                raise ValueError(f"weight_overrides: tensor {index} is not in "
+                                 f"the job's {len(self.tensors)} tensors")
+            c_override.tensor_index = index
+            c_override.values = ctypes.cast(buffer_address(
+                values, DType.FP32, self.tensors[index].numel,
+                writable=False, what=f"weight_overrides[{index}]"),
+                ctypes.POINTER(ctypes.c_float))
+        options.weight_overrides = c_overrides
+        options.num_weight_overrides = len(overrides)
         if known_commit is not None:
             commit = StepCommit(*known_commit)
             options.has_known_commit = 1
@@ -330,6 +368,63 @@ class Job(OwnedHandle):
         with self._lock:
             _capi.check(_capi.lib().depot_job_load_state(
                 self._live_handle(), state, len(state)))
+
+    def decode_state(self, state):
+        """The state in `state` (bytes from save_state of a job with this
+        config) as a FlatState of NumPy arrays over [0, total_elems)."""
+        state = bytes(state)
+        lib = _capi.lib()
+        slots = lib.depot_job_num_state_slots(self._live_handle())
+        flat = FlatState(
+            applied_step=0,
+            master=np.zeros(self.total_elems, dtype=np.float32),
+            slots=[np.zeros(self.total_elems, dtype=np.float32)
+                   for _ in range(slots)],
+            tensor_steps=np.zeros(len(self.tensors), dtype=np.uint64))
+        c_state = self._c_flat_state(flat)
+        with self._lock:
+            _capi.check(lib.depot_job_decode_state(
+                self._live_handle(), state, len(state),
+                ctypes.byref(c_state)))
+        return dataclasses.replace(flat, applied_step=c_state.applied_step)
+
+    def encode_state(self, flat):
+        """Bytes for load_state holding `flat` (a FlatState: float32
+        master and slots of total_elems each, one count per tensor)."""
+        slots = _capi.lib().depot_job_num_state_slots(self._live_handle())
+        if len(flat.slots) != slots:
+            raise ValueError(f"encode_state: {len(flat.slots)} slot arrays, "
+                             f"the job keeps {slots}")
+        c_state = self._c_flat_state(flat)
+        data = ctypes.c_void_p()
+        size = ctypes.c_size_t()
+        with self._lock:
+            _capi.check(_capi.lib().depot_job_encode_state(
+                self._live_handle(), ctypes.byref(c_state),
+                ctypes.byref(data), ctypes.byref(size)))
+        try:
+            return ctypes.string_at(data, size.value)
+        finally:
+            _capi.lib().depot_buffer_free(data)
+
+    def _c_flat_state(self, flat):
+        def floats(array, what):
+            return ctypes.cast(buffer_address(
+                array, DType.FP32, self.total_elems, writable=True,
+                what=what), ctypes.POINTER(ctypes.c_float))
+        c_state = _capi.FlatState()
+        c_state.applied_step = int(flat.applied_step)
+        c_state.master = floats(flat.master, "master")
+        for k, slot in enumerate(flat.slots):
+            c_state.slots[k] = floats(slot, f"slots[{k}]")
+        steps = np.ascontiguousarray(flat.tensor_steps, dtype=np.uint64)
+        if steps.shape != (len(self.tensors),):
+            raise ValueError(f"tensor_steps: {steps.shape[0]} counts, the "
+                             f"job has {len(self.tensors)} tensors")
+        flat.tensor_steps = steps  # keeps the converted array alive
+        c_state.tensor_steps = steps.ctypes.data_as(
+            ctypes.POINTER(_capi.c_uint64))
+        return c_state
 
     def delete(self):
         """Deletes the job on every server, freeing its state."""

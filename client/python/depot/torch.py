@@ -14,62 +14,93 @@ Switching a training loop to Depot changes only the optimizer's construction:
         opt.step()     # grads out, updated weights written into the params
         sched.step()
 
-What runs where: the fp32 master weights and the moments live on the servers,
-which apply torch.optim's update (docs/optimizers.md); step() packs every
-parameter's .grad into one flat host buffer, sends it with each param group's
-current lr and weight_decay (so lr schedulers work), and copies the updated
-weights into the parameters in place.
+What runs where: the fp32 master weights and the optimizer state live on the
+servers, which apply torch.optim's single-tensor update
+(torch.optim.X(..., foreach=False); docs/optimizers.md). step() packs every
+parameter's .grad into one flat host buffer, sends it with each param
+group's current lr and weight_decay (so lr schedulers work), and copies the
+updated weights into the parameters in place.
+
+What is the same as torch.optim (Adam, AdamW, SGD, Adagrad; the tests
+compare the weights bit for bit):
+- every constructor argument of the torch.optim class, with its default and
+  its own checks (the accepted keywords are read from the installed torch);
+  amsgrad, maximize, betas, eps, momentum, dampening, nesterov, lr_decay per
+  param group; foreach and fused choose torch's implementation and are
+  accepted where torch accepts them (Depot computes the single-tensor
+  formula), capturable=True raises what torch raises on a CPU tensor;
+- per-parameter state: a parameter whose .grad is None is skipped entirely
+  (no update, no weight decay, no moment decay, its step count unchanged),
+  so zero_grad(set_to_none=True), unused branches and frozen layers behave
+  as in torch. Every parameter of the groups is in the job whatever its
+  requires_grad, so freezing and unfreezing behave as in torch;
+- weights changed outside the optimizer (an in-place edit,
+  model.load_state_dict, an EMA swap) are noticed at the next step, by
+  comparing each parameter with what Depot last wrote, and become that
+  tensor's master weights on the servers, its optimizer state kept (a
+  warning says so once); sync_weights() sends every parameter;
+- optimizer.state[p] holds torch's keys (step, exp_avg, exp_avg_sq,
+  max_exp_avg_sq, momentum_buffer, sum) as tensors read from the servers;
+  torch_state_dict() (or state_dict(torch_format=True)) is a state dict that
+  torch.optim's load_state_dict accepts, and load_state_dict accepts one made
+  by the torch.optim optimizer of the same kind, so a running torch job moves
+  onto Depot mid-run (load the model's weights first: torch has no master
+  copy, Depot takes the parameters' values as master weights);
+- add_param_group before the first step.
+
+What differs:
+- one job per optimizer: the hyperparameters other than lr and weight_decay
+  (betas, eps, amsgrad, maximize, momentum, dampening, nesterov, lr_decay)
+  are part of its config and fixed once the job is opened (at the first
+  step); a later change raises ValueError. add_param_group after the first
+  step raises RuntimeError;
+- state tensors are fp32 whatever the parameters' dtype (torch keeps them
+  in the parameter's dtype), and state[p] is read from the servers, not a
+  live tensor that edits would write back;
+- differentiable=True is refused (ValueError); parameters must be CPU
+  tensors of fp32, bf16 or fp16 (float64 raises TypeError); sparse
+  gradients raise RuntimeError;
+- the loss scaler and gradient clipping are the servers' (see below);
+- Lion (optimizer="lion") is a Depot extra with no torch.optim class.
 
 Several data-parallel workers (num_workers = W > 1): every worker builds the
 same model with the same initial values and the same param groups, and
 constructs the optimizer with the same job_name and its own worker_rank. The
 servers SUM the W workers' gradients. To train on the mean loss over the
 global batch, each worker divides its loss by W when that loss is a mean over
-its local part of the batch (equal parts): loss = local_mean_loss / W.
+its local part of the batch (equal parts): loss = local_mean_loss / W. A
+parameter skipped on some workers only (its .grad None there) is updated from
+the others' gradients, the missing ones counting as zero (as DDP); one that
+no worker has a gradient for is skipped.
 
-Differences from torch.optim, all checked rather than ignored:
-- one optimizer config per job: param groups may differ in lr and
-  weight_decay only (betas, eps, momentum, dampening, nesterov are the same
-  for every group and fixed for the run; a change raises ValueError);
-- the layout is fixed at construction: parameters with requires_grad=False
-  are left out (never updated, as in torch); add_param_group afterwards
-  raises NotImplementedError;
-- a parameter whose .grad is None is sent as a zero gradient: torch would
-  skip it, Depot still applies weight decay and the moments' decay to it;
-- state_dict() holds torch's usual "state" (empty) and "param_groups",
-  plus the servers' whole optimizer state as bytes under "depot_state" and
-  the last applied step under "depot_step"; load_state_dict() loads that
-  state into this optimizer's job (which may have another job_name) instead
-  of initialising it from the parameters. Restore the model's own
-  state_dict too: it holds the low-precision weights. Take both between
-  steps, on one worker. Every worker loads the same dict (loading the same
-  state twice is harmless), and all must have loaded before any steps
-  again (a barrier): a load while a peer's step is pending is refused with
-  FailedPreconditionError. The loss scaler's state (Megatron's scale and
-  trackers) travels under "depot_grad_scaler", so a resumed fp16 run keeps
-  its scale.
+Checkpoints: state_dict() holds torch's "param_groups", an empty "state",
+the servers' whole optimizer state as bytes under "depot_state", the last
+applied step under "depot_step" and the loss scaler under
+"depot_grad_scaler"; load_state_dict() loads it into this optimizer's job
+(which may have another job_name). Restore the model's own state_dict too:
+it holds the low-precision weights. Take both between steps, on one worker.
+Every worker loads the same dict (loading the same state twice is harmless),
+and all must have loaded before any steps again (a barrier): a load while a
+peer's step is pending is refused with FailedPreconditionError.
 """
 
 import dataclasses
-import math
+import warnings
 
 import torch
 
 import depot
+from depot import _torch_args as args
+from depot import _torch_state as torch_state
 from depot.buffers import DType, parse_dtype
 
-_ADAM_HPARAMS = ("betas", "eps")
-_SGD_HPARAMS = ("momentum", "dampening", "nesterov")
 _TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16,
                  DType.FP16: torch.float16}
-_DEFAULT_WEIGHT_DECAY = {"adamw": 1e-2, "adam": 0.0, "sgd": 0.0}
 # DepotOptimizer.state_dict's keys for the servers' state and its step.
 _STATE_KEY = "depot_state"
 _STEP_KEY = "depot_step"
 _SCALER_KEY = "depot_grad_scaler"
-# Megatron's loss-scaling config fields DepotOptimizer passes through.
-_LOSS_SCALE_FIELDS = ("initial_loss_scale", "min_loss_scale",
-                      "loss_scale_window", "hysteresis")
+_DEPOT_KEYS = (_STATE_KEY, _STEP_KEY, _SCALER_KEY)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +123,8 @@ class LastStep:
 
 
 class DepotOptimizer(torch.optim.Optimizer):
-    """AdamW, Adam or SGD with torch.optim's semantics, run by Depot servers.
+    """Adam, AdamW, SGD or Adagrad with torch.optim's semantics (and Lion),
+    run by Depot servers.
 
     Args:
       params: parameters or param groups (dicts), as for torch.optim.
@@ -100,10 +132,11 @@ class DepotOptimizer(torch.optim.Optimizer):
         worker.
       job_name: the Depot job; every worker of a run passes the same one, and
         a new run needs a new one (or the old job deleted).
-      optimizer: "adamw" (default), "adam" or "sgd".
-      lr, weight_decay: defaults of the groups (weight_decay defaults to
-        torch's: 1e-2 for AdamW, 0 for Adam and SGD).
-      betas, eps: Adam and AdamW. momentum, dampening, nesterov: SGD.
+      optimizer: "adamw" (default), "adam", "sgd", "adagrad" or "lion".
+      **hparams: the torch.optim class's own arguments (lr, betas, eps,
+        weight_decay, amsgrad, maximize, momentum, dampening, nesterov,
+        lr_decay, initial_accumulator_value, foreach, fused, capturable,
+        differentiable: whatever that class takes), with its defaults.
       num_workers, worker_rank: data-parallel workers sharing the job.
       grad_dtype, weight_dtype: "fp32", "bf16" or "fp16" on the wire; by
         default the parameters' dtype when they all share one, else fp32.
@@ -113,143 +146,158 @@ class DepotOptimizer(torch.optim.Optimizer):
         over every worker's summed gradient); 0: no clipping.
       clip_grad_norm_type: 2 or math.inf ("l2" / "inf").
       loss_scale: None: no loss scaling; a number: a constant scale;
-        "dynamic": Megatron's dynamic scaler (fp16 gradients only), set up by
-        initial_loss_scale, min_loss_scale, loss_scale_window, hysteresis
-        (None: Megatron's defaults 2**32, 1, 1000, 2). Multiply the loss by
-        opt.loss_scale (or call opt.scale_loss(loss)) before backward.
+        "dynamic": a dynamic scale with torch.cuda.amp.GradScaler's defaults
+        (2**16, growth 2 after 2000 clean steps, backoff 0.5, no hysteresis);
+        "megatron": Megatron's DynamicGradScaler defaults (2**32, window
+        1000, hysteresis 2, min 1). Either needs fp16 gradients; override
+        with initial_loss_scale, min_loss_scale, loss_scale_window,
+        hysteresis. Multiply the loss by opt.loss_scale (or call
+        opt.scale_loss(loss)) before backward.
+      step_timeout: seconds a step may take, waiting for the other workers
+        included, before it fails naming them (default: the client's, 300);
+        only when DepotOptimizer creates the client (else set it on
+        depot.Client).
       client: a depot.Client to use instead of connecting to `servers`.
       wait_timeout: seconds to wait for the servers to be up.
     """
 
     def __init__(self, params, servers=None, *, job_name, optimizer="adamw",
-                 lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=None,
-                 momentum=0.0, dampening=0.0, nesterov=False, num_workers=1,
-                 worker_rank=0, grad_dtype=None, weight_dtype=None,
-                 chunk_elems=None, clip_grad=0.0, clip_grad_norm_type=2,
-                 loss_scale=None, initial_loss_scale=None,
-                 min_loss_scale=None, loss_scale_window=None, hysteresis=None,
-                 client=None, wait_timeout=60.0):
-        scaling = _scaling_fields(clip_grad, clip_grad_norm_type, loss_scale,
-                                  initial_loss_scale=initial_loss_scale,
-                                  min_loss_scale=min_loss_scale,
-                                  loss_scale_window=loss_scale_window,
-                                  hysteresis=hysteresis)
-        self._kind = optimizer.lower()
-        if self._kind not in _DEFAULT_WEIGHT_DECAY:
-            raise ValueError(f"optimizer must be 'adamw', 'adam' or 'sgd', "
-                             f"not {optimizer!r}")
-        if weight_decay is None:
-            weight_decay = _DEFAULT_WEIGHT_DECAY[self._kind]
-        defaults = dict(lr=lr, weight_decay=weight_decay)
-        if self._kind == "sgd":
-            defaults.update(momentum=momentum, dampening=dampening,
-                            nesterov=nesterov)
-        else:
-            defaults.update(betas=tuple(betas), eps=eps)
+                 num_workers=1, worker_rank=0, grad_dtype=None,
+                 weight_dtype=None, chunk_elems=None, clip_grad=0.0,
+                 clip_grad_norm_type=2, loss_scale=None,
+                 initial_loss_scale=None, min_loss_scale=None,
+                 loss_scale_window=None, hysteresis=None, step_timeout=None,
+                 client=None, wait_timeout=60.0, **hparams):
+        kind = optimizer.lower() if isinstance(optimizer, str) else optimizer
+        if kind not in args.KINDS:
+            raise ValueError(f"optimizer must be one of "
+                             f"{', '.join(map(repr, args.KINDS))}, not "
+                             f"{optimizer!r}")
+        self._kind = kind
+        args.check_hparams(kind, hparams)
+        self._scaling = args.scaling_fields(
+            clip_grad, clip_grad_norm_type, loss_scale,
+            initial_loss_scale=initial_loss_scale,
+            min_loss_scale=min_loss_scale,
+            loss_scale_window=loss_scale_window, hysteresis=hysteresis)
+        defaults = {**args.kind_defaults(kind), **hparams}
         self._job = None
         super().__init__(params, defaults)
-        self._job_hparams = {k: defaults[k] for k in self._fixed_hparams()}
-        self._check_fixed_hparams()
+        # Adagrad initialises every parameter's sum from the constructor's
+        # value, whatever a group says (torch does the same).
+        self._initial_accumulator = defaults.get("initial_accumulator_value",
+                                                 0.0)
         if client is None:
             if servers is None:
                 raise TypeError("DepotOptimizer needs servers= or client=")
-            client = depot.Client(servers)
+            client = depot.Client(servers, step_timeout=step_timeout)
+        elif step_timeout is not None:
+            raise ValueError("step_timeout applies to the client "
+                             "DepotOptimizer creates; pass it to "
+                             "depot.Client(step_timeout=...) instead")
         client.wait_for_servers(wait_timeout)
         self._client = client
-        self._open_job(job_name, num_workers, worker_rank, grad_dtype,
-                       weight_dtype, chunk_elems, scaling)
-        self._scaler = depot.GradScaler(self._job)
+        self._job_args = dict(job_name=job_name, num_workers=num_workers,
+                              worker_rank=worker_rank, grad_dtype=grad_dtype,
+                              weight_dtype=weight_dtype,
+                              chunk_elems=chunk_elems)
+        self._scaler = None
         self._depot_step = 0  # the last step the servers applied
         self._initialized = False
+        self._warned_edit = False
+        self._sync_all = False
+        self._state_cache = None  # (step, depot.FlatState)
+        self.state = _ServerState(self)
         self.last_result = None  # the depot.StepResult of the last step
         self.last_step = None  # its LastStep
+        if self._scaling["loss_scale"] == 0:
+            dtype = parse_dtype(grad_dtype or _common_dtype(self._all_params()))
+            if dtype != DType.FP16:
+                raise ValueError(
+                    f"a dynamic loss scale needs fp16 gradients, not "
+                    f"{dtype.name.lower()}: pass grad_dtype=\"fp16\", or a "
+                    f"constant loss_scale")
 
     # -- layout and job -------------------------------------------------
 
-    def _fixed_hparams(self):
-        return _SGD_HPARAMS if self._kind == "sgd" else _ADAM_HPARAMS
+    def _all_params(self):
+        return [p for group in self.param_groups for p in group["params"]]
 
-    def _open_job(self, job_name, num_workers, worker_rank, grad_dtype,
-                  weight_dtype, chunk_elems, scaling):
-        # One tensor per trainable parameter, in param-group order. Depot's
-        # groups are the torch groups that hold trainable parameters,
-        # numbered densely: _torch_groups[depot_group] is the torch index.
-        tensors, self._params, self._torch_groups = [], [], []
-        for torch_group, group in enumerate(self.param_groups):
-            params = [p for p in group["params"] if p.requires_grad]
-            if params:
-                self._torch_groups.append(torch_group)
-            for p in params:
-                tensors.append((f"param{len(tensors)}", p.numel(),
-                                len(self._torch_groups) - 1))
-                self._params.append(p)
-        if not tensors:
-            raise ValueError("DepotOptimizer got no parameter that requires "
-                             "grad")
-        model_dtype = _common_dtype(self._params)
-        self._grad_dtype = parse_dtype(grad_dtype or model_dtype)
-        self._weight_dtype = parse_dtype(weight_dtype or model_dtype)
-        if scaling["loss_scale"] == 0 and self._grad_dtype != DType.FP16:
-            raise ValueError(
-                f'loss_scale="dynamic" needs fp16 gradients, not '
-                f"{self._grad_dtype.name.lower()}: pass grad_dtype=\"fp16\", "
-                f"or a constant loss_scale")
-        fields = dict(lr=self.defaults["lr"],
-                      weight_decay=self.defaults["weight_decay"], **scaling)
-        if self._kind == "sgd":
-            fields.update(sgd_momentum=self.defaults["momentum"],
-                          sgd_dampening=self.defaults["dampening"],
-                          sgd_nesterov=self.defaults["nesterov"])
-        else:
-            beta1, beta2 = self.defaults["betas"]
-            fields.update(adam_beta1=beta1, adam_beta2=beta2,
-                          adam_eps=self.defaults["eps"])
-        self._job = self._client.open_job(
-            job_name, tensors, worker_rank=worker_rank,
-            num_workers=num_workers, optimizer=self._kind,
+    def add_param_group(self, param_group):
+        if getattr(self, "_job", None) is not None:
+            raise RuntimeError(
+                "DepotOptimizer.add_param_group after the first step: the "
+                "job's layout is fixed once it is opened on the servers; add "
+                "every param group before the first step()")
+        for p in param_group["params"] if isinstance(
+                param_group["params"], (list, tuple)) else []:
+            _check_param(p)
+        super().add_param_group(param_group)
+
+    def _open_job(self):
+        """Opens the job on the servers (at the first step, or when its
+        state is read or loaded): one tensor per parameter, one Depot param
+        group per torch group."""
+        if self._job is not None:
+            return self._job
+        params = self._all_params()
+        if not params:
+            raise ValueError("DepotOptimizer has no parameters")
+        for p in params:
+            _check_param(p)
+        tensors = []
+        for index, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                tensors.append((f"param{len(tensors)}", p.numel(), index))
+        self._fixed = [args.fixed_hparams(self._kind, g)
+                       for g in self.param_groups]
+        model_dtype = _common_dtype(params)
+        self._grad_dtype = parse_dtype(self._job_args["grad_dtype"]
+                                       or model_dtype)
+        self._weight_dtype = parse_dtype(self._job_args["weight_dtype"]
+                                         or model_dtype)
+        groups = [args.depot_fields(self._kind, g, self._initial_accumulator)
+                  for g in self.param_groups]
+        job = self._client.open_job(
+            self._job_args["job_name"], tensors,
+            worker_rank=self._job_args["worker_rank"],
+            num_workers=self._job_args["num_workers"], optimizer=self._kind,
             grad_dtype=self._grad_dtype, weight_dtype=self._weight_dtype,
-            chunk_elems=chunk_elems, **fields)
+            chunk_elems=self._job_args["chunk_elems"],
+            group_optimizers=groups, **groups[0], **self._scaling)
+        self._params = params
         self._slots = [(p, offset, p.numel()) for p, offset in
-                       zip(self._params, self._job.tensor_offsets)]
-        n = self._job.total_elems
+                       zip(params, job.tensor_offsets)]
+        n = job.total_elems
         self._grads = torch.zeros(n, dtype=_TORCH_DTYPES[self._grad_dtype])
-        self._weights = torch.zeros(n,
-                                    dtype=_TORCH_DTYPES[self._weight_dtype])
+        self._weights = torch.zeros(n, dtype=_TORCH_DTYPES[self._weight_dtype])
+        self._job = job
+        return job
+
+    @property
+    def job(self):
+        """The depot.Job (status, pull, delete); opens it if needed."""
+        return self._open_job()
+
+    def _grad_scaler(self):
+        if self._scaler is None:
+            self._scaler = depot.GradScaler(self._open_job())
+        return self._scaler
 
     @property
     def loss_scale(self):
         """The scale to multiply this step's loss by (1 without scaling)."""
-        return self._scaler.scale
+        return self._grad_scaler().scale
 
     def scale_loss(self, loss):
         """loss * loss_scale, to call backward on."""
         return loss * self.loss_scale
 
-    @property
-    def job(self):
-        """The depot.Job (status, pull, delete)."""
-        return self._job
-
-    def add_param_group(self, param_group):
-        if self._job is not None:
-            raise NotImplementedError(
-                "DepotOptimizer: the job's layout is fixed when the optimizer "
-                "is built; pass every param group to the constructor")
-        super().add_param_group(param_group)
-
-    def _check_fixed_hparams(self, groups=None):
-        """ValueError unless `groups` (default: param_groups) keep the job's
-        fixed hyperparameters."""
-        groups = self.param_groups if groups is None else groups
-        for index, group in enumerate(groups):
-            for key, value in self._job_hparams.items():
-                have = group[key]
-                if (tuple(have) if key == "betas" else have) != value:
-                    raise ValueError(
-                        f"param group {index} has {key}={have!r}, the job "
-                        f"has {value!r}: Depot runs one optimizer config per "
-                        f"job, so only lr and weight_decay may differ between "
-                        f"groups or change during training")
+    def sync_weights(self):
+        """Makes the next step send every parameter's current value as its
+        master weights (keeping the optimizer state), whether or not Depot
+        notices a change."""
+        self._sync_all = True
 
     # -- the step -------------------------------------------------------
 
@@ -274,25 +322,58 @@ class DepotOptimizer(torch.optim.Optimizer):
 
     def _group_hparams(self):
         """This step's (depot group, lr, weight_decay) of every group."""
-        return [(depot_group, float(self.param_groups[torch_group]["lr"]),
-                 float(self.param_groups[torch_group]["weight_decay"]))
-                for depot_group, torch_group in enumerate(self._torch_groups)]
+        return [(index, float(group["lr"]), float(group["weight_decay"]))
+                for index, group in enumerate(self.param_groups)]
+
+    def _edited_weights(self):
+        """(tensor index, fp32 values) of each parameter whose value is not
+        what Depot last wrote into it (or of every parameter after
+        sync_weights())."""
+        overrides, names = [], []
+        for index, (p, offset, numel) in enumerate(self._slots):
+            value = p.detach().reshape(-1)
+            if not self._sync_all:
+                written = self._weights[offset:offset + numel]
+                if written.dtype != value.dtype:
+                    written = written.to(value.dtype)
+                if _same_bits(value, written):
+                    continue
+            overrides.append((index, value.to(torch.float32).contiguous()))
+            names.append(index)
+        if names and not self._sync_all and not self._warned_edit:
+            self._warned_edit = True
+            warnings.warn(
+                f"DepotOptimizer: parameter(s) {names[:8]}"
+                f"{'...' if len(names) > 8 else ''} changed outside the "
+                f"optimizer since the last step; their new values become the "
+                f"master weights on the servers (optimizer state kept), as "
+                f"torch.optim would continue from them. (Said once.)",
+                stacklevel=3)
+        self._sync_all = False
+        return overrides
 
     @torch.no_grad()
     def step(self, closure=None):
-        """Sends every parameter's .grad, with each group's current lr and
-        weight_decay, and writes the updated weights into the parameters.
-        Returns the closure's loss (None without a closure)."""
+        """Sends every parameter's .grad (a None one as absent), with each
+        group's current lr and weight_decay, and writes the updated weights
+        into the parameters. Returns the closure's loss (None without a
+        closure)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self._check_fixed_hparams()
+        job = self._open_job()
+        args.check_fixed(self._kind, self._fixed, self.param_groups)
+        overrides = []
         if not self._initialized:
             self._init_weights()
-        for p, offset, numel in self._slots:
+        else:
+            overrides = self._edited_weights()
+        no_grad = []
+        for index, (p, offset, numel) in enumerate(self._slots):
             view = self._grads[offset:offset + numel]
             if p.grad is None:
+                no_grad.append(index)
                 view.zero_()
             elif p.grad.is_sparse:
                 raise RuntimeError("DepotOptimizer does not support sparse "
@@ -300,90 +381,251 @@ class DepotOptimizer(torch.optim.Optimizer):
             else:
                 view.copy_(p.grad.reshape(-1))
         step = self._depot_step + 1
-        loss_scale = self.loss_scale
-        result = self._job.step(step, self._grads, self._weights,
-                                group_hparams=self._group_hparams(),
-                                loss_scale=loss_scale)
-        self._scaler.update(result.found_inf)
+        scaler = self._grad_scaler()
+        loss_scale = scaler.scale
+        result = job.step(step, self._grads, self._weights,
+                          group_hparams=self._group_hparams(),
+                          loss_scale=loss_scale, no_grad_tensors=no_grad,
+                          weight_overrides=overrides)
+        scaler.update(result.found_inf)
         self.last_result = result
         self.last_step = LastStep(
             grad_norm=result.grad_norm, clip_coef=result.clip_coef,
             found_inf=result.found_inf, skipped=result.skipped,
             loss_scale=loss_scale)
         self._depot_step = step
-        for p, offset, numel in self._slots:
-            p.copy_(self._weights[offset:offset + numel].view_as(p))
+        self._state_cache = None
+        self._write_params()
         return loss
 
-    # -- checkpoints ----------------------------------------------------
+    def _write_params(self):
+        for p, offset, numel in self._slots:
+            p.copy_(self._weights[offset:offset + numel].view_as(p))
 
-    def state_dict(self):
-        """torch's state dict plus the servers' state (module docstring):
-        "depot_state" is None before the first step (the job is not
-        initialised yet)."""
+    # -- state ----------------------------------------------------------
+
+    def _flat_state(self):
+        """The servers' whole state (depot.FlatState), read once per step."""
+        job = self._open_job()
+        if not self._initialized:
+            return None
+        if self._state_cache is None or self._state_cache[0] != \
+                self._depot_step:
+            self._state_cache = (self._depot_step,
+                                 job.decode_state(job.save_state()))
+        return self._state_cache[1]
+
+    def _param_state(self, index):
+        """torch's state dict of parameter `index` (all-groups order)."""
+        flat = self._flat_state()
+        p, offset, numel = self._slots[index]
+        group = self._group_of(index)
+        if flat is None:
+            count, slot_views = 0, [torch.zeros_like(p, dtype=torch.float32)
+                                    for _ in range(3)]
+            if self._kind == "adagrad":
+                slot_views[0].fill_(self._initial_accumulator)
+        else:
+            count = int(flat.tensor_steps[index])
+            slot_views = [torch.from_numpy(s[offset:offset + numel].copy())
+                          .view_as(p) for s in flat.slots]
+        return torch_state.torch_param_state(self._kind, group, count,
+                                             slot_views)
+
+    def _group_of(self, index):
+        for group in self.param_groups:
+            if index < len(group["params"]):
+                return group
+            index -= len(group["params"])
+        raise IndexError(index)
+
+    def torch_state_dict(self):
+        """A state dict in torch.optim's own format (the state read from the
+        servers), which the torch.optim optimizer of the same kind loads."""
+        self._open_job()
+        packed = {}
+        for index in range(len(self._slots)):
+            state = self._param_state(index)
+            if state:
+                packed[index] = state
+        groups, start = [], 0
+        for group in self.param_groups:
+            packed_group = {k: v for k, v in group.items() if k != "params"}
+            packed_group["params"] = list(
+                range(start, start + len(group["params"])))
+            start += len(group["params"])
+            groups.append(packed_group)
+        return {"state": packed, "param_groups": groups}
+
+    def state_dict(self, torch_format=False):
+        """Depot's checkpoint (module docstring): torch's "param_groups",
+        and the servers' state under "depot_state" (None before the first
+        step). torch_format=True: torch_state_dict() instead."""
+        if torch_format:
+            return self.torch_state_dict()
         state = super().state_dict()
-        state[_STATE_KEY] = (self._job.save_state() if self._initialized
-                             else None)
+        state["state"] = {}
+        job = self._open_job()
+        state[_STATE_KEY] = job.save_state() if self._initialized else None
         state[_STEP_KEY] = self._depot_step
-        state[_SCALER_KEY] = self._scaler.state_dict()
+        state[_SCALER_KEY] = self._grad_scaler().state_dict()
         return state
 
     def load_state_dict(self, state_dict):
-        """Restores param_groups as torch does and replaces the job's state
-        by state_dict["depot_state"]; the next step() is the saved step + 1.
-        KeyError without the Depot keys (a plain torch.optim state dict);
-        depot.FailedPreconditionError if the state is of another job
-        config; depot.DataLossError if it is corrupt."""
-        depot_keys = (_STATE_KEY, _STEP_KEY, _SCALER_KEY)
-        missing = [k for k in depot_keys if k not in state_dict]
+        """Loads a state dict of DepotOptimizer.state_dict (the servers'
+        state), or of the torch.optim optimizer of the same kind (its
+        per-parameter state, with the parameters' current values as master
+        weights). The next step() continues from it. ValueError when the
+        dict's fixed hyperparameters (betas, eps, ...) differ from this
+        optimizer's; depot.FailedPreconditionError for a Depot state of
+        another job config; depot.DataLossError if it is corrupt."""
+        job = self._open_job()
+        if not any(k in state_dict for k in _DEPOT_KEYS):
+            self._load_torch_state_dict(state_dict)
+            return
+        missing = [k for k in _DEPOT_KEYS if k not in state_dict]
         if missing:
             raise KeyError(f"DepotOptimizer.load_state_dict: the state dict "
                            f"has no {', '.join(missing)}: it was not made by "
                            f"DepotOptimizer.state_dict")
         blob = state_dict[_STATE_KEY]
         torch_state = {k: v for k, v in state_dict.items()
-                       if k not in depot_keys}
+                       if k not in _DEPOT_KEYS}
         # Checked before anything changes: torch's load_state_dict checks the
         # groups, the servers check the blob.
-        self._check_fixed_hparams(torch_state["param_groups"])
+        args.check_fixed(self._kind, self._fixed, torch_state["param_groups"],
+                         what="the state dict's param group")
         if blob is not None:
-            self._job.load_state(blob)
+            job.load_state(blob)
         # After the servers accepted the blob; a scaler state made by
         # state_dict() always fits the same config.
-        self._scaler.load_state_dict(state_dict[_SCALER_KEY])
+        self._grad_scaler().load_state_dict(state_dict[_SCALER_KEY])
+        torch_state["state"] = {}
         super().load_state_dict(torch_state)
+        self.state = _ServerState(self)
         self._depot_step = int(state_dict[_STEP_KEY])
         self._initialized = blob is not None
+        self._after_load()
+
+    def _load_torch_state_dict(self, state_dict):
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups) or any(
+                len(s["params"]) != len(g["params"])
+                for s, g in zip(saved_groups, self.param_groups)):
+            raise ValueError("loaded state dict's param groups do not match "
+                             "this optimizer's (number of groups or of "
+                             "parameters in a group)")
+        args.check_fixed(self._kind, self._fixed, saved_groups,
+                         what="the state dict's param group")
+        job = self._job
+        n = job.total_elems
+        slots = self._num_slots()
+        flat_slots = [torch.zeros(n, dtype=torch.float32)
+                      for _ in range(slots)]
+        tensor_steps = []
+        master = torch.zeros(n, dtype=torch.float32)
+        saved_state = state_dict["state"]
+        ids = [i for s in saved_groups for i in s["params"]]
+        for index, (p, offset, numel) in enumerate(self._slots):
+            master[offset:offset + numel].copy_(p.detach().reshape(-1))
+            state = saved_state.get(ids[index], {})
+            if self._kind == "adagrad" and not state:
+                state = {"step": 0, "sum": torch.full(
+                    (numel,), float(self._initial_accumulator))}
+            count, values = torch_state.depot_param_state(
+                self._kind, self._group_of(index), state, numel, slots)
+            tensor_steps.append(count)
+            for flat, value in zip(flat_slots, values):
+                if value is not None:
+                    flat[offset:offset + numel].copy_(value)
+        applied = max([self._depot_step] + tensor_steps)
+        blob = job.encode_state(depot.FlatState(
+            applied_step=applied, master=master.numpy(),
+            slots=[s.numpy() for s in flat_slots], tensor_steps=tensor_steps))
+        job.load_state(blob)
+        for group, saved in zip(self.param_groups, saved_groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        self._depot_step = applied
+        self._initialized = True
+        self._after_load()
+
+    def _num_slots(self):
+        return depot._capi.lib().depot_job_num_state_slots(
+            self._job._live_handle())
+
+    def _after_load(self):
+        """After the servers' state changed: what Depot last wrote into the
+        parameters is now the servers' weights."""
+        self._state_cache = None
+        if self._initialized:
+            self._job.pull(dtype=self._weight_dtype, out=self._weights)
 
 
-def _scaling_fields(clip_grad, clip_grad_norm_type, loss_scale, **dynamic):
-    """The job config's clipping and loss-scaling fields, checked."""
-    if not (clip_grad >= 0 and math.isfinite(clip_grad)):
-        raise ValueError(f"clip_grad must be >= 0 and finite, not "
-                         f"{clip_grad!r}")
-    norm_types = {2: "l2", 2.0: "l2", "l2": "l2", math.inf: "inf",
-                  "inf": "inf"}
-    if clip_grad_norm_type not in norm_types:
-        raise ValueError(f"clip_grad_norm_type must be 2 or math.inf, not "
-                         f"{clip_grad_norm_type!r}")
-    fields = dict(clip_grad=float(clip_grad),
-                  clip_grad_norm_type=norm_types[clip_grad_norm_type])
-    if loss_scale is None:
-        fields["loss_scale"] = 1.0
-    elif loss_scale == "dynamic":
-        fields["loss_scale"] = 0.0  # Megatron: 0 with fp16 asks for dynamic
-        fields.update({k: v for k, v in dynamic.items() if v is not None})
-    elif (isinstance(loss_scale, (int, float)) and loss_scale > 0
-          and math.isfinite(loss_scale)):
-        fields["loss_scale"] = float(loss_scale)
-    else:
-        raise ValueError(f'loss_scale must be None, "dynamic" or a number '
-                         f"> 0, not {loss_scale!r}")
-    if loss_scale != "dynamic" and any(v is not None
-                                       for v in dynamic.values()):
-        raise ValueError(f"{', '.join(_LOSS_SCALE_FIELDS)} apply to "
-                         f'loss_scale="dynamic" only')
-    return fields
+class _ServerState:
+    """DepotOptimizer.state: torch's per-parameter state, read from the
+    servers (once per step) when accessed. state[p] is {} for a parameter
+    that has none yet, as torch's defaultdict gives."""
+
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+
+    def _index(self, param):
+        for index, p in enumerate(self._optimizer._all_params()):
+            if p is param:
+                return index
+        return None
+
+    def __getitem__(self, param):
+        index = self._index(param)
+        if index is None:
+            return {}
+        self._optimizer._open_job()
+        return self._optimizer._param_state(index)
+
+    def get(self, param, default=None):
+        state = self[param]
+        return state if state else default
+
+    def __contains__(self, param):
+        return bool(self[param])
+
+    def keys(self):
+        return [p for p in self._optimizer._all_params() if self[p]]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self):
+        return len(self.keys())
+
+    def items(self):
+        return [(p, self[p]) for p in self.keys()]
+
+    def values(self):
+        return [self[p] for p in self.keys()]
+
+    def __repr__(self):
+        return f"<DepotOptimizer state of {len(self)} parameters>"
+
+
+def _check_param(p):
+    if not isinstance(p, torch.Tensor):
+        return  # torch's add_param_group says what is wrong
+    if p.device.type != "cpu":
+        raise ValueError(f"a parameter is on {p.device}; DepotOptimizer "
+                         f"reads and writes host memory: use CPU parameters")
+    if p.dtype not in _TORCH_DTYPES.values():
+        raise TypeError(
+            f"a parameter has dtype {p.dtype}: Depot keeps fp32 master "
+            f"weights and carries fp32, bf16 or fp16 (convert the model, e.g. "
+            f"model.float())")
+
+
+def _same_bits(a, b):
+    """a and b hold the same bits (NaNs included)."""
+    if a.dtype == torch.float32:
+        return torch.equal(a.view(torch.int32), b.view(torch.int32))
+    return torch.equal(a.view(torch.int16), b.view(torch.int16))
 
 
 def _common_dtype(params):
