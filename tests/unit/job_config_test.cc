@@ -405,5 +405,61 @@ TEST(OptimizerStateBytesPerParamTest, CountsTheMasterAndEachSlotInItsDType) {
   EXPECT_EQ(OptimizerStateBytesPerParam(config), 4u);
 }
 
+TEST(ValidateJobConfigTest, RejectsAmsgradForKindsWithoutIt) {
+  ExpectRejected(
+      [](JobConfig& c) {
+        c.optimizer.kind = OptimizerKind::kSgd;
+        c.optimizer.amsgrad = true;
+      },
+      "optimizer.amsgrad");
+}
+
+TEST(ValidateJobConfigTest, GroupOptimizersNeedOnePerParamGroup) {
+  ExpectRejected([](JobConfig& c) { c.group_optimizers = {c.optimizer}; },
+                 "group_optimizers");
+  JobConfig config = ValidJob();
+  config.group_optimizers = {config.optimizer, config.optimizer};
+  config.group_optimizers[1].adam_beta1 = 0.5;
+  config.group_optimizers[1].amsgrad = true;
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+}
+
+TEST(ValidateJobConfigTest, GroupOptimizersKeepTheJobWideFields) {
+  ExpectRejected(
+      [](JobConfig& c) {
+        c.group_optimizers = {c.optimizer, c.optimizer};
+        c.group_optimizers[1].clip_grad = 1.0;
+      },
+      "group_optimizers[1].clip_grad");
+  ExpectRejected(
+      [](JobConfig& c) {
+        c.group_optimizers = {c.optimizer, c.optimizer};
+        c.group_optimizers[0].kind = OptimizerKind::kSgd;
+      },
+      "group_optimizers[0].kind");
+  ExpectRejected(
+      [](JobConfig& c) {
+        c.group_optimizers = {c.optimizer, c.optimizer};
+        c.group_optimizers[1].adam_beta2 = 1.0;
+      },
+      "group_optimizers[1]");
+}
+
+TEST(JobStateSlotsTest, IsTheMostAnyGroupKeeps) {
+  JobConfig config = ValidJob();
+  EXPECT_EQ(JobStateSlots(config), 2);
+  config.group_optimizers = {config.optimizer, config.optimizer};
+  config.group_optimizers[1].amsgrad = true;
+  EXPECT_EQ(JobStateSlots(config), 3);
+  EXPECT_EQ(GroupOptimizer(config, 1).amsgrad, true);
+  EXPECT_EQ(GroupOptimizer(config, 0).amsgrad, false);
+  config.optimizer.kind = OptimizerKind::kSgd;
+  config.optimizer.sgd_momentum = 0;
+  config.group_optimizers = {config.optimizer, config.optimizer};
+  config.group_optimizers[1].sgd_momentum = 0.9;
+  EXPECT_EQ(JobStateSlots(config), 1);
+  EXPECT_EQ(OptimizerStateBytesPerParam(JobSlotConfig(config)), 8u);
+}
+
 }  // namespace
 }  // namespace depot

@@ -1,0 +1,209 @@
+// ShardState's per-tensor semantics: tensors a step has no gradient for
+// (StepHeader.no_grad_tensors), per-tensor optimizer step counts, and weights
+// overrides sent before a chunk's gradient.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "server/job_shape.h"
+#include "server/metrics.h"
+#include "server/shard_state.h"
+#include "server/tests/test_util.h"
+#include "server/thread_pool.h"
+
+namespace depot {
+namespace {
+
+using ::depot::testing::DrainPool;
+using ::depot::testing::Fp32Payload;
+using ::depot::testing::Fp32Values;
+using ::depot::testing::PlainSgdConfig;
+using ::depot::testing::RecordingSink;
+
+// One chunk of 8 elements: tensor "a" [0, 3), padding [3, 4), tensor "b"
+// [4, 7), padding [7, 8); SGD, lr 0.5, no momentum.
+JobConfig TwoTensorsInOneChunk(uint32_t workers) {
+  return PlainSgdConfig({{"a", 3, 0}, {"b", 3, 0}}, workers,
+                        /*chunk_elems=*/8, /*alignment_elems=*/4);
+}
+
+// Bit t set: tensor t has no gradient.
+std::string Bitmap(unsigned bits) { return std::string(1, char(bits)); }
+
+class TensorPresenceTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<ShardState> MakeShard(const JobConfig& config) {
+    return ShardState::Create(1, JobShape::Create(config, 0).value(), &pool_,
+                              payloads_, &metrics_)
+        .value();
+  }
+
+  static absl::Status Send(ShardState& shard, uint64_t step, uint32_t worker,
+                           const std::vector<float>& grad,
+                           std::shared_ptr<WeightsSink> sink) {
+    Contribution c;
+    c.step = step;
+    c.worker_rank = worker;
+    c.chunk_index = 0;
+    c.payload = Fp32Payload(grad);
+    c.sink = std::move(sink);
+    return shard.Contribute(std::move(c));
+  }
+
+  // The chunk's master weights and per-tensor counts, once no update runs.
+  static ChunkSnapshot Snapshot(const ShardState& shard) {
+    ChunkSnapshot out;
+    EXPECT_TRUE(shard
+                    .ExportChunks([&](ChunkSnapshot s) {
+                      out = std::move(s);
+                      return true;
+                    })
+                    .ok());
+    return out;
+  }
+
+  prometheus::Registry registry_;
+  ServerMetrics metrics_{registry_};
+  ThreadPool pool_{1};
+  std::shared_ptr<PayloadPool> payloads_ = PayloadPool::Create(1 << 20);
+};
+
+TEST_F(TensorPresenceTest, TensorNoWorkerHasAGradientForIsNotUpdated) {
+  auto shard = MakeShard(TwoTensorsInOneChunk(2));
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}, {}, {}, Bitmap(0b10)).ok());
+  ASSERT_TRUE(shard->BeginStep(1, 1, {}, {}, {}, Bitmap(0b10)).ok());
+  ASSERT_TRUE(Send(*shard, 1, 0, std::vector<float>(8, 1.0f), sink).ok());
+  ASSERT_TRUE(Send(*shard, 1, 1, std::vector<float>(8, 1.0f), sink).ok());
+  sink->WaitFor(2);
+  const ChunkSnapshot chunk = Snapshot(*shard);
+  EXPECT_EQ(Fp32Values(chunk.master),
+            std::vector<float>({-1, -1, -1, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(chunk.tensor_steps, std::vector<uint64_t>({1, 0}));
+  EXPECT_EQ(chunk.applied_step, 1u);
+}
+
+TEST_F(TensorPresenceTest, AbsentWorkersPartCountsAsZeroWhatItsPayloadHolds) {
+  auto shard = MakeShard(TwoTensorsInOneChunk(2));
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
+  ASSERT_TRUE(shard->BeginStep(1, 1, {}, {}, {}, Bitmap(0b10)).ok());
+  ASSERT_TRUE(Send(*shard, 1, 0, std::vector<float>(8, 1.0f), sink).ok());
+  ASSERT_TRUE(Send(*shard, 1, 1, std::vector<float>(8, 5.0f), sink).ok());
+  sink->WaitFor(2);
+  const ChunkSnapshot chunk = Snapshot(*shard);
+  // a: -0.5 * (1 + 5); b: -0.5 * (1 + 0).
+  EXPECT_EQ(Fp32Values(chunk.master),
+            std::vector<float>({-3, -3, -3, 0, -0.5, -0.5, -0.5, 0}));
+  EXPECT_EQ(chunk.tensor_steps, std::vector<uint64_t>({1, 1}));
+}
+
+TEST_F(TensorPresenceTest, BiasCorrectionUsesTheTensorsOwnCount) {
+  JobConfig config = TwoTensorsInOneChunk(1);
+  config.optimizer.kind = OptimizerKind::kAdam;
+  auto skipped_first = MakeShard(config);
+  auto updated_first = MakeShard(config);
+  auto sink = std::make_shared<RecordingSink>();
+  const std::vector<float> grad = {0.5f, -2, 3, 0, 0.25f, -1, 7, 0};
+  // b has no gradient in step 1, then `grad` in step 2: its first update.
+  ASSERT_TRUE(skipped_first->BeginStep(1, 0, {}, {}, {}, Bitmap(0b10)).ok());
+  ASSERT_TRUE(Send(*skipped_first, 1, 0, grad, sink).ok());
+  sink->WaitFor(1);
+  ASSERT_TRUE(skipped_first->BeginStep(2, 0, {}).ok());
+  ASSERT_TRUE(Send(*skipped_first, 2, 0, grad, sink).ok());
+  sink->WaitFor(2);
+  ASSERT_TRUE(updated_first->BeginStep(1, 0, {}).ok());
+  ASSERT_TRUE(Send(*updated_first, 1, 0, grad, sink).ok());
+  sink->WaitFor(3);
+  const ChunkSnapshot twice = Snapshot(*skipped_first);
+  const ChunkSnapshot once = Snapshot(*updated_first);
+  EXPECT_EQ(twice.tensor_steps, std::vector<uint64_t>({2, 1}));
+  // b's master and moments are those of one update at count 1.
+  const auto b = [](const std::string& bytes) {
+    std::vector<float> v = Fp32Values(bytes);
+    return std::vector<float>(v.begin() + 4, v.begin() + 7);
+  };
+  EXPECT_EQ(b(twice.master), b(once.master));
+  EXPECT_EQ(b(twice.slots[0]), b(once.slots[0]));
+  EXPECT_EQ(b(twice.slots[1]), b(once.slots[1]));
+}
+
+TEST_F(TensorPresenceTest, NoGradBitmapIsValidated) {
+  auto shard = MakeShard(TwoTensorsInOneChunk(2));
+  EXPECT_EQ(shard->BeginStep(1, 0, {}, {}, {}, std::string(2, '\0')).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->BeginStep(1, 0, {}, {}, {}, Bitmap(0b100)).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}, {}, {}, Bitmap(0b01)).ok());
+  // Another stream of the same worker and step must say the same.
+  EXPECT_EQ(shard->BeginStep(1, 0, {}, {}, {}, Bitmap(0b10)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(shard->BeginStep(1, 0, {}, {}, {}, Bitmap(0b01)).ok());
+}
+
+TEST_F(TensorPresenceTest, OverrideReplacesMasterWeightsBeforeTheUpdate) {
+  auto shard = MakeShard(TwoTensorsInOneChunk(1));
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
+  // b := {7, 8, 9} and the padding after it, which must stay 0.
+  ASSERT_TRUE(shard
+                  ->OverrideWeights(1, 0, 0,
+                                    {4, Fp32Payload({7, 8, 9, 100})})
+                  .ok());
+  ASSERT_TRUE(
+      Send(*shard, 1, 0, {2, 2, 2, 0, 2, 2, 2, 0}, sink).ok());
+  const std::vector<ChunkWeights> answers = sink->WaitFor(1);
+  EXPECT_EQ(Fp32Values(*answers[0].payload),
+            std::vector<float>({-1, -1, -1, 0, 6, 7, 8, 0}));
+  // A resent step's override is ignored; one after the gradient is refused.
+  EXPECT_TRUE(shard->OverrideWeights(1, 0, 0, {4, Fp32Payload({1})}).ok());
+  ASSERT_TRUE(shard->BeginStep(2, 0, {}).ok());
+  ASSERT_TRUE(Send(*shard, 2, 0, std::vector<float>(8, 0), sink).ok());
+  sink->WaitFor(2);
+  EXPECT_EQ(Fp32Values(Snapshot(*shard).master),
+            std::vector<float>({-1, -1, -1, 0, 6, 7, 8, 0}));
+}
+
+TEST_F(TensorPresenceTest, BadOverridesAreRejectedAndChangeNothing) {
+  auto shard = MakeShard(TwoTensorsInOneChunk(2));
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
+  EXPECT_EQ(shard->OverrideWeights(1, 0, 1, {0, Fp32Payload({1})}).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(shard->OverrideWeights(1, 0, 0, {6, Fp32Payload({1, 2, 3})})
+                .code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(shard->OverrideWeights(1, 0, 0, {0, std::string(6, '\0')}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->OverrideWeights(3, 0, 0, {0, Fp32Payload({1})}).code(),
+            absl::StatusCode::kAborted);
+  ASSERT_TRUE(Send(*shard, 1, 0, std::vector<float>(8, 0), sink).ok());
+  EXPECT_EQ(shard->OverrideWeights(1, 0, 0, {0, Fp32Payload({1})}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(shard->BeginStep(1, 1, {}).ok());
+  ASSERT_TRUE(Send(*shard, 1, 1, std::vector<float>(8, 0), sink).ok());
+  sink->WaitFor(2);
+  EXPECT_EQ(Fp32Values(Snapshot(*shard).master), std::vector<float>(8, 0));
+}
+
+TEST_F(TensorPresenceTest, StateWithOneCountPerChunkImportsToEveryTensor) {
+  auto shard = MakeShard(TwoTensorsInOneChunk(1));
+  ChunkSnapshot old_format = Snapshot(*shard);
+  old_format.applied_step = 4;
+  old_format.optimizer_step = 3;
+  old_format.tensor_steps.clear();
+  ASSERT_TRUE(shard->ImportChunks({old_format}).ok());
+  EXPECT_EQ(Snapshot(*shard).tensor_steps, std::vector<uint64_t>({3, 3}));
+  ChunkSnapshot wrong = Snapshot(*shard);
+  wrong.tensor_steps = {1};
+  EXPECT_EQ(shard->ImportChunks({wrong}).code(),
+            absl::StatusCode::kInvalidArgument);
+  wrong.tensor_steps = {1, 5};
+  EXPECT_EQ(shard->ImportChunks({wrong}).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace depot
