@@ -264,6 +264,45 @@ TEST_F(BadInputTest, HyperParamsForAnUnknownParamGroupAreInvalidArgument) {
   ExpectStateUnchanged();
 }
 
+TEST_F(BadInputTest, NoGradBitmapOfTheWrongSizeIsInvalidArgument) {
+  v1::StepHeader header = Header(kNextStep, 0);
+  const size_t bytes = (config_.tensors.size() + 7) / 8;
+  header.set_no_grad_tensors(std::string(bytes + 1, '\0'));
+  grpc::Status status = RunStream(header, {NextGradChunk(0)});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("no_grad_tensors"));
+  ExpectStateUnchanged();
+}
+
+TEST_F(BadInputTest, WeightsOverridePastItsChunkIsOutOfRange) {
+  v1::StepRequest header;
+  *header.mutable_header() = Header(kNextStep, 0);
+  v1::StepRequest override_request;
+  v1::WeightsOverride* piece = override_request.mutable_weights_override();
+  piece->set_chunk_index(0);
+  piece->set_offset(config_.chunk_elems - 1);
+  piece->set_payload(std::string(2 * sizeof(float), '\0'));
+  grpc::Status status = RunStream({header, override_request});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::OUT_OF_RANGE);
+  EXPECT_THAT(status.error_message(), HasSubstr("weights override"));
+  ExpectStateUnchanged();
+}
+
+TEST_F(BadInputTest, WeightsOverrideAfterItsChunkIsFailedPrecondition) {
+  v1::StepRequest header;
+  *header.mutable_header() = Header(kNextStep, 0);
+  v1::StepRequest chunk;
+  *chunk.mutable_chunk() = NextGradChunk(0);
+  v1::StepRequest override_request;
+  v1::WeightsOverride* piece = override_request.mutable_weights_override();
+  piece->set_chunk_index(0);
+  piece->set_offset(0);
+  piece->set_payload(std::string(sizeof(float), '\0'));
+  grpc::Status status = RunStream({header, chunk, override_request});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("before the chunk"));
+}
+
 TEST_F(BadInputTest, UnsupportedDtypeInJobSpecIsInvalidArgument) {
   v1::JobSpec unspecified = spec_;
   unspecified.set_name("unspecified-grad-dtype");
