@@ -14,8 +14,13 @@ Scenarios (the model always has a parameter that is never used):
   dampening (SGD), lr_decay and eps (Adagrad);
 - weight_edit: an in-place edit of a weight at step 12 (every model);
 - model_load: model.load_state_dict of other weights at step 12;
-- torch_state: torch.optim trains the first 10 steps, then DepotOptimizer
-  loads its state_dict (and the model's weights) and takes over.
+- torch_state: torch.optim trains the first 9 steps, then DepotOptimizer
+  loads its state_dict (and the model's weights) and takes over;
+- clip: global norm clipping (clip_grad=0.5 against torch's
+  clip_grad_norm_), with the branch's gradient absent every other step. The
+  servers sum the squares in double where torch sums per-tensor fp32 norms,
+  so the clip coefficients differ in the last bits: this case is held to
+  1e-6 of the largest weight, every other to the bit.
 
 The reference sums the workers' gradients in rank order in fp32, as the
 servers do. torch's AVX kernels fuse some multiply-adds (docs/optimizers.md),
@@ -57,7 +62,9 @@ OPTIMIZERS = {
 }
 SCENARIOS = ("grad_none", "never_used", "freeze_mid", "unfreeze", "amsgrad",
              "maximize", "per_group", "weight_edit", "model_load",
-             "torch_state")
+             "torch_state", "clip")
+CLIP_NORM = 0.5
+CLIP_TOLERANCE = 1e-6  # of the largest weight
 # (workers, servers): every scenario of every optimizer runs on each.
 TOPOLOGIES = ((1, 1), (1, 3), (2, 1), (2, 3))
 
@@ -134,7 +141,7 @@ def batch(step, worker, workers):
 
 
 def use_branch(scenario, step):
-    return step % 2 == 0 if scenario == "grad_none" else True
+    return step % 2 == 0 if scenario in ("grad_none", "clip") else True
 
 
 def backward(model, scenario, step, worker, workers):
@@ -185,10 +192,11 @@ def run_case(kind, scenario, workers, servers, check=None):
     torch_sched = torch.optim.lr_scheduler.LambdaLR(torch_opt, lr_lambda)
     client = depot.Client(servers)
     job_name = f"matrix-{kind}-{scenario}-w{workers}-s{len(servers)}"
+    clip = dict(clip_grad=CLIP_NORM) if scenario == "clip" else {}
     opts = [DepotOptimizer(groups(m, kind, scenario), client=client,
                            job_name=job_name, optimizer=optimizer,
                            num_workers=workers, worker_rank=rank,
-                           chunk_elems=CHUNK_ELEMS, **values)
+                           chunk_elems=CHUNK_ELEMS, **clip, **values)
             for rank, m in enumerate(models)]
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda) for o in opts]
     depot_from = CHANGE_STEP if scenario == "torch_state" else 1
@@ -203,6 +211,10 @@ def run_case(kind, scenario, workers, servers, check=None):
             torch_opt.zero_grad(set_to_none=True)
             for worker in range(workers):
                 backward(reference, scenario, step, worker, workers)
+            if scenario == "clip":
+                torch.nn.utils.clip_grad_norm_(
+                    [p for p in reference.parameters() if p.grad is not None],
+                    CLIP_NORM)
             torch_opt.step()
             torch_sched.step()
             if step < depot_from:
@@ -227,6 +239,9 @@ def run_case(kind, scenario, workers, servers, check=None):
             if errors:
                 raise errors[0]
             for rank, m in enumerate(models):
+                if scenario == "clip":
+                    assert_close(m, reference, step, rank)
+                    continue
                 for (name, p), q in zip(m.named_parameters(),
                                         reference.parameters()):
                     if not torch.equal(p.view(torch.int32),
@@ -302,6 +317,17 @@ def test_state_equals_torchs_and_round_trips_bitwise(kind, three_servers):
             client.close()
 
     run_case(kind, scenario, 1, three_servers, check)
+
+
+def assert_close(model, reference, step, rank):
+    have = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    want = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
+    difference = (have - want).abs().max().item()
+    bound = CLIP_TOLERANCE * want.abs().max().item()
+    if not difference <= bound:
+        pytest.fail(f"step {step}, worker {rank}: weights differ from torch "
+                    f"by {difference:.3g}, more than {bound:.3g}",
+                    pytrace=False)
 
 
 def assert_same_state(have, want, where):
