@@ -95,6 +95,7 @@ ShardState::ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
     : job_id_(job_id),
       shape_(std::move(shape)),
       state_(std::move(state)),
+      kernels_(shape_.config()),
       pool_(pool),
       payloads_(std::move(payloads)),
       metrics_(metrics),
@@ -107,18 +108,6 @@ ShardState::ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
         static_cast<unsigned char*>(state_.data()) + arrays.slot_offset[k];
     slot_elem_bytes_[k] = DTypeSize(OptimizerSlotDType(slots, k));
   }
-  const JobConfig& config = shape_.config();
-  if (config.group_optimizers.empty()) {
-    kernels_.push_back(MakeOptimizerKernel(config.optimizer));
-  } else {
-    for (const OptimizerConfig& group : config.group_optimizers) {
-      kernels_.push_back(MakeOptimizerKernel(group));
-    }
-  }
-}
-
-const OptimizerKernel& ShardState::kernel(uint32_t param_group) const {
-  return *kernels_[kernels_.size() == 1 ? 0 : param_group];
 }
 
 void ShardState::InitChunkState(uint64_t chunk_index) {

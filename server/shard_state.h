@@ -59,6 +59,7 @@
 #include "server/optimizer/optimizer_kernel.h"
 #include "server/payload_pool.h"
 #include "server/step_numerics.h"
+#include "server/tensor_update.h"
 #include "server/thread_pool.h"
 #include "server/two_phase_step.h"
 #include "server/weights_sink.h"
@@ -253,8 +254,6 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   absl::Status CheckNotDeleted() const;
   // INVALID_ARGUMENT unless `bitmap` is a valid no_grad_tensors (BeginStep).
   absl::Status ValidateNoGradTensors(const std::string& bitmap) const;
-  // The kernel of param group `param_group`.
-  const OptimizerKernel& kernel(uint32_t param_group) const;
   // OUT_OF_RANGE unless the chunk is in the shard; INVALID_ARGUMENT unless
   // payload_bytes == chunk elements * dtype_size.
   absl::Status CheckChunkPayload(uint64_t chunk_index, size_t payload_bytes,
@@ -278,23 +277,6 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // Runs on the pool once every worker has contributed `chunk_index` for
   // `step` (one phase) or once the step is committed (two phases).
   void RunUpdate(uint64_t chunk_index, uint64_t step);
-  // The fused update of the chunk `range`: one FusedUpdate per tensor
-  // segment, `grad` (parts and transform; its offset is set per segment)
-  // giving the chunk's gradient; the chunk's weights, padding included, go to
-  // `weights` (range.size() elements of the weight dtype).
-  // tensor_steps: the counts of the chunk's segments, advanced here for each
-  // segment updated; a segment no worker has a gradient for (absent) is not
-  // updated.
-  void ApplyOptimizer(const ChunkRange& range, const GradientInput& grad,
-                      const std::vector<GroupHyperParams>& step_groups,
-                      const std::vector<Segment>& segments,
-                      const std::vector<uint32_t>& absent_workers,
-                      std::vector<uint64_t>& tensor_steps, void* weights);
-  // For each segment of `segments`, how many workers sent no gradient for its
-  // tensor in the step of `settings`.
-  std::vector<uint32_t> AbsentWorkers(const StepProgress& settings,
-                                      const std::vector<Segment>& segments)
-      const;
   // Zeroes, in each worker's payload (grad dtype, the chunk `range`), the
   // segments that worker has no gradient for while another worker has one.
   void ZeroAbsentParts(const StepProgress& settings, const ChunkRange& range,
@@ -319,8 +301,7 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // Where each slot's array starts in state_, and its element size.
   unsigned char* slot_begin_[3] = {nullptr, nullptr, nullptr};
   size_t slot_elem_bytes_[3] = {0, 0, 0};
-  // One kernel per param group (JobConfig::group_optimizers), or one for all.
-  std::vector<std::unique_ptr<OptimizerKernel>> kernels_;
+  const GroupKernels kernels_;
   ThreadPool* const pool_;
   const std::shared_ptr<PayloadPool> payloads_;
   ServerMetrics* const metrics_;

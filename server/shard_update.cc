@@ -17,6 +17,7 @@
 #include "server/shard_state.h"
 #include "server/step_hparams.h"
 #include "server/step_numerics.h"
+#include "server/tensor_update.h"
 
 namespace depot {
 namespace {
@@ -66,7 +67,7 @@ void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
   const std::vector<Segment> segments =
       shape_.layout().SegmentsIn(range.begin, range.end);
   ZeroAbsentParts(settings, range, segments,
-                  AbsentWorkers(settings, segments), payloads);
+                  CountAbsentWorkers(settings.no_grad, segments), payloads);
   std::string summed = payloads_->Take(range.size() * sizeof(float));
   // The pool's buffers come from operator new: aligned for float.
   float* sum = reinterpret_cast<float*>(summed.data());
@@ -157,7 +158,8 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
     } else {
       const std::vector<Segment> segments =
           shape_.layout().SegmentsIn(range.begin, range.end);
-      const std::vector<uint32_t> absent = AbsentWorkers(settings, segments);
+      const std::vector<uint32_t> absent =
+          CountAbsentWorkers(settings.no_grad, segments);
       // One phase: the workers' payloads as they arrived (absent parts
       // zeroed); two phases: the chunk's sum, already unscaled (RunSum).
       absl::InlinedVector<const void*, 8> parts;
@@ -179,8 +181,15 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
       // Megatron clips only when the coefficient is below 1.
       grad.clip = commit.clip_coef < 1.0;
       grad.clip_coef = static_cast<float>(commit.clip_coef);
-      ApplyOptimizer(range, grad, settings.group_hparams, segments, absent,
-                     tensor_steps, out.data());
+      ChunkArrays arrays;
+      arrays.master = master(range);
+      for (int k = 0; k < shape_.slots(); ++k) {
+        arrays.slots[k] = slot(k, range.begin);
+        arrays.slot_elem_bytes[k] = slot_elem_bytes_[k];
+      }
+      UpdateChunkTensors(config, kernels_, range, segments, absent, grad,
+                         settings.group_hparams, arrays, tensor_steps,
+                         out.data());
     }
     weights = payloads_->Share(std::move(out));
   }
@@ -209,19 +218,6 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   }
 }
 
-std::vector<uint32_t> ShardState::AbsentWorkers(
-    const StepProgress& settings, const std::vector<Segment>& segments) const {
-  std::vector<uint32_t> absent(segments.size(), 0);
-  for (const std::string& bitmap : settings.no_grad) {
-    if (bitmap.empty()) continue;
-    for (size_t i = 0; i < segments.size(); ++i) {
-      const size_t t = segments[i].tensor_index;
-      absent[i] += (static_cast<unsigned char>(bitmap[t / 8]) >> (t % 8)) & 1u;
-    }
-  }
-  return absent;
-}
-
 void ShardState::ZeroAbsentParts(const StepProgress& settings,
                                  const ChunkRange& range,
                                  const std::vector<Segment>& segments,
@@ -232,11 +228,12 @@ void ShardState::ZeroAbsentParts(const StepProgress& settings,
     const std::string& bitmap = settings.no_grad[w];
     if (bitmap.empty() || payloads[w].empty()) continue;
     for (size_t i = 0; i < segments.size(); ++i) {
-      const size_t t = segments[i].tensor_index;
-      const bool lacks = (static_cast<unsigned char>(bitmap[t / 8]) >> (t % 8)) & 1u;
       // A tensor nobody has a gradient for is not updated at all, so its
       // parts need no zeroing.
-      if (!lacks || absent_workers[i] == payloads.size()) continue;
+      if (!LacksGradient(bitmap, segments[i].tensor_index) ||
+          absent_workers[i] == payloads.size()) {
+        continue;
+      }
       std::memset(payloads[w].data() + (segments[i].begin - range.begin) *
                                            elem_bytes,
                   0, (segments[i].end - segments[i].begin) * elem_bytes);
@@ -257,50 +254,6 @@ void ShardState::ApplyOverrides(
     }
   }
   if (any) ZeroPadding(shape_.layout(), range, chunk_master);
-}
-
-void ShardState::ApplyOptimizer(const ChunkRange& range,
-                                const GradientInput& grad,
-                                const std::vector<GroupHyperParams>& step_groups,
-                                const std::vector<Segment>& segments,
-                                const std::vector<uint32_t>& absent_workers,
-                                std::vector<uint64_t>& tensor_steps,
-                                void* weights) {
-  const JobConfig& config = shape_.config();
-  const DType weight_dtype = config.weight_dtype;
-  unsigned char* out = static_cast<unsigned char*>(weights);
-  const size_t weight_bytes = DTypeSize(weight_dtype);
-  float* chunk_master = master(range);
-  // Padding between the segments, and segments no worker has a gradient for,
-  // are not updated, but the answer covers the whole chunk.
-  uint64_t pos = range.begin;
-  const auto encode_unchanged = [&](uint64_t end) {
-    EncodeMasterInto(pos, end, weight_dtype,
-                     out + (pos - range.begin) * weight_bytes);
-    pos = end;
-  };
-  for (size_t i = 0; i < segments.size(); ++i) {
-    const Segment& segment = segments[i];
-    if (absent_workers[i] == config.num_workers) continue;
-    encode_unchanged(segment.begin);
-    const size_t offset = segment.begin - range.begin;
-    GradientInput segment_grad = grad;
-    segment_grad.offset = offset;
-    const OptimizerConfig& group = GroupOptimizer(config, segment.param_group);
-    ParamRun run;
-    run.master = chunk_master + offset;
-    for (int k = 0; k < OptimizerStateSlots(group); ++k)
-      run.slots[k] = slot(k, segment.begin);
-    run.n = segment.end - segment.begin;
-    kernel(segment.param_group)
-        .FusedUpdate(segment_grad, run,
-                     ResolveHyperParams(group, step_groups,
-                                        segment.param_group,
-                                        ++tensor_steps[i]),
-                     {weight_dtype, out + offset * weight_bytes});
-    pos = segment.end;
-  }
-  encode_unchanged(range.end);
 }
 
 }  // namespace depot
