@@ -37,6 +37,10 @@ ABSL_FLAG(std::string, server, DEPOT_SERVER_PATH,
 ABSL_FLAG(std::string, isa, "",
           "kernel: the update kernel's instruction set, scalar, avx2 or avx512 "
           "(empty: DEPOT_KERNEL_ISA, or the best this CPU supports).");
+ABSL_FLAG(uint64_t, tensor_elems, 65536,
+          "kernel: elements per tensor of the per-tensor pass (the server's "
+          "UpdateChunkTensors, timed against one pass per chunk in the same "
+          "rounds: ratio_per_tensor); 0 skips it.");
 ABSL_FLAG(bool, json, false,
           "Print one JSON object per result line instead of a table.");
 
@@ -67,6 +71,7 @@ int main(int argc, char** argv) {
     options.weight_dtype = absl::GetFlag(FLAGS_weight_dtype);
     options.moment_dtype = absl::GetFlag(FLAGS_moment_dtype);
     options.isa = absl::GetFlag(FLAGS_isa);
+    options.tensor_elems = absl::GetFlag(FLAGS_tensor_elems);
     options.json = json;
     status = depot::bench::RunKernelBench(options);
   } else if (command == "memory") {

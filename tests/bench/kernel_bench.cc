@@ -6,6 +6,8 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "server/optimizer/cpu_affinity.h"
 #include "server/optimizer/kernel_isa.h"
 #include "server/optimizer/optimizer_kernel.h"
+#include "server/tensor_update.h"
 #include "tests/bench/bench_output.h"
 
 namespace depot::bench {
@@ -239,6 +242,52 @@ absl::Status RunKernelBench(const KernelBenchOptions& options) {
         grad, run, {.lr = 1e-4, .weight_decay = 0.01, .step = step},
         {s.weight_dtype, At<uint16_t>(*s.weights, 2, begin)}, *isa);
   };
+  // The server's per-tensor path over the same arrays (ShardState::RunUpdate
+  // with one worker that has every gradient): the chunk's tensor segments,
+  // the absent-worker count, one FusedUpdate per segment with its own count.
+  JobConfig job;
+  job.name = "bench";
+  job.optimizer = s.config;
+  job.grad_dtype = s.grad_dtype;
+  job.weight_dtype = s.weight_dtype;
+  job.chunk_elems = s.chunk_elems;
+  job.alignment_elems = 1;
+  for (size_t begin = 0; options.tensor_elems > 0 && begin < s.n;
+       begin += options.tensor_elems) {
+    job.tensors.push_back({absl::StrCat("t", job.tensors.size()),
+                           std::min(options.tensor_elems, s.n - begin), 0});
+  }
+  std::optional<Layout> layout;
+  std::optional<GroupKernels> group_kernels;
+  std::vector<std::vector<uint64_t>> tensor_steps(s.chunks());
+  if (options.tensor_elems > 0) {
+    absl::StatusOr<Layout> made = Layout::Create(job.tensors, 1);
+    if (!made.ok()) return made.status();
+    layout = *std::move(made);
+    group_kernels.emplace(job);
+  }
+  const std::vector<std::string> no_grad = {""};
+  const auto tensor_update = [&](size_t begin, size_t end, int) {
+    const std::vector<Segment> segments = layout->SegmentsIn(begin, end);
+    const std::vector<uint32_t> absent = CountAbsentWorkers(no_grad, segments);
+    std::vector<uint64_t>& counts = tensor_steps[begin / s.chunk_elems];
+    counts.resize(segments.size(), 0);
+    const void* parts[] = {At<uint16_t>(*s.grads, 2, begin)};
+    GradientInput grad;
+    grad.dtype = s.grad_dtype;
+    grad.parts = parts;
+    grad.num_parts = 1;
+    ChunkArrays arrays;
+    arrays.master = At<float>(*s.master, 4, begin);
+    for (int k = 0; k < s.slots; ++k) {
+      arrays.slots[k] = At<unsigned char>(*s.slot[k], slot_bytes, begin);
+      arrays.slot_elem_bytes[k] = slot_bytes;
+    }
+    UpdateChunkTensors(job, *group_kernels,
+                       ChunkRange{begin / s.chunk_elems, begin, end}, segments,
+                       absent, grad, {{0, 1e-4, 0.01}}, arrays, counts,
+                       At<uint16_t>(*s.weights, 2, begin));
+  };
   const auto probe = [&](size_t begin, size_t end, int) {
     if (slot_bytes == 4) {
       ProbeChunk<float>(s, begin, end);
@@ -247,10 +296,13 @@ absl::Status RunKernelBench(const KernelBenchOptions& options) {
     }
   };
 
-  std::vector<double> update_s, probe_s;
+  std::vector<double> update_s, tensor_s, probe_s;
   for (int r = 0; r < options.repeats; ++r) {
     ++step;
     update_s.push_back(ForChunks(s, options.threads, update));
+    if (layout.has_value()) {
+      tensor_s.push_back(ForChunks(s, options.threads, tensor_update));
+    }
     probe_s.push_back(ForChunks(s, options.threads, probe));
   }
   // Bytes moved per parameter: the gradient read, the master and each slot
@@ -277,6 +329,13 @@ absl::Status RunKernelBench(const KernelBenchOptions& options) {
                   {"probe_params_per_s", probe_pps},
                   {"probe_gb_per_s", probe_pps * bytes_per_param / 1e9},
                   {"ratio", update_pps / probe_pps}};
+  if (layout.has_value()) {
+    const double tensor_pps = s.n / Median(tensor_s);
+    line.numbers.push_back(
+        {"tensor_elems", static_cast<double>(options.tensor_elems)});
+    line.numbers.push_back({"per_tensor_params_per_s", tensor_pps});
+    line.numbers.push_back({"ratio_per_tensor", tensor_pps / probe_pps});
+  }
   line.Print(options.json);
   return absl::OkStatus();
 }

@@ -22,11 +22,15 @@ struct KernelBenchOptions {
   // scalar, avx2 or avx512 (as DEPOT_KERNEL_ISA); empty: DEPOT_KERNEL_ISA, or
   // the best this CPU supports.
   std::string isa;
+  // > 0: also time the server's per-tensor path (UpdateChunkTensors: each
+  // chunk cut into tensors of this many elements, per-tensor step counts and
+  // the absent-gradient check) in the same rounds, as ratio_per_tensor.
+  size_t tensor_elems = 65536;
   bool json = false;
 };
 
-// Allocates the state, runs --repeats rounds of (update, probe) and prints the
-// medians. INVALID_ARGUMENT for a bad option.
+// Allocates the state, runs --repeats rounds of (update, per-tensor update,
+// probe) and prints the medians. INVALID_ARGUMENT for a bad option.
 absl::Status RunKernelBench(const KernelBenchOptions& options);
 
 }  // namespace depot::bench
