@@ -112,3 +112,13 @@ def test_step_returns_the_closures_loss(client, job_name):
     assert opt.step(closure) is losses[0]
     assert len(losses) == 1
     assert opt.last_result.step == 1
+
+
+def test_sgd_lr_may_come_from_the_groups_alone(client, job_name):
+    model = training.make_model()
+    groups = [{"params": list(model.parameters()), "lr": 0.1}]
+    torch.optim.SGD(groups)  # torch accepts this
+    DepotOptimizer(groups, client=client, job_name=job_name, optimizer="sgd")
+    with pytest.raises(ValueError, match="required optimization parameter lr"):
+        DepotOptimizer(model.parameters(), client=client, job_name=job_name,
+                       optimizer="sgd")

@@ -12,6 +12,7 @@ import inspect
 import math
 
 import torch
+from torch.optim.optimizer import required as _REQUIRED
 
 # The kinds with a torch.optim class; "lion" is Depot's own.
 TORCH_CLASSES = {
@@ -82,7 +83,12 @@ def check_hparams(kind, hparams):
     # one step so that flags torch checks only when stepping (capturable on a
     # CPU tensor) fail here with torch's message.
     probe = torch.zeros(1, requires_grad=True)
-    torch_optimizer = TORCH_CLASSES[kind]([probe], **hparams)
+    probe_hparams = dict(hparams)
+    if defaults.get("lr") is _REQUIRED:
+        # SGD's lr may come from every param group instead; the groups are
+        # checked by torch's add_param_group itself.
+        probe_hparams.setdefault("lr", 0.0)
+    torch_optimizer = TORCH_CLASSES[kind]([probe], **probe_hparams)
     probe.grad = torch.zeros(1)
     torch_optimizer.step()
 
