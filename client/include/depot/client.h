@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "depot/dtype.h"
+#include "depot/export.h"
 #include "depot/job_config.h"
 #include "depot/layout.h"
 #include "depot/shard_plan.h"
@@ -147,7 +148,7 @@ struct ServerJobStatus {
   uint64_t state_checksum = 0;  // only when asked for
 };
 
-class Job {
+class DEPOT_API Job {
  public:
   virtual ~Job() = default;
 
@@ -224,7 +225,7 @@ class Job {
   uint32_t worker_rank_;
 };
 
-class Client {
+class DEPOT_API Client {
  public:
   virtual ~Client() = default;
 

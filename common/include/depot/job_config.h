@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "depot/dtype.h"
+#include "depot/export.h"
 #include "depot/layout.h"
 #include "depot/shard_plan.h"
 
@@ -96,7 +97,7 @@ struct OptimizerConfig {
 // clip_grad_norm_type unknown; initial_loss_scale not a finite value > 0;
 // min_loss_scale not in (0, initial_loss_scale]; loss_scale_window < 1 or not
 // finite; hysteresis < 1.
-absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
+DEPOT_API absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
 
 inline constexpr uint64_t kDefaultChunkElems = uint64_t{1} << 20;
 inline constexpr uint64_t kDefaultAlignmentElems = 64;
@@ -125,7 +126,7 @@ struct GroupHyperParams {
 // naming the field when: name is empty; num_workers or num_servers is 0;
 // chunk_elems is 0 or not a multiple of alignment_elems; the layout or
 // optimizer config is invalid.
-absl::Status ValidateJobConfig(const JobConfig& config);
+DEPOT_API absl::Status ValidateJobConfig(const JobConfig& config);
 
 // The layout of a job's tensors and the shard plan over it: what client and
 // server both derive from a config, with this one function.
@@ -135,29 +136,30 @@ struct JobGeometry {
 };
 
 // INVALID_ARGUMENT as ValidateJobConfig (which it runs first).
-absl::StatusOr<JobGeometry> MakeJobGeometry(const JobConfig& config);
+DEPOT_API absl::StatusOr<JobGeometry> MakeJobGeometry(const JobConfig& config);
 
 // A 64-bit hash of every field of `config`, stable across processes, builds and
 // machines (it hashes a canonical byte encoding, not memory).
-uint64_t Fingerprint(const JobConfig& config);
+DEPOT_API uint64_t Fingerprint(const JobConfig& config);
 
 // Number of state slots per parameter besides the master weight:
 // Adam/AdamW 2 (exp_avg, exp_avg_sq); SGD 1 when momentum > 0, else 0;
 // Adagrad 1 (state_sum); Lion 1 (exp_avg).
-int OptimizerStateSlots(const OptimizerConfig& config);
+DEPOT_API int OptimizerStateSlots(const OptimizerConfig& config);
 
 // The storage dtype of state slot `slot` (see OptimizerConfig::exp_avg_dtype).
 // REQUIRES: 0 <= slot < OptimizerStateSlots(config).
-DType OptimizerSlotDType(const OptimizerConfig& config, int slot);
+DEPOT_API DType OptimizerSlotDType(const OptimizerConfig& config, int slot);
 
 // The value every element of state slot `slot` holds before the first step:
 // adagrad_initial_accumulator_value for Adagrad's state_sum, else 0.
 // REQUIRES: 0 <= slot < OptimizerStateSlots(config).
-double OptimizerSlotInitialValue(const OptimizerConfig& config, int slot);
+DEPOT_API double OptimizerSlotInitialValue(const OptimizerConfig& config,
+                                           int slot);
 
 // Bytes of state per parameter: 4 for the fp32 master weight plus each slot's
 // dtype size (AdamW: 12 with fp32 moments, 8 with bf16 ones).
-uint64_t OptimizerStateBytesPerParam(const OptimizerConfig& config);
+DEPOT_API uint64_t OptimizerStateBytesPerParam(const OptimizerConfig& config);
 
 }  // namespace depot
 
