@@ -4,7 +4,10 @@
 # Uses sudo when not run as root.
 #
 # python3-torch, python3-numpy and python3-pytest run the Python package's tests
-# (tests/python/, part of ctest) and the PyTorch example.
+# (tests/python/, part of ctest) and the PyTorch example; python3-pip,
+# python3-setuptools and python3-wheel build its wheel (offline, in
+# tests/python/test_packaging.py). dpkg-dev (dpkg-shlibdeps) and file let
+# `cpack -G DEB` compute the .deb packages' dependencies (tests/install/).
 #
 # Extra packages can be requested with DEPOT_OPTIONAL_PACKAGES, e.g.
 #   DEPOT_OPTIONAL_PACKAGES="gdb" ./scripts/setup.sh
@@ -17,6 +20,8 @@ REQUIRED_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus curl ca-certificates
   python3 python3-numpy python3-pytest python3-torch
+  python3-pip python3-setuptools python3-wheel
+  dpkg-dev file
 )
 read -r -a OPTIONAL_PACKAGES <<<"${DEPOT_OPTIONAL_PACKAGES:-}"
 

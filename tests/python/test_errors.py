@@ -97,3 +97,67 @@ def test_optimizer_on_a_trained_job_raises_failed_precondition(client,
     with pytest.raises(depot.FailedPreconditionError,
                        match="already been trained to step 1"):
         run()
+
+
+# Each error is also the built-in exception generic Python code catches for
+# that kind of failure (depot/errors.py has the table and the reasons).
+BUILTIN_BASES = [
+    (depot.InvalidArgumentError, ValueError),
+    (depot.OutOfRangeError, IndexError),
+    (depot.NotFoundError, LookupError),
+    (depot.DeadlineExceededError, TimeoutError),
+    (depot.PermissionDeniedError, PermissionError),
+    (depot.UnauthenticatedError, PermissionError),
+    (depot.UnavailableError, ConnectionError),
+    (depot.UnimplementedError, NotImplementedError),
+    (depot.FailedPreconditionError, RuntimeError),
+    (depot.AbortedError, RuntimeError),
+    (depot.ResourceExhaustedError, RuntimeError),
+]
+
+
+@pytest.mark.parametrize("error_class, builtin", BUILTIN_BASES,
+                         ids=[cls.__name__ for cls, _ in BUILTIN_BASES])
+def test_error_for_a_code_is_caught_as_the_matching_builtin(error_class,
+                                                            builtin):
+    with pytest.raises(builtin) as caught:
+        raise depot.error_for_code(error_class.code, "the message")
+    assert type(caught.value) is error_class
+    assert isinstance(caught.value, depot.DepotError)
+
+
+@pytest.mark.parametrize("error_class", [
+    depot.CancelledError, depot.UnknownError, depot.AlreadyExistsError,
+    depot.InternalError, depot.DataLossError])
+def test_codes_without_a_builtin_counterpart_are_only_depot_errors(
+        error_class):
+    assert error_class.__mro__[1:] == (depot.DepotError, Exception,
+                                       BaseException, object)
+
+
+def test_resource_exhausted_is_not_a_memory_error():
+    # MemoryError means this process ran out of memory; this is a server's
+    # budget.
+    assert not issubclass(depot.ResourceExhaustedError, MemoryError)
+
+
+def test_an_os_error_based_error_keeps_its_code_message_and_text():
+    error = depot.error_for_code(depot.UnavailableError.code, "server down")
+    assert isinstance(error, OSError)
+    assert (error.code, error.code_name, error.message) == (
+        14, "UNAVAILABLE", "server down")
+    assert str(error) == "UNAVAILABLE: server down"
+    assert error.args == ("server down",)
+
+
+def test_pull_outside_the_job_is_an_index_error(client, job_name):
+    job = open_job(client, job_name)
+    with pytest.raises(IndexError):
+        job.pull(0, job.total_elems + 1,
+                 out=np.zeros(job.total_elems + 1, dtype=np.float32))
+
+
+def test_unreachable_server_is_a_connection_error():
+    client = depot.Client(["127.0.0.1:1"])
+    with pytest.raises(ConnectionError, match="127.0.0.1:1"):
+        client.wait_for_servers(timeout=0.5)

@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "depot/dtype.h"
+#include "depot/export.h"
 #include "depot/job_config.h"
 #include "depot/layout.h"
 #include "depot/shard_plan.h"
@@ -182,7 +183,7 @@ struct FlatState {
   std::vector<uint64_t> tensor_steps;
 };
 
-class Job {
+class DEPOT_API Job {
  public:
   virtual ~Job() = default;
 
@@ -272,7 +273,7 @@ class Job {
   uint32_t worker_rank_;
 };
 
-class Client {
+class DEPOT_API Client {
  public:
   virtual ~Client() = default;
 

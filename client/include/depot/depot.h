@@ -50,6 +50,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "depot/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -57,7 +59,7 @@ extern "C" {
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
 #define DEPOT_API_VERSION 4
-uint32_t depot_api_version(void);
+DEPOT_API uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
 enum {
@@ -82,10 +84,10 @@ enum {
 
 /* The message of the last call on this thread that failed; "" after a call
  * that succeeded. Valid until the next depot_* call on this thread. */
-const char* depot_last_error(void);
+DEPOT_API const char* depot_last_error(void);
 
 /* "OK", "INVALID_ARGUMENT", ...; "UNKNOWN_CODE" for a number not above. */
-const char* depot_status_name(int code);
+DEPOT_API const char* depot_status_name(int code);
 
 /* Element types; the values of depot::DType. */
 enum {
@@ -122,24 +124,25 @@ typedef struct depot_client_options {
 } depot_client_options_t;
 
 /* Fills `options` with the defaults of depot::ClientOptions. */
-void depot_client_options_init(depot_client_options_t* options);
+DEPOT_API void depot_client_options_init(depot_client_options_t* options);
 
 /* Connects to `num_servers` servers, "host:port" each, in shard-plan order
  * (every worker must pass the same order). Does not wait for them to be up;
  * see depot_client_wait_for_servers. `options` may be NULL (defaults).
  * On success *out is a client to free with depot_client_destroy.
  * INVALID_ARGUMENT: no servers, a malformed address, bad options. */
-int depot_client_create(const char* const* servers, size_t num_servers,
-                        const depot_client_options_t* options,
-                        depot_client_t** out);
+DEPOT_API int depot_client_create(const char* const* servers,
+                                  size_t num_servers,
+                                  const depot_client_options_t* options,
+                                  depot_client_t** out);
 
 /* Waits until every server's health service reports SERVING.
  * UNAVAILABLE (naming the server) if one does not within the timeout. */
-int depot_client_wait_for_servers(depot_client_t* client,
-                                  double timeout_seconds);
+DEPOT_API int depot_client_wait_for_servers(depot_client_t* client,
+                                            double timeout_seconds);
 
 /* Frees the client. NULL is ignored. Jobs opened on it stay usable. */
-void depot_client_destroy(depot_client_t* client);
+DEPOT_API void depot_client_destroy(depot_client_t* client);
 
 /* -------------------------------------------------------------------- job */
 
@@ -203,7 +206,7 @@ typedef struct depot_job_config {
 
 /* Fills `config` with the defaults of depot::JobConfig (no name, no tensors,
  * one worker, AdamW, fp32 gradients and weights, 1 Mi-element chunks). */
-void depot_job_config_init(depot_job_config_t* config);
+DEPOT_API void depot_job_config_init(depot_job_config_t* config);
 
 /* Creates the job on every server of `client`, or attaches to it when a job
  * with the same name and an identical config exists, as worker `worker_rank`.
@@ -211,23 +214,25 @@ void depot_job_config_init(depot_job_config_t* config);
  * INVALID_ARGUMENT: an invalid config (the field is named) or worker_rank >=
  * num_workers; FAILED_PRECONDITION: a job of that name exists with a
  * different config; RESOURCE_EXHAUSTED: a server's memory budget. */
-int depot_job_open(depot_client_t* client, const depot_job_config_t* config,
-                   uint32_t worker_rank, depot_job_t** out);
+DEPOT_API int depot_job_open(depot_client_t* client,
+                             const depot_job_config_t* config,
+                             uint32_t worker_rank, depot_job_t** out);
 
 /* The job's layout: N (the length of every flat buffer), its tensors and
  * where each starts. REQUIRES: tensor_index < depot_job_num_tensors(job). */
-uint64_t depot_job_total_elems(const depot_job_t* job);
-size_t depot_job_num_tensors(const depot_job_t* job);
-uint64_t depot_job_tensor_offset(const depot_job_t* job, size_t tensor_index);
-uint64_t depot_job_fingerprint(const depot_job_t* job);
-uint32_t depot_job_num_servers(const depot_job_t* job);
+DEPOT_API uint64_t depot_job_total_elems(const depot_job_t* job);
+DEPOT_API size_t depot_job_num_tensors(const depot_job_t* job);
+DEPOT_API uint64_t depot_job_tensor_offset(const depot_job_t* job,
+                                           size_t tensor_index);
+DEPOT_API uint64_t depot_job_fingerprint(const depot_job_t* job);
+DEPOT_API uint32_t depot_job_num_servers(const depot_job_t* job);
 
 /* Sets the master weights of the whole job from N elements of `dtype` at
  * `weights` (bf16/fp16 are upcast). FAILED_PRECONDITION if a chunk has a step
  * applied, or a peer's step-1 gradient pending (client/README.md: InitOrJoin).
  */
-int depot_job_init_weights(depot_job_t* job, const void* weights,
-                           int32_t dtype);
+DEPOT_API int depot_job_init_weights(depot_job_t* job, const void* weights,
+                                     int32_t dtype);
 
 /* Per-step hyperparameters of one param group (depot::GroupHyperParams). */
 typedef struct depot_group_hparams {
@@ -270,7 +275,7 @@ typedef struct depot_step_options {
 
 /* Fills `options` with the defaults of depot::StepOptions (no overrides,
  * loss scale 1, no known commit). */
-void depot_step_options_init(depot_step_options_t* options);
+DEPOT_API void depot_step_options_init(depot_step_options_t* options);
 
 /* depot::StepResult: the outcome of one step, summed over the servers. */
 typedef struct depot_step_result {
@@ -296,14 +301,15 @@ typedef struct depot_step_result {
  * nothing twice. `options` may be NULL (defaults); `result` may be NULL.
  * ABORTED: a step out of order; DEADLINE_EXCEEDED: a peer worker too slow;
  * INVALID_ARGUMENT: bad options. */
-int depot_job_step(depot_job_t* job, uint64_t step, const void* grads,
-                   void* weights_out, const depot_step_options_t* options,
-                   depot_step_result_t* result);
+DEPOT_API int depot_job_step(depot_job_t* job, uint64_t step, const void* grads,
+                             void* weights_out,
+                             const depot_step_options_t* options,
+                             depot_step_result_t* result);
 
 /* Copies weights [begin, end) into `out` as `dtype` (DEPOT_DTYPE_FP32 gives
  * the master weights exactly). OUT_OF_RANGE unless begin <= end <= N. */
-int depot_job_pull(depot_job_t* job, uint64_t begin, uint64_t end,
-                   int32_t dtype, void* out);
+DEPOT_API int depot_job_pull(depot_job_t* job, uint64_t begin, uint64_t end,
+                             int32_t dtype, void* out);
 
 /* One server's view of the job (depot::ServerJobStatus). */
 typedef struct depot_server_status {
@@ -322,23 +328,24 @@ typedef struct depot_server_status {
  * depot_job_num_servers(job)). with_checksum (0 or 1) makes every server hash
  * its whole state. REQUIRES: capacity >= depot_job_num_servers(job), else
  * INVALID_ARGUMENT. */
-int depot_job_status(depot_job_t* job, int32_t with_checksum,
-                     depot_server_status_t* out, size_t capacity);
+DEPOT_API int depot_job_status(depot_job_t* job, int32_t with_checksum,
+                               depot_server_status_t* out, size_t capacity);
 
 /* Deletes the job on every server, freeing its state; the handle stays to be
  * destroyed. */
-int depot_job_delete(depot_job_t* job);
+DEPOT_API int depot_job_delete(depot_job_t* job);
 
 /* The job's whole optimizer state (depot::Job::SaveState) as an opaque blob:
  * on success *data is a buffer of *size bytes that the caller frees with
  * depot_buffer_free. Call it between steps, with no step in flight. */
-int depot_job_save_state(depot_job_t* job, void** data, size_t* size);
+DEPOT_API int depot_job_save_state(depot_job_t* job, void** data, size_t* size);
 
 /* Replaces the job's state by a blob from depot_job_save_state of a job with
  * the same config (the name may differ); the next step is the saved step + 1.
  * DATA_LOSS: corrupt or truncated blob. FAILED_PRECONDITION: a blob of another
  * config, or a step in flight. */
-int depot_job_load_state(depot_job_t* job, const void* data, size_t size);
+DEPOT_API int depot_job_load_state(depot_job_t* job, const void* data,
+                                   size_t size);
 
 /* The job's optimizer state as flat fp32 arrays over [0, N)
  * (depot::FlatState), for reading it or building it from another optimizer's
@@ -355,26 +362,26 @@ typedef struct depot_flat_state {
 } depot_flat_state_t;
 
 /* The number of state slots the job keeps per element (0 to 3). */
-size_t depot_job_num_state_slots(const depot_job_t* job);
+DEPOT_API size_t depot_job_num_state_slots(const depot_job_t* job);
 
 /* Decodes a blob from depot_job_save_state of a job with this config into
  * the caller's arrays of *out. DATA_LOSS: corrupt blob; FAILED_PRECONDITION:
  * a blob of another config. */
-int depot_job_decode_state(const depot_job_t* job, const void* data,
-                           size_t size, depot_flat_state_t* out);
+DEPOT_API int depot_job_decode_state(const depot_job_t* job, const void* data,
+                                     size_t size, depot_flat_state_t* out);
 
 /* Encodes `state` as a blob for depot_job_load_state (bf16 slots rounded to
  * nearest even, padding stored as 0); *data is freed with depot_buffer_free.
  * INVALID_ARGUMENT: a NULL array, or a tensor count above applied_step. */
-int depot_job_encode_state(const depot_job_t* job,
-                           const depot_flat_state_t* state, void** data,
-                           size_t* size);
+DEPOT_API int depot_job_encode_state(const depot_job_t* job,
+                                     const depot_flat_state_t* state,
+                                     void** data, size_t* size);
 
 /* Frees a buffer the library allocated. NULL is ignored. */
-void depot_buffer_free(void* data);
+DEPOT_API void depot_buffer_free(void* data);
 
 /* Frees the handle (the job stays on the servers). NULL is ignored. */
-void depot_job_destroy(depot_job_t* job);
+DEPOT_API void depot_job_destroy(depot_job_t* job);
 
 /* ------------------------------------------------------------ grad scaler */
 
@@ -390,14 +397,16 @@ typedef struct depot_grad_scaler depot_grad_scaler_t;
  * is 0 and grad_dtype is fp16; otherwise a constant 1. On success *out is a
  * scaler to free with depot_grad_scaler_destroy. INVALID_ARGUMENT naming the
  * config field when those fields are invalid. */
-int depot_grad_scaler_create(const depot_job_t* job, depot_grad_scaler_t** out);
+DEPOT_API int depot_grad_scaler_create(const depot_job_t* job,
+                                       depot_grad_scaler_t** out);
 
 /* The current loss scale (> 0); 0 for NULL. */
-double depot_grad_scaler_scale(const depot_grad_scaler_t* scaler);
+DEPOT_API double depot_grad_scaler_scale(const depot_grad_scaler_t* scaler);
 
 /* Feeds back the outcome of a step: found_inf (0 or 1) is the step's
  * depot_step_result_t.found_inf. NULL is ignored. */
-void depot_grad_scaler_update(depot_grad_scaler_t* scaler, int32_t found_inf);
+DEPOT_API void depot_grad_scaler_update(depot_grad_scaler_t* scaler,
+                                        int32_t found_inf);
 
 /* Megatron's DynamicGradScaler.state_dict() (depot::GradScalerState), for
  * checkpoints. A constant scaler reports its scale with zero trackers. */
@@ -408,18 +417,18 @@ typedef struct depot_grad_scaler_state {
 } depot_grad_scaler_state_t;
 
 /* Writes the scaler's state into *out. INVALID_ARGUMENT for NULL. */
-int depot_grad_scaler_get_state(const depot_grad_scaler_t* scaler,
-                                depot_grad_scaler_state_t* out);
+DEPOT_API int depot_grad_scaler_get_state(const depot_grad_scaler_t* scaler,
+                                          depot_grad_scaler_state_t* out);
 
 /* Restores a state from depot_grad_scaler_get_state (a constant scaler
  * ignores it). INVALID_ARGUMENT naming the field when it does not fit the
  * scaler's options (depot::DynamicGradScaler::LoadStateDict); on error
  * nothing changes. */
-int depot_grad_scaler_load_state(depot_grad_scaler_t* scaler,
-                                 const depot_grad_scaler_state_t* state);
+DEPOT_API int depot_grad_scaler_load_state(
+    depot_grad_scaler_t* scaler, const depot_grad_scaler_state_t* state);
 
 /* Frees the scaler. NULL is ignored. */
-void depot_grad_scaler_destroy(depot_grad_scaler_t* scaler);
+DEPOT_API void depot_grad_scaler_destroy(depot_grad_scaler_t* scaler);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "depot/export.h"
 #include "depot/job_config.h"
 
 namespace depot {
@@ -36,7 +37,7 @@ struct GradScalerState {
   int64_t hysteresis_tracker = 0;
 };
 
-class GradScaler {
+class DEPOT_API GradScaler {
  public:
   virtual ~GradScaler() = default;
 
@@ -62,7 +63,7 @@ class GradScaler {
 // A scale that never changes. Its scale is configuration, not state: like
 // Megatron's (whose state_dict is empty), StateDict() reports the scale with
 // zero trackers and LoadStateDict() ignores its argument.
-class ConstantGradScaler : public GradScaler {
+class DEPOT_API ConstantGradScaler : public GradScaler {
  public:
   // INVALID_ARGUMENT naming "scale" unless `scale` is > 0 and finite once
   // rounded to fp32.
@@ -95,7 +96,7 @@ struct DynamicGradScalerOptions {
 // *= growth_factor. So `hysteresis` non-finite steps are needed before the
 // first backoff, finite steps in between do not restore the budget (only a
 // growth does), and every further non-finite step backs off again.
-class DynamicGradScaler : public GradScaler {
+class DEPOT_API DynamicGradScaler : public GradScaler {
  public:
   // INVALID_ARGUMENT naming the field (Megatron's asserts, plus finiteness)
   // when: initial_scale or min_scale is not > 0 and finite in fp32; min_scale >
@@ -135,7 +136,7 @@ class DynamicGradScaler : public GradScaler {
 // 0.5; otherwise none, which Depot represents as a constant scale of 1.
 // INVALID_ARGUMENT naming the config field ("optimizer.loss_scale_window", ...)
 // when the fields used are invalid (loss_scale_window must be a whole number).
-absl::StatusOr<std::unique_ptr<GradScaler>> MakeGradScaler(
+DEPOT_API absl::StatusOr<std::unique_ptr<GradScaler>> MakeGradScaler(
     const JobConfig& config);
 
 }  // namespace depot

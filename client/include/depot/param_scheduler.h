@@ -44,6 +44,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "depot/export.h"
 #include "depot/job_config.h"
 
 namespace depot {
@@ -77,12 +78,13 @@ enum class WdIncrStyle : uint8_t {
 
 // Megatron's spelling of each style; the Parse functions accept exactly these
 // (and "1-sqrt"), INVALID_ARGUMENT listing the accepted names otherwise.
-std::string_view LrDecayStyleName(LrDecayStyle style);
-std::string_view WsdDecayStyleName(WsdDecayStyle style);
-std::string_view WdIncrStyleName(WdIncrStyle style);
-absl::StatusOr<LrDecayStyle> ParseLrDecayStyle(std::string_view name);
-absl::StatusOr<WsdDecayStyle> ParseWsdDecayStyle(std::string_view name);
-absl::StatusOr<WdIncrStyle> ParseWdIncrStyle(std::string_view name);
+DEPOT_API std::string_view LrDecayStyleName(LrDecayStyle style);
+DEPOT_API std::string_view WsdDecayStyleName(WsdDecayStyle style);
+DEPOT_API std::string_view WdIncrStyleName(WdIncrStyle style);
+DEPOT_API absl::StatusOr<LrDecayStyle> ParseLrDecayStyle(std::string_view name);
+DEPOT_API absl::StatusOr<WsdDecayStyle> ParseWsdDecayStyle(
+    std::string_view name);
+DEPOT_API absl::StatusOr<WdIncrStyle> ParseWdIncrStyle(std::string_view name);
 
 // The constructor arguments of Megatron's OptimizerParamScheduler, same names.
 struct ParamSchedulerOptions {
@@ -139,18 +141,19 @@ struct ParamSchedulerState {
 
 // The state as a map keyed by Megatron's state_dict keys; doubles are written
 // so that they read back exactly, styles by their Megatron names.
-std::map<std::string, std::string> ParamSchedulerStateToKeyValues(
+DEPOT_API std::map<std::string, std::string> ParamSchedulerStateToKeyValues(
     const ParamSchedulerState& state);
 // INVALID_ARGUMENT naming the key when a key is missing or unknown, or a value
 // does not parse. Does not check the values' ranges (LoadStateDict does).
-absl::StatusOr<ParamSchedulerState> ParamSchedulerStateFromKeyValues(
+DEPOT_API absl::StatusOr<ParamSchedulerState> ParamSchedulerStateFromKeyValues(
     const std::map<std::string, std::string>& key_values);
 
 // The same as text: one "key=value" line per key, sorted by key.
-std::string FormatParamSchedulerState(const ParamSchedulerState& state);
+DEPOT_API std::string FormatParamSchedulerState(
+    const ParamSchedulerState& state);
 // INVALID_ARGUMENT for a line without '=', a repeated key, or as
 // ParamSchedulerStateFromKeyValues. Blank lines are ignored.
-absl::StatusOr<ParamSchedulerState> ParseParamSchedulerState(
+DEPOT_API absl::StatusOr<ParamSchedulerState> ParseParamSchedulerState(
     std::string_view text);
 
 // INVALID_ARGUMENT naming the field (Megatron's name) when: a value is not
@@ -160,10 +163,10 @@ absl::StatusOr<ParamSchedulerState> ParseParamSchedulerState(
 // start_wd; wd_incr_steps < 0, or 0 with a linear/cosine increment; a constant
 // increment with start_wd != end_wd; both use_checkpoint and override set; a
 // style outside its enum.
-absl::Status ValidateParamSchedulerOptions(
+DEPOT_API absl::Status ValidateParamSchedulerOptions(
     const ParamSchedulerOptions& options);
 
-class OptimizerParamScheduler {
+class DEPOT_API OptimizerParamScheduler {
  public:
   // Validates `options` and every group, then sets the schedule to step 0 (as
   // Megatron's constructor calls step(0)). INVALID_ARGUMENT as

@@ -1,6 +1,10 @@
 """OwnedHandle: the life of a C API handle owned by a Python object."""
 
+from typing import Any, TypeVar
+
 from depot import _capi
+
+_Self = TypeVar("_Self", bound="OwnedHandle")
 
 
 class OwnedHandle:
@@ -11,26 +15,28 @@ class OwnedHandle:
     _DESTROY, and may override _describe() for the "is closed" error.
     """
 
-    _DESTROY = None  # the name of the depot.h function that frees the handle
-    _handle = None
+    # The name of the depot.h function that frees the handle; each subclass
+    # sets it.
+    _DESTROY: str
+    _handle: Any = None
 
-    def _describe(self):
+    def _describe(self) -> str:
         return f"the {type(self).__name__}"
 
-    def close(self):
+    def close(self) -> None:
         handle, self._handle = self._handle, None
         if handle:
             getattr(_capi.lib(), self._DESTROY)(handle)
 
-    def _live_handle(self):
+    def _live_handle(self) -> Any:
         if not self._handle:
             raise ValueError(f"{self._describe()} is closed")
         return self._handle
 
-    def __enter__(self):
+    def __enter__(self: "_Self") -> "_Self":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self):

@@ -7,22 +7,27 @@ Where it looks, in order (the first that exists wins):
 2. ``libdepot_client.so`` next to this package (inside the ``depot`` folder);
 3. the source tree's build, ``build/client/libdepot_client.so`` relative to
    the repository this package sits in (``client/python/depot``);
-4. the system loader (``LD_LIBRARY_PATH``, ``ldconfig``'s cache).
+4. the system loader (``LD_LIBRARY_PATH``, ``ldconfig``'s cache), by the
+   SONAME ``libdepot_client.so.0`` that an installed library always has,
+   then by the development link ``libdepot_client.so``.
 """
 
 import ctypes
 import os
 import pathlib
+from typing import List, Mapping, Optional, Union
 
 LIBRARY_ENV = "DEPOT_CLIENT_LIBRARY"
 LIBRARY_FILE = "libdepot_client.so"
+# The SONAME; its number changes with the library's ABI (docs/packaging.md).
+LIBRARY_SONAME = "libdepot_client.so.0"
 
 
 class LibraryNotFoundError(OSError):
     """libdepot_client could not be found or loaded."""
 
 
-def candidate_paths():
+def candidate_paths() -> List[pathlib.Path]:
     """The files tried before the system loader, in order."""
     package_dir = pathlib.Path(__file__).resolve().parent
     paths = [package_dir / LIBRARY_FILE]
@@ -34,7 +39,7 @@ def candidate_paths():
     return paths
 
 
-def _load(path):
+def _load(path: Union[str, pathlib.Path]) -> ctypes.CDLL:
     try:
         return ctypes.CDLL(str(path))
     except OSError as e:
@@ -42,7 +47,8 @@ def _load(path):
             f"cannot load libdepot_client from {path}: {e}") from e
 
 
-def load_library(environ=None):
+def load_library(
+        environ: Optional[Mapping[str, str]] = None) -> ctypes.CDLL:
     """Returns the loaded library as a ctypes.CDLL.
 
     Raises LibraryNotFoundError saying where it looked and how to point at
@@ -60,13 +66,15 @@ def load_library(environ=None):
     for path in tried:
         if path.is_file():
             return _load(path)
-    try:
-        return ctypes.CDLL(LIBRARY_FILE)  # dlopen's own search
-    except OSError:
-        pass
+    for name in (LIBRARY_SONAME, LIBRARY_FILE):
+        try:
+            return ctypes.CDLL(name)  # dlopen's own search
+        except OSError:
+            pass
     places = ", ".join(str(p) for p in tried)
     raise LibraryNotFoundError(
         f"{LIBRARY_FILE} not found (looked in {places} and the system "
-        f"loader's paths). Build it (./scripts/build.sh builds "
+        f"loader's paths for {LIBRARY_SONAME} and {LIBRARY_FILE}). Install "
+        f"it (docs/packaging.md) or build it (./scripts/build.sh builds "
         f"build/client/{LIBRARY_FILE}) and set {LIBRARY_ENV} to its path, "
         f"or copy it next to the depot package")

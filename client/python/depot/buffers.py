@@ -10,10 +10,20 @@ NumPy has no bfloat16: bf16 buffers are torch.bfloat16 tensors, or NumPy
 uint16 arrays holding the raw bf16 bits.
 """
 
+from __future__ import annotations
+
 import enum
 import sys
+from typing import TYPE_CHECKING, Any, Dict, Union
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+# What the library reads and writes: a NumPy array or a CPU torch tensor
+# (torch is imported only when the caller already uses it).
+Buffer = Union[np.ndarray, "torch.Tensor"]
 
 
 class DType(enum.IntEnum):
@@ -24,16 +34,19 @@ class DType(enum.IntEnum):
     FP16 = 3
 
     @property
-    def itemsize(self):
+    def itemsize(self) -> int:
         return 4 if self is DType.FP32 else 2
 
     @property
-    def numpy_dtype(self):
+    def numpy_dtype(self) -> np.dtype:
         """The NumPy dtype that holds this type (bf16: its raw bits)."""
         return _NUMPY_DTYPES[self]
 
 
-_NUMPY_DTYPES = {
+# An element type: a DType, a name ("fp32", "bfloat16", ...) or a torch dtype.
+DTypeLike = Union[DType, str, "torch.dtype"]
+
+_NUMPY_DTYPES: Dict[DType, np.dtype] = {
     DType.FP32: np.dtype(np.float32),
     DType.BF16: np.dtype(np.uint16),
     DType.FP16: np.dtype(np.float16),
@@ -46,7 +59,7 @@ _NAMES = {
 }
 
 
-def parse_dtype(value):
+def parse_dtype(value: DTypeLike) -> DType:
     """A DType from a DType, "fp32" / "float32" / "bf16" / "bfloat16" / "fp16"
     / "float16", or a torch dtype of those types. ValueError otherwise."""
     if isinstance(value, DType):
@@ -62,12 +75,13 @@ def parse_dtype(value):
         f"unsupported element type {value!r}: use fp32, bf16 or fp16")
 
 
-def _torch_dtypes(torch):
+def _torch_dtypes(torch: Any) -> Dict[DType, Any]:
     return {DType.FP32: torch.float32, DType.BF16: torch.bfloat16,
             DType.FP16: torch.float16}
 
 
-def buffer_address(buffer, dtype, numel, *, writable, what):
+def buffer_address(buffer: Buffer, dtype: DType, numel: int, *,
+                   writable: bool, what: str) -> int:
     """The address of `buffer`'s first element, after checking that it is a
     contiguous host buffer of `numel` elements of `dtype` (a DType) that the
     library may read (and write, when `writable`). `what` names the argument
@@ -82,14 +96,15 @@ def buffer_address(buffer, dtype, numel, *, writable, what):
         f"{type(buffer).__name__}")
 
 
-def _check_numel(actual, numel, what):
+def _check_numel(actual: int, numel: int, what: str) -> None:
     if actual != numel:
         raise ValueError(
             f"{what} has {actual} elements, the job's flat buffers have "
             f"{numel} (Job.total_elems)")
 
 
-def _array_address(array, dtype, numel, writable, what):
+def _array_address(array: np.ndarray, dtype: DType, numel: int,
+                   writable: bool, what: str) -> int:
     if array.dtype != dtype.numpy_dtype:
         raise ValueError(
             f"{what} has dtype {array.dtype}, this buffer is {dtype.name} "
@@ -103,7 +118,8 @@ def _array_address(array, dtype, numel, writable, what):
     return array.ctypes.data
 
 
-def _tensor_address(torch, tensor, dtype, numel, what):
+def _tensor_address(torch: Any, tensor: Any, dtype: DType, numel: int,
+                    what: str) -> int:
     if tensor.device.type != "cpu":
         raise ValueError(
             f"{what} is on {tensor.device}; Depot reads and writes host "

@@ -13,29 +13,45 @@ library runs without the GIL, so other Python threads keep running during a
 step. A Client may be shared by threads; a Job serializes its own calls.
 """
 
-import collections
+from __future__ import annotations
+
 import ctypes
 import dataclasses
 import threading
+from typing import (Any, Dict, Iterable, List, Mapping, NamedTuple, Optional,
+                    Sequence, Tuple, Union)
 
 import numpy as np
 
 from depot import _capi
 from depot._handle import OwnedHandle
-from depot.buffers import DType, buffer_address, parse_dtype
+from depot.buffers import (Buffer, DType, DTypeLike, buffer_address,
+                           parse_dtype)
 
-TensorSpec = collections.namedtuple("TensorSpec", "name numel param_group")
-TensorSpec.__doc__ = "One tensor of a job's layout."
 
-GroupHyperParams = collections.namedtuple(
-    "GroupHyperParams", "param_group lr weight_decay")
-GroupHyperParams.__doc__ = "This step's lr and weight decay of one group."
+class TensorSpec(NamedTuple):
+    """One tensor of a job's layout."""
 
-StepCommit = collections.namedtuple(
-    "StepCommit", "clip_coef skip", defaults=(1.0, False))
-StepCommit.__doc__ = (
-    "A step's clip decision, when the trainer already knows it: skip it, or "
-    "multiply the unscaled gradients by clip_coef (in (0, 1]).")
+    name: str
+    numel: int
+    param_group: int
+
+
+class GroupHyperParams(NamedTuple):
+    """This step's lr and weight decay of one group."""
+
+    param_group: int
+    lr: float
+    weight_decay: float
+
+
+class StepCommit(NamedTuple):
+    """A step's clip decision, when the trainer already knows it: skip it, or
+    multiply the unscaled gradients by clip_coef (in (0, 1])."""
+
+    clip_coef: float = 1.0
+    skip: bool = False
+
 
 OPTIMIZER_KINDS = {"adamw": 1, "adam": 2, "sgd": 3, "adagrad": 4, "lion": 5}
 GRAD_NORM_TYPES = {"l2": 1, "inf": 2}
@@ -88,7 +104,7 @@ class ServerStatus:
     state_checksum: int
 
 
-def optimizer_defaults():
+def optimizer_defaults() -> Dict[str, Union[int, float]]:
     """The library's OptimizerConfig defaults, by field name (Megatron's)."""
     config = _capi.JobConfig()
     _capi.lib().depot_job_config_init(ctypes.byref(config))
@@ -99,7 +115,8 @@ def optimizer_defaults():
 _BOOL_FIELDS = ("sgd_nesterov", "amsgrad", "maximize")
 
 
-def _set_optimizer_fields(c_config, kind, fields):
+def _set_optimizer_fields(c_config: _capi.OptimizerConfig, kind: str,
+                          fields: Mapping[str, Any]) -> None:
     try:
         c_config.kind = OPTIMIZER_KINDS[kind.lower()]
     except KeyError:
@@ -128,8 +145,11 @@ class Client(OwnedHandle):
 
     _DESTROY = "depot_client_destroy"
 
-    def __init__(self, servers, *, rpc_timeout=None, step_timeout=None,
-                 max_inflight_chunks=None, connections_per_server=None):
+    def __init__(self, servers: Union[str, Sequence[str]], *,
+                 rpc_timeout: Optional[float] = None,
+                 step_timeout: Optional[float] = None,
+                 max_inflight_chunks: Optional[int] = None,
+                 connections_per_server: Optional[int] = None) -> None:
         if isinstance(servers, str):
             servers = [servers]
         self.servers = list(servers)
@@ -152,16 +172,21 @@ class Client(OwnedHandle):
             ctypes.byref(handle)))
         self._handle = handle
 
-    def wait_for_servers(self, timeout=30.0):
+    def wait_for_servers(self, timeout: float = 30.0) -> None:
         """Waits until every server reports SERVING on its health service.
         UnavailableError (naming the server) if one does not in time."""
         _capi.check(_capi.lib().depot_client_wait_for_servers(
             self._live_handle(), float(timeout)))
 
-    def open_job(self, name, tensors, *, worker_rank=0, num_workers=1,
-                 optimizer="adamw", grad_dtype="fp32", weight_dtype="fp32",
-                 chunk_elems=None, alignment_elems=None,
-                 group_optimizers=None, **optimizer_fields):
+    def open_job(self, name: str,
+                 tensors: Iterable[Union[TensorSpec, Tuple[str, int, int]]],
+                 *, worker_rank: int = 0, num_workers: int = 1,
+                 optimizer: str = "adamw", grad_dtype: DTypeLike = "fp32",
+                 weight_dtype: DTypeLike = "fp32",
+                 chunk_elems: Optional[int] = None,
+                 alignment_elems: Optional[int] = None,
+                 group_optimizers: Optional[Iterable[Mapping[str, Any]]] = None,
+                 **optimizer_fields: Any) -> Job:
         """Creates the job on every server, or attaches to an identical one.
 
         `tensors`: (name, numel, param_group) per tensor, in layout order.
@@ -213,7 +238,7 @@ class Client(OwnedHandle):
         return Job(handle, name, specs, worker_rank, num_workers,
                    parse_dtype(grad_dtype), parse_dtype(weight_dtype))
 
-    def close(self):
+    def close(self) -> None:
         """Frees the connections. Jobs opened on the client stay usable."""
         super().close()
 
@@ -228,8 +253,10 @@ class Job(OwnedHandle):
 
     _DESTROY = "depot_job_destroy"
 
-    def __init__(self, handle, name, tensors, worker_rank, num_workers,
-                 grad_dtype, weight_dtype):
+    def __init__(self, handle: ctypes.c_void_p, name: str,
+                 tensors: List[TensorSpec], worker_rank: int,
+                 num_workers: int, grad_dtype: DType,
+                 weight_dtype: DType) -> None:
         lib = _capi.lib()
         self._handle = handle
         self._lock = threading.Lock()  # depot.h: one call at a time per job
@@ -239,13 +266,13 @@ class Job(OwnedHandle):
         self.num_workers = num_workers
         self.grad_dtype = grad_dtype
         self.weight_dtype = weight_dtype
-        self.total_elems = lib.depot_job_total_elems(handle)
-        self.tensor_offsets = [lib.depot_job_tensor_offset(handle, i)
-                               for i in range(len(tensors))]
-        self.fingerprint = lib.depot_job_fingerprint(handle)
-        self.num_servers = lib.depot_job_num_servers(handle)
+        self.total_elems: int = lib.depot_job_total_elems(handle)
+        self.tensor_offsets: List[int] = [
+            lib.depot_job_tensor_offset(handle, i) for i in range(len(tensors))]
+        self.fingerprint: int = lib.depot_job_fingerprint(handle)
+        self.num_servers: int = lib.depot_job_num_servers(handle)
 
-    def init_weights(self, weights):
+    def init_weights(self, weights: Buffer) -> None:
         """Sets the master weights from `weights` (total_elems elements of
         fp32, bf16 or fp16). FailedPreconditionError once a step has been
         applied or a peer's step-1 gradient is pending."""
@@ -256,9 +283,13 @@ class Job(OwnedHandle):
             _capi.check(_capi.lib().depot_job_init_weights(
                 self._live_handle(), address, int(dtype)))
 
-    def step(self, step, grads, weights_out, *, group_hparams=(),
-             loss_scale=1.0, known_commit=None, no_grad_tensors=(),
-             weight_overrides=()):
+    def step(self, step: int, grads: Buffer, weights_out: Buffer, *,
+             group_hparams: Iterable[Union[GroupHyperParams,
+                                           Tuple[int, float, float]]] = (),
+             loss_scale: float = 1.0,
+             known_commit: Optional[Union[StepCommit,
+                                          Tuple[float, bool]]] = None
+             ) -> StepResult:
         """Runs step `step` (1, 2, ...) for this worker: sends `grads` and
         writes the updated weights into `weights_out`. Every worker passes the
         same `group_hparams` ((param_group, lr, weight_decay) each),
@@ -318,7 +349,9 @@ class Job(OwnedHandle):
                    else getattr(result, name))
             for name, ctype in _capi.StepResult._fields_})
 
-    def pull(self, begin=0, end=None, dtype="fp32", out=None):
+    def pull(self, begin: int = 0, end: Optional[int] = None,
+             dtype: DTypeLike = "fp32",
+             out: Optional[Buffer] = None) -> Buffer:
         """Weights [begin, end) as `dtype` (fp32: the master weights exactly),
         into `out` if given, else into a new NumPy array, which is returned.
         OutOfRangeError unless begin <= end <= total_elems."""
@@ -333,7 +366,7 @@ class Job(OwnedHandle):
                 self._live_handle(), begin, end, int(dtype), address))
         return out
 
-    def status(self, with_checksum=False):
+    def status(self, with_checksum: bool = False) -> List[ServerStatus]:
         """Each server's ServerStatus, in server order."""
         statuses = (_capi.ServerStatus * self.num_servers)()
         with self._lock:
@@ -346,7 +379,7 @@ class Job(OwnedHandle):
                 state_bytes=s.state_bytes, state_checksum=s.state_checksum)
                 for s in statuses]
 
-    def save_state(self):
+    def save_state(self) -> bytes:
         """The job's whole optimizer state (master weights, optimizer slots,
         step counters) as bytes for load_state. Call it between steps."""
         data = ctypes.c_void_p()
@@ -359,7 +392,7 @@ class Job(OwnedHandle):
         finally:
             _capi.lib().depot_buffer_free(data)
 
-    def load_state(self, state):
+    def load_state(self, state: Union[bytes, bytearray, memoryview]) -> None:
         """Replaces the job's state by `state` (bytes from save_state of a job
         with the same config; the name may differ). The next step is the
         saved step + 1. DataLossError: corrupt or truncated state;
@@ -369,7 +402,7 @@ class Job(OwnedHandle):
             _capi.check(_capi.lib().depot_job_load_state(
                 self._live_handle(), state, len(state)))
 
-    def decode_state(self, state):
+    def decode_state(self, state: bytes) -> FlatState:
         """The state in `state` (bytes from save_state of a job with this
         config) as a FlatState of NumPy arrays over [0, total_elems)."""
         state = bytes(state)
@@ -388,7 +421,7 @@ class Job(OwnedHandle):
                 ctypes.byref(c_state)))
         return dataclasses.replace(flat, applied_step=c_state.applied_step)
 
-    def encode_state(self, flat):
+    def encode_state(self, flat: FlatState) -> bytes:
         """Bytes for load_state holding `flat` (a FlatState: float32
         master and slots of total_elems each, one count per tensor)."""
         slots = _capi.lib().depot_job_num_state_slots(self._live_handle())
@@ -407,7 +440,7 @@ class Job(OwnedHandle):
         finally:
             _capi.lib().depot_buffer_free(data)
 
-    def _c_flat_state(self, flat):
+    def _c_flat_state(self, flat: FlatState) -> _capi.FlatState:
         def floats(array, what):
             return ctypes.cast(buffer_address(
                 array, DType.FP32, self.total_elems, writable=True,
@@ -426,21 +459,21 @@ class Job(OwnedHandle):
             ctypes.POINTER(_capi.c_uint64))
         return c_state
 
-    def delete(self):
+    def delete(self) -> None:
         """Deletes the job on every server, freeing its state."""
         with self._lock:
             _capi.check(_capi.lib().depot_job_delete(self._live_handle()))
 
-    def close(self):
+    def close(self) -> None:
         """Frees the handle; the job stays on the servers."""
         with self._lock:
             super().close()
 
-    def _describe(self):
+    def _describe(self) -> str:
         return f"Job {self.name!r}"
 
 
-def _buffer_dtype(buffer):
+def _buffer_dtype(buffer: Buffer) -> DType:
     """The DType of a buffer whose type the caller chooses (init_weights)."""
     dtype = getattr(buffer, "dtype", None)
     if isinstance(dtype, np.dtype):

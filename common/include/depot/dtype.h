@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "depot/export.h"
 
 namespace depot {
 
@@ -22,28 +23,30 @@ enum class DType : uint8_t {
 };
 
 // Bytes per element.
-size_t DTypeSize(DType dtype);
+DEPOT_API size_t DTypeSize(DType dtype);
 
 // "fp32", "bf16", "fp16".
-std::string_view DTypeName(DType dtype);
+DEPOT_API std::string_view DTypeName(DType dtype);
 
 // Parses "fp32" | "float32", "bf16" | "bfloat16", "fp16" | "float16".
-absl::StatusOr<DType> ParseDType(std::string_view name);
+DEPOT_API absl::StatusOr<DType> ParseDType(std::string_view name);
 
 // REQUIRES: value is 1, 2 or 3. INVALID_ARGUMENT otherwise.
-absl::StatusOr<DType> DTypeFromWire(int value);
+DEPOT_API absl::StatusOr<DType> DTypeFromWire(int value);
 
-uint16_t FloatToBFloat16(float value);
-float BFloat16ToFloat(uint16_t bits);
-uint16_t FloatToHalf(float value);
-float HalfToFloat(uint16_t bits);
+DEPOT_API uint16_t FloatToBFloat16(float value);
+DEPOT_API float BFloat16ToFloat(uint16_t bits);
+DEPOT_API uint16_t FloatToHalf(float value);
+DEPOT_API float HalfToFloat(uint16_t bits);
 
 // Converts n elements of src_dtype at `src` to fp32 at `dst`. `src` need not be
 // aligned.
-void ConvertToFloat(DType src_dtype, const void* src, float* dst, size_t n);
+DEPOT_API void ConvertToFloat(DType src_dtype, const void* src, float* dst,
+                              size_t n);
 
 // Converts n fp32 elements to dst_dtype at `dst`. `dst` need not be aligned.
-void ConvertFromFloat(const float* src, DType dst_dtype, void* dst, size_t n);
+DEPOT_API void ConvertFromFloat(const float* src, DType dst_dtype, void* dst,
+                                size_t n);
 
 }  // namespace depot
 

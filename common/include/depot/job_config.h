@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "depot/dtype.h"
+#include "depot/export.h"
 #include "depot/layout.h"
 #include "depot/shard_plan.h"
 
@@ -105,7 +106,7 @@ struct OptimizerConfig {
 // clip_grad_norm_type unknown; initial_loss_scale not a finite value > 0;
 // min_loss_scale not in (0, initial_loss_scale]; loss_scale_window < 1 or not
 // finite; hysteresis < 1.
-absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
+DEPOT_API absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
 
 inline constexpr uint64_t kDefaultChunkElems = uint64_t{1} << 20;
 inline constexpr uint64_t kDefaultAlignmentElems = 64;
@@ -131,17 +132,17 @@ struct JobConfig {
 // The optimizer config of param group `param_group`: its entry in
 // group_optimizers, or `optimizer` when that list is empty.
 // REQUIRES: ValidateJobConfig(config).ok() and the group is in the layout.
-const OptimizerConfig& GroupOptimizer(const JobConfig& config,
-                                      uint32_t param_group);
+DEPOT_API const OptimizerConfig& GroupOptimizer(const JobConfig& config,
+                                                uint32_t param_group);
 
 // The state slots a job keeps per element: the most any of its groups needs
 // (OptimizerStateSlots), since the slot arrays span the whole flat space.
-int JobStateSlots(const JobConfig& config);
+DEPOT_API int JobStateSlots(const JobConfig& config);
 
 // The config that describes the job's slot arrays: `optimizer` with the slots
 // of every group (amsgrad, SGD momentum) switched on where any group has them.
 // OptimizerSlotDType and OptimizerStateBytesPerParam of it describe the job.
-OptimizerConfig JobSlotConfig(const JobConfig& config);
+DEPOT_API OptimizerConfig JobSlotConfig(const JobConfig& config);
 
 // Per-step hyperparameters of one param group. A step may carry one per group;
 // a group without one uses OptimizerConfig's lr and weight_decay.
@@ -157,7 +158,7 @@ struct GroupHyperParams {
 // optimizer config is invalid; group_optimizers is not empty and does not have
 // one valid entry per param group of the layout (0 to the largest), or an
 // entry differs from `optimizer` in a job-wide field.
-absl::Status ValidateJobConfig(const JobConfig& config);
+DEPOT_API absl::Status ValidateJobConfig(const JobConfig& config);
 
 // The layout of a job's tensors and the shard plan over it: what client and
 // server both derive from a config, with this one function.
@@ -167,30 +168,31 @@ struct JobGeometry {
 };
 
 // INVALID_ARGUMENT as ValidateJobConfig (which it runs first).
-absl::StatusOr<JobGeometry> MakeJobGeometry(const JobConfig& config);
+DEPOT_API absl::StatusOr<JobGeometry> MakeJobGeometry(const JobConfig& config);
 
 // A 64-bit hash of every field of `config`, stable across processes, builds and
 // machines (it hashes a canonical byte encoding, not memory).
-uint64_t Fingerprint(const JobConfig& config);
+DEPOT_API uint64_t Fingerprint(const JobConfig& config);
 
 // Number of state slots per parameter besides the master weight:
 // Adam/AdamW 2 (exp_avg, exp_avg_sq), 3 with amsgrad (max_exp_avg_sq);
 // SGD 1 when momentum > 0, else 0;
 // Adagrad 1 (state_sum); Lion 1 (exp_avg).
-int OptimizerStateSlots(const OptimizerConfig& config);
+DEPOT_API int OptimizerStateSlots(const OptimizerConfig& config);
 
 // The storage dtype of state slot `slot` (see OptimizerConfig::exp_avg_dtype).
 // REQUIRES: 0 <= slot < OptimizerStateSlots(config).
-DType OptimizerSlotDType(const OptimizerConfig& config, int slot);
+DEPOT_API DType OptimizerSlotDType(const OptimizerConfig& config, int slot);
 
 // The value every element of state slot `slot` holds before the first step:
 // adagrad_initial_accumulator_value for Adagrad's state_sum, else 0.
 // REQUIRES: 0 <= slot < OptimizerStateSlots(config).
-double OptimizerSlotInitialValue(const OptimizerConfig& config, int slot);
+DEPOT_API double OptimizerSlotInitialValue(const OptimizerConfig& config,
+                                           int slot);
 
 // Bytes of state per parameter: 4 for the fp32 master weight plus each slot's
 // dtype size (AdamW: 12 with fp32 moments, 8 with bf16 ones).
-uint64_t OptimizerStateBytesPerParam(const OptimizerConfig& config);
+DEPOT_API uint64_t OptimizerStateBytesPerParam(const OptimizerConfig& config);
 
 }  // namespace depot
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "depot/export.h"
 
 namespace depot {
 
@@ -28,7 +29,7 @@ struct Segment {
   size_t tensor_index = 0;
 };
 
-class Layout {
+class DEPOT_API Layout {
  public:
   // INVALID_ARGUMENT when: no tensors; a name is empty or repeated; a numel is 0;
   // alignment_elems is 0 or not a power of two; N would overflow 2^62.

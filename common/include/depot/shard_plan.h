@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "depot/export.h"
 
 namespace depot {
 
@@ -32,7 +33,7 @@ struct ShardRange {
   uint64_t num_chunks() const { return end_chunk - first_chunk; }
 };
 
-class ShardPlan {
+class DEPOT_API ShardPlan {
  public:
   // INVALID_ARGUMENT when total_elems, num_servers or chunk_elems is 0.
   static absl::StatusOr<ShardPlan> Create(uint64_t total_elems,
