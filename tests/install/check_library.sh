@@ -40,9 +40,11 @@ if ((${#unexpected[@]} > 0)); then
   printf '  %s\n' "${unexpected[@]:0:40}" >&2
 fi
 
-# The C functions exported are exactly those depot.h declares.
-declared=$(sed -n 's/^DEPOT_API [^(]*[ *]\(depot_[a-z0-9_]*\)(.*/\1/p' \
-             "${prefix}/include/depot/depot.h" | sort)
+# The C functions exported are exactly those depot.h declares (a declaration
+# without DEPOT_API shows up as missing).
+declared=$(sed -n -E \
+  's/^(DEPOT_API )?(const )?[a-z0-9_]+[ *]+(depot_[a-z0-9_]+)\(.*/\3/p' \
+  "${prefix}/include/depot/depot.h" | sort)
 exported=$(printf '%s\n' "${c_exported[@]}" | sort)
 if [[ ${declared} != "${exported}" ]]; then
   fail "the C functions exported differ from those depot.h declares:"
