@@ -288,7 +288,9 @@ class Job(OwnedHandle):
                                            Tuple[int, float, float]]] = (),
              loss_scale: float = 1.0,
              known_commit: Optional[Union[StepCommit,
-                                          Tuple[float, bool]]] = None
+                                          Tuple[float, bool]]] = None,
+             no_grad_tensors: Iterable[int] = (),
+             weight_overrides: Iterable[Tuple[int, Buffer]] = ()
              ) -> StepResult:
         """Runs step `step` (1, 2, ...) for this worker: sends `grads` and
         writes the updated weights into `weights_out`. Every worker passes the
