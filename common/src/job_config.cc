@@ -1,5 +1,6 @@
 #include "depot/job_config.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <string_view>
@@ -58,6 +59,7 @@ const SlotDTypeField& SlotField(const OptimizerConfig& config, int slot) {
       return kExpAvgSq;  // state_sum is a sum of squares
     case OptimizerKind::kAdamW:
     case OptimizerKind::kAdam:
+      // exp_avg, exp_avg_sq, and with amsgrad max_exp_avg_sq.
       return slot == 0 ? kExpAvg : kExpAvgSq;
     default:
       return kExpAvg;  // SGD's momentum_buffer, Lion's exp_avg
@@ -236,9 +238,118 @@ absl::Status ValidateOptimizerConfig(const OptimizerConfig& config) {
         "sgd_momentum > 0 and sgd_dampening == 0, got momentum ",
         config.sgd_momentum, " and dampening ", config.sgd_dampening));
   }
+  if (config.amsgrad && config.kind != OptimizerKind::kAdam &&
+      config.kind != OptimizerKind::kAdamW) {
+    return absl::InvalidArgumentError(
+        "optimizer.amsgrad: only Adam and AdamW have an AMSGrad variant");
+  }
   if (absl::Status s = CheckMomentDTypes(config); !s.ok()) return s;
   return CheckClippingAndLossScaling(config);
 }
+
+namespace {
+
+// The fields a param group's config must share with the job's: what the
+// kernel's storage and the step's global flow (clipping, loss scaling) read.
+absl::Status CheckJobWideFields(const OptimizerConfig& job,
+                                const OptimizerConfig& group, uint32_t index) {
+  const auto differs = [&](const char* field) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group_optimizers[", index, "].", field,
+        ": must equal optimizer.", field,
+        " (a job-wide setting; only the optimizer's hyperparameters may "
+        "differ between param groups)"));
+  };
+  if (group.kind != job.kind) return differs("kind");
+  if (group.exp_avg_dtype != job.exp_avg_dtype) return differs("exp_avg_dtype");
+  if (group.exp_avg_sq_dtype != job.exp_avg_sq_dtype) {
+    return differs("exp_avg_sq_dtype");
+  }
+  if (group.clip_grad != job.clip_grad) return differs("clip_grad");
+  if (group.clip_grad_norm_type != job.clip_grad_norm_type) {
+    return differs("clip_grad_norm_type");
+  }
+  if (group.grad_norm_skip_threshold != job.grad_norm_skip_threshold) {
+    return differs("grad_norm_skip_threshold");
+  }
+  if (group.loss_scale != job.loss_scale) return differs("loss_scale");
+  if (group.initial_loss_scale != job.initial_loss_scale) {
+    return differs("initial_loss_scale");
+  }
+  if (group.min_loss_scale != job.min_loss_scale) {
+    return differs("min_loss_scale");
+  }
+  if (group.loss_scale_window != job.loss_scale_window) {
+    return differs("loss_scale_window");
+  }
+  if (group.hysteresis != job.hysteresis) return differs("hysteresis");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGroupOptimizers(const JobConfig& config) {
+  if (config.group_optimizers.empty()) return absl::OkStatus();
+  uint32_t max_group = 0;
+  for (const TensorSpec& tensor : config.tensors) {
+    max_group = std::max(max_group, tensor.param_group);
+  }
+  if (config.group_optimizers.size() != uint64_t{max_group} + 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group_optimizers: has ", config.group_optimizers.size(),
+        " entries, the layout's param groups need ", uint64_t{max_group} + 1,
+        " (one per group 0 to ", max_group, ")"));
+  }
+  for (uint32_t g = 0; g < config.group_optimizers.size(); ++g) {
+    const OptimizerConfig& group = config.group_optimizers[g];
+    if (absl::Status s = ValidateOptimizerConfig(group); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("group_optimizers[", g,
+                                                 "]: ", s.message()));
+    }
+    if (absl::Status s = CheckJobWideFields(config.optimizer, group, g);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void HashOptimizer(FingerprintHasher& h, const OptimizerConfig& opt) {
+  h.U64(static_cast<uint64_t>(opt.kind));
+  h.F64(opt.lr);
+  h.F64(opt.min_lr);
+  h.F64(opt.weight_decay);
+  h.F64(opt.adam_beta1);
+  h.F64(opt.adam_beta2);
+  h.F64(opt.adam_eps);
+  h.F64(opt.sgd_momentum);
+  h.F64(opt.sgd_dampening);
+  h.U64(opt.sgd_nesterov ? 1 : 0);
+  h.F64(opt.adagrad_lr_decay);
+  h.F64(opt.adagrad_initial_accumulator_value);
+  h.F64(opt.adagrad_eps);
+  h.F64(opt.lion_beta1);
+  h.F64(opt.lion_beta2);
+  h.U64(static_cast<uint64_t>(opt.exp_avg_dtype));
+  h.U64(static_cast<uint64_t>(opt.exp_avg_sq_dtype));
+  h.F64(opt.clip_grad);
+  h.U64(static_cast<uint64_t>(opt.clip_grad_norm_type));
+  h.F64(opt.grad_norm_skip_threshold);
+  h.F64(opt.loss_scale);
+  h.F64(opt.initial_loss_scale);
+  h.F64(opt.min_loss_scale);
+  h.F64(opt.loss_scale_window);
+  // Sign-extended, so that a negative value has one encoding.
+  h.U64(static_cast<uint64_t>(static_cast<int64_t>(opt.hysteresis)));
+}
+
+// The fields added after the v2 encoding, hashed only when they are set, so
+// that a config that does not use them keeps the fingerprint it always had
+// (saved states carry it). Each is tagged, so no two settings collide.
+void HashOptimizerFlags(FingerprintHasher& h, const OptimizerConfig& opt) {
+  if (opt.amsgrad) h.Str("amsgrad");
+  if (opt.maximize) h.Str("maximize");
+}
+
+}  // namespace
 
 absl::Status ValidateJobConfig(const JobConfig& config) {
   if (config.name.empty()) {
@@ -253,6 +364,7 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
   if (absl::Status s = ValidateOptimizerConfig(config.optimizer); !s.ok()) {
     return s;
   }
+  if (absl::Status s = ValidateGroupOptimizers(config); !s.ok()) return s;
   if (!DTypeFromWire(static_cast<int>(config.grad_dtype)).ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("grad_dtype: unknown dtype value ",
@@ -297,46 +409,51 @@ uint64_t Fingerprint(const JobConfig& config) {
     h.U64(tensor.param_group);
   }
   h.U64(config.num_workers);
-  const OptimizerConfig& opt = config.optimizer;
-  h.U64(static_cast<uint64_t>(opt.kind));
-  h.F64(opt.lr);
-  h.F64(opt.min_lr);
-  h.F64(opt.weight_decay);
-  h.F64(opt.adam_beta1);
-  h.F64(opt.adam_beta2);
-  h.F64(opt.adam_eps);
-  h.F64(opt.sgd_momentum);
-  h.F64(opt.sgd_dampening);
-  h.U64(opt.sgd_nesterov ? 1 : 0);
-  h.F64(opt.adagrad_lr_decay);
-  h.F64(opt.adagrad_initial_accumulator_value);
-  h.F64(opt.adagrad_eps);
-  h.F64(opt.lion_beta1);
-  h.F64(opt.lion_beta2);
-  h.U64(static_cast<uint64_t>(opt.exp_avg_dtype));
-  h.U64(static_cast<uint64_t>(opt.exp_avg_sq_dtype));
-  h.F64(opt.clip_grad);
-  h.U64(static_cast<uint64_t>(opt.clip_grad_norm_type));
-  h.F64(opt.grad_norm_skip_threshold);
-  h.F64(opt.loss_scale);
-  h.F64(opt.initial_loss_scale);
-  h.F64(opt.min_loss_scale);
-  h.F64(opt.loss_scale_window);
-  // Sign-extended, so that a negative value has one encoding.
-  h.U64(static_cast<uint64_t>(static_cast<int64_t>(opt.hysteresis)));
+  HashOptimizer(h, config.optimizer);
   h.U64(static_cast<uint64_t>(config.grad_dtype));
   h.U64(static_cast<uint64_t>(config.weight_dtype));
   h.U64(config.chunk_elems);
   h.U64(config.alignment_elems);
   h.U64(config.num_servers);
+  HashOptimizerFlags(h, config.optimizer);
+  if (!config.group_optimizers.empty()) {
+    h.Str("group_optimizers");
+    h.U64(config.group_optimizers.size());
+    for (const OptimizerConfig& group : config.group_optimizers) {
+      HashOptimizer(h, group);
+      HashOptimizerFlags(h, group);
+      h.Str(";");
+    }
+  }
   return h.Finish();
+}
+
+const OptimizerConfig& GroupOptimizer(const JobConfig& config,
+                                      uint32_t param_group) {
+  if (config.group_optimizers.empty()) return config.optimizer;
+  return config.group_optimizers[param_group];
+}
+
+OptimizerConfig JobSlotConfig(const JobConfig& config) {
+  OptimizerConfig slots = config.optimizer;
+  for (const OptimizerConfig& group : config.group_optimizers) {
+    slots.amsgrad = slots.amsgrad || group.amsgrad;
+    if (group.sgd_momentum > 0 && !(slots.sgd_momentum > 0)) {
+      slots.sgd_momentum = group.sgd_momentum;
+    }
+  }
+  return slots;
+}
+
+int JobStateSlots(const JobConfig& config) {
+  return OptimizerStateSlots(JobSlotConfig(config));
 }
 
 int OptimizerStateSlots(const OptimizerConfig& config) {
   switch (config.kind) {
     case OptimizerKind::kAdamW:
     case OptimizerKind::kAdam:
-      return 2;
+      return config.amsgrad ? 3 : 2;
     case OptimizerKind::kSgd:
       return config.sgd_momentum > 0 ? 1 : 0;
     case OptimizerKind::kAdagrad:

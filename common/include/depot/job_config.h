@@ -62,7 +62,8 @@ struct OptimizerConfig {
   // Storage dtype of the optimizer's state slots (Megatron's precision-aware
   // optimizer): kFloat32 or kBFloat16. Arithmetic is fp32 either way.
   // exp_avg_dtype: Adam's exp_avg, SGD's momentum_buffer, Lion's exp_avg;
-  // exp_avg_sq_dtype: Adam's exp_avg_sq, Adagrad's state_sum. A field that
+  // exp_avg_sq_dtype: Adam's exp_avg_sq (and max_exp_avg_sq with amsgrad),
+  // Adagrad's state_sum. A field that
   // names a slot the optimizer does not keep must stay kFloat32.
   DType exp_avg_dtype = DType::kFloat32;
   DType exp_avg_sq_dtype = DType::kFloat32;
@@ -84,9 +85,17 @@ struct OptimizerConfig {
   double min_loss_scale = 1.0;
   double loss_scale_window = 1000;
   int hysteresis = 2;
+
+  // torch.optim's flags. amsgrad (Adam/AdamW only): keep the maximum of
+  // exp_avg_sq in a third slot (max_exp_avg_sq) and divide by its root.
+  // maximize (every kind): the update ascends the gradient, as torch's
+  // `grad = -grad` before everything else.
+  bool amsgrad = false;
+  bool maximize = false;
 };
 
 // INVALID_ARGUMENT with the offending field named when: the kind is unknown;
+// amsgrad with a kind other than Adam/AdamW;
 // lr, min_lr, weight_decay, adagrad_lr_decay,
 // adagrad_initial_accumulator_value, clip_grad, grad_norm_skip_threshold or
 // loss_scale is negative or not finite; adam or lion betas outside [0, 1);
@@ -111,7 +120,28 @@ struct JobConfig {
   uint64_t chunk_elems = kDefaultChunkElems;
   uint64_t alignment_elems = kDefaultAlignmentElems;
   uint32_t num_servers = 1;
+  // Per-param-group optimizer configs (torch.optim's param groups with their
+  // own betas, eps, momentum, amsgrad, ...). Empty: every group uses
+  // `optimizer`. Otherwise entry g is param group g's config, for every group
+  // of the layout; each has `optimizer`'s kind and its job-wide fields (moment
+  // dtypes, clipping and loss scaling), which ValidateJobConfig checks.
+  std::vector<OptimizerConfig> group_optimizers;
 };
+
+// The optimizer config of param group `param_group`: its entry in
+// group_optimizers, or `optimizer` when that list is empty.
+// REQUIRES: ValidateJobConfig(config).ok() and the group is in the layout.
+const OptimizerConfig& GroupOptimizer(const JobConfig& config,
+                                      uint32_t param_group);
+
+// The state slots a job keeps per element: the most any of its groups needs
+// (OptimizerStateSlots), since the slot arrays span the whole flat space.
+int JobStateSlots(const JobConfig& config);
+
+// The config that describes the job's slot arrays: `optimizer` with the slots
+// of every group (amsgrad, SGD momentum) switched on where any group has them.
+// OptimizerSlotDType and OptimizerStateBytesPerParam of it describe the job.
+OptimizerConfig JobSlotConfig(const JobConfig& config);
 
 // Per-step hyperparameters of one param group. A step may carry one per group;
 // a group without one uses OptimizerConfig's lr and weight_decay.
@@ -124,7 +154,9 @@ struct GroupHyperParams {
 // Validates everything, the layout included. INVALID_ARGUMENT with a message
 // naming the field when: name is empty; num_workers or num_servers is 0;
 // chunk_elems is 0 or not a multiple of alignment_elems; the layout or
-// optimizer config is invalid.
+// optimizer config is invalid; group_optimizers is not empty and does not have
+// one valid entry per param group of the layout (0 to the largest), or an
+// entry differs from `optimizer` in a job-wide field.
 absl::Status ValidateJobConfig(const JobConfig& config);
 
 // The layout of a job's tensors and the shard plan over it: what client and
@@ -142,7 +174,8 @@ absl::StatusOr<JobGeometry> MakeJobGeometry(const JobConfig& config);
 uint64_t Fingerprint(const JobConfig& config);
 
 // Number of state slots per parameter besides the master weight:
-// Adam/AdamW 2 (exp_avg, exp_avg_sq); SGD 1 when momentum > 0, else 0;
+// Adam/AdamW 2 (exp_avg, exp_avg_sq), 3 with amsgrad (max_exp_avg_sq);
+// SGD 1 when momentum > 0, else 0;
 // Adagrad 1 (state_sum); Lion 1 (exp_avg).
 int OptimizerStateSlots(const OptimizerConfig& config);
 
