@@ -1,6 +1,8 @@
 #include "server/optimizer/adam_kernel.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "server/optimizer/fused_update.h"
 #include "server/optimizer/slot_storage.h"
@@ -28,8 +30,10 @@ class AdamKernel final : public OptimizerKernel {
     prepared.kind = config_.kind;
     prepared.decoupled = decoupled_;
     prepared.has_weight_decay = hparams.weight_decay != 0;
-    prepared.slot_dtypes[0] = format_.dtypes[0];
-    prepared.slot_dtypes[1] = format_.dtypes[1];
+    prepared.amsgrad = config_.amsgrad;
+    prepared.maximize = config_.maximize;
+    std::copy(std::begin(format_.dtypes), std::end(format_.dtypes),
+              prepared.slot_dtypes);
     fused::AdamScalars& s = prepared.adam;
     s.beta1 = static_cast<float>(beta1);
     s.one_minus_beta1 = static_cast<float>(1 - beta1);

@@ -12,7 +12,8 @@ namespace depot {
 // REQUIRES: config.kind is kAdam or kAdamW, and
 // ValidateOptimizerConfig(config).ok(). kAdam adds weight_decay * param to the
 // gradient (L2); kAdamW scales the param by (1 - lr * weight_decay) before the
-// update (decoupled).
+// update (decoupled). With config.amsgrad the run has a third slot,
+// max_exp_avg_sq, and the denominator uses its running maximum.
 std::unique_ptr<OptimizerKernel> MakeAdamKernel(const OptimizerConfig& config);
 
 }  // namespace depot

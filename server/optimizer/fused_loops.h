@@ -6,11 +6,12 @@
 // CPU that lacks them).
 //
 // A run is processed in blocks of kBlock elements, each in three stages whose
-// intermediate data stays in L1: the gradient (sum, unscale, clip) into a
-// staging array; the optimizer's element math over the gradient, the master
-// weights and the slots; the master weights converted into the weights out.
-// The last n % V::kLanes elements go through the same vector code on padded
-// copies, so every element is computed by the same instructions.
+// intermediate data stays in L1: the gradient (sum, unscale, clip, and the
+// negation of maximize) into a staging array; the optimizer's element math over
+// the gradient, the master weights and the slots; the master weights converted
+// into the weights out. The last n % V::kLanes elements go through the same
+// vector code on padded copies, so every element is computed by the same
+// instructions.
 #ifndef DEPOT_SERVER_OPTIMIZER_FUSED_LOOPS_H_
 #define DEPOT_SERVER_OPTIMIZER_FUSED_LOOPS_H_
 
@@ -86,26 +87,28 @@ struct FusedLoops {
     return static_cast<const Elem<kDType>*>(grad.parts[w]) + grad.offset;
   }
 
-  // The final gradient of one vector from its W loaded parts (load(w)).
+  // The final gradient of one vector from its W loaded parts (load(w)):
+  // their sum, unscaled, clipped and, with `negate` (maximize), negated.
   template <class LoadPart>
-  static F Gradient(const GradientInput& grad, const F& unscale, const F& clip,
-                    LoadPart&& load) {
+  static F Gradient(const GradientInput& grad, bool negate, const F& unscale,
+                    const F& clip, LoadPart&& load) {
     F g = load(0);
     for (size_t w = 1; w < grad.num_parts; ++w) g = V::Add(g, load(w));
     if (grad.unscale) g = V::Mul(g, unscale);
     if (grad.clip) g = V::Mul(g, clip);
+    if (negate) g = V::Neg(g);
     return g;
   }
 
   // out[0, n) = the gradient of elements [begin, begin + n).
   // REQUIRES: n % kLanes == 0.
   template <DType kDType>
-  static void SumVectors(const GradientInput& grad, size_t begin, size_t n,
-                         float* out) {
+  static void SumVectors(const GradientInput& grad, bool negate, size_t begin,
+                         size_t n, float* out) {
     const F unscale = V::Set(grad.unscale_factor);
     const F clip = V::Set(grad.clip_coef);
     for (size_t i = 0; i < n; i += kLanes) {
-      V::StoreF32(out + i, Gradient(grad, unscale, clip, [&](size_t w) {
+      V::StoreF32(out + i, Gradient(grad, negate, unscale, clip, [&](size_t w) {
                     return Load<kDType>(Part<kDType>(grad, w) + begin + i);
                   }));
     }
@@ -114,11 +117,11 @@ struct FusedLoops {
   // As SumVectors for the last n < kLanes elements; out must hold kLanes
   // floats (the padding lanes get the gradient of zeros).
   template <DType kDType>
-  static void SumTail(const GradientInput& grad, size_t begin, size_t n,
-                      float* out) {
+  static void SumTail(const GradientInput& grad, bool negate, size_t begin,
+                      size_t n, float* out) {
     const F unscale = V::Set(grad.unscale_factor);
     const F clip = V::Set(grad.clip_coef);
-    V::StoreF32(out, Gradient(grad, unscale, clip, [&](size_t w) {
+    V::StoreF32(out, Gradient(grad, negate, unscale, clip, [&](size_t w) {
                   Elem<kDType> padded[kLanes] = {};
                   std::memcpy(padded, Part<kDType>(grad, w) + begin,
                               n * sizeof(padded[0]));
@@ -126,34 +129,39 @@ struct FusedLoops {
                 }));
   }
 
+  // The gradient stage alone, never negated: the sum the step's statistics
+  // (norms, non-finite checks) and a two-phase step's update start from.
   static void Sum(const GradientInput& grad, size_t begin, size_t n,
                   float* out) {
     WithDType(grad.dtype, [&](auto dtype) {
       const size_t full = n / kLanes * kLanes;
-      SumVectors<dtype()>(grad, begin, full, out);
+      SumVectors<dtype()>(grad, /*negate=*/false, begin, full, out);
       if (full < n) {
         alignas(64) float tail[kLanes];
-        SumTail<dtype()>(grad, begin + full, n - full, tail);
+        SumTail<dtype()>(grad, /*negate=*/false, begin + full, n - full, tail);
         std::memcpy(out + full, tail, (n - full) * sizeof(float));
       }
     });
   }
 
   // The optimizer stage over n elements (n % kLanes == 0). Slots the math
-  // does not use are never touched.
-  template <class Math, class Slot0, class Slot1>
+  // does not use are never loaded or stored: their code is compiled out.
+  template <class Math, class Slot0, class Slot1, class Slot2>
   static void UpdateVectors(const Math& math, const float* grad, float* master,
-                            Slot0* s0, Slot1* s1, size_t n) {
+                            Slot0* s0, Slot1* s1, Slot2* s2, size_t n) {
     for (size_t i = 0; i < n; i += kLanes) {
       F p = V::LoadF32(master + i);
       F a = V::Set(0.0f);
       F b = V::Set(0.0f);
+      F c = V::Set(0.0f);
       if constexpr (Math::kSlots > 0) a = LoadSlot(s0 + i);
       if constexpr (Math::kSlots > 1) b = LoadSlot(s1 + i);
-      math(V::LoadF32(grad + i), p, a, b);
+      if constexpr (Math::kSlots > 2) c = LoadSlot(s2 + i);
+      math(V::LoadF32(grad + i), p, a, b, c);
       V::StoreF32(master + i, p);
       if constexpr (Math::kSlots > 0) StoreSlot(s0 + i, a);
       if constexpr (Math::kSlots > 1) StoreSlot(s1 + i, b);
+      if constexpr (Math::kSlots > 2) StoreSlot(s2 + i, c);
     }
   }
 
@@ -189,20 +197,22 @@ struct FusedLoops {
     return slot == nullptr ? nullptr : static_cast<Slot*>(slot) + index;
   }
 
-  // The whole fused pass over call.n elements with `math`; Slot0 and Slot1
-  // are the slots' element types.
-  template <class Slot0, class Slot1, class Math>
+  // The whole fused pass over call.n elements with `math`; Slot0, Slot1 and
+  // Slot2 are the slots' element types.
+  template <class Slot0, class Slot1, class Slot2, class Math>
   static void Pass(const FusedCall& call, const Math& math) {
+    const bool negate = call.step.maximize;
     alignas(64) float grad[kBlock];
     const size_t full = call.n / kLanes * kLanes;
     for (size_t begin = 0; begin < full; begin += kBlock) {
       const size_t n = full - begin < kBlock ? full - begin : kBlock;
       WithDType(call.grad.dtype, [&](auto dtype) {
-        SumVectors<dtype()>(call.grad, begin, n, grad);
+        SumVectors<dtype()>(call.grad, negate, begin, n, grad);
       });
       UpdateVectors(math, grad, call.master + begin,
                     SlotAt<Slot0>(call.slots[0], begin),
-                    SlotAt<Slot1>(call.slots[1], begin), n);
+                    SlotAt<Slot1>(call.slots[1], begin),
+                    SlotAt<Slot2>(call.slots[2], begin), n);
       if (call.weights != nullptr) {
         ConvertOut(call.weight_dtype, call.weights, call.master + begin, begin,
                    n);
@@ -211,26 +221,34 @@ struct FusedLoops {
     if (full == call.n) return;
     // The tail, on padded copies of every stream.
     const size_t n = call.n - full;
-    WithDType(call.grad.dtype,
-              [&](auto dtype) { SumTail<dtype()>(call.grad, full, n, grad); });
+    WithDType(call.grad.dtype, [&](auto dtype) {
+      SumTail<dtype()>(call.grad, negate, full, n, grad);
+    });
     alignas(64) float master[kLanes] = {};
     Slot0 s0[kLanes] = {};
     Slot1 s1[kLanes] = {};
+    Slot2 s2[kLanes] = {};
+    // Copies the tail of slot k, if the math uses it, into `padded`, or back
+    // from it into the run.
+    const auto copy_slot = [&](auto* padded, int k, bool into_run) {
+      using Slot = std::remove_pointer_t<decltype(padded)>;
+      if (k >= Math::kSlots) return;
+      Slot* at = SlotAt<Slot>(call.slots[k], full);
+      if (into_run) {
+        std::memcpy(at, padded, n * sizeof(Slot));
+      } else {
+        std::memcpy(padded, at, n * sizeof(Slot));
+      }
+    };
     std::memcpy(master, call.master + full, n * sizeof(float));
-    if constexpr (Math::kSlots > 0) {
-      std::memcpy(s0, SlotAt<Slot0>(call.slots[0], full), n * sizeof(Slot0));
-    }
-    if constexpr (Math::kSlots > 1) {
-      std::memcpy(s1, SlotAt<Slot1>(call.slots[1], full), n * sizeof(Slot1));
-    }
-    UpdateVectors(math, grad, master, s0, s1, kLanes);
+    copy_slot(s0, 0, false);
+    copy_slot(s1, 1, false);
+    copy_slot(s2, 2, false);
+    UpdateVectors(math, grad, master, s0, s1, s2, kLanes);
     std::memcpy(call.master + full, master, n * sizeof(float));
-    if constexpr (Math::kSlots > 0) {
-      std::memcpy(SlotAt<Slot0>(call.slots[0], full), s0, n * sizeof(Slot0));
-    }
-    if constexpr (Math::kSlots > 1) {
-      std::memcpy(SlotAt<Slot1>(call.slots[1], full), s1, n * sizeof(Slot1));
-    }
+    copy_slot(s0, 0, true);
+    copy_slot(s1, 1, true);
+    copy_slot(s2, 2, true);
     if (call.weights != nullptr) {
       ConvertOut(call.weight_dtype, call.weights, master, full, n);
     }
@@ -247,23 +265,20 @@ struct FusedLoops {
     }
   }
 
-  // Runs the pass with the slots' element types; a slot the math does not
-  // use is typed float (and never touched).
-  template <class Math>
+  // Runs the pass with the slots' element types, resolving one slot per
+  // level: Slots holds the types of the slots resolved so far. A slot the
+  // math does not use is typed float (and never touched).
+  template <class Math, class... Slots>
   static void WithSlots(const FusedCall& call, const Math& math) {
-    const DType* dtypes = call.step.slot_dtypes;
-    if constexpr (Math::kSlots == 0) {
-      Pass<float, float>(call, math);
-    } else if constexpr (Math::kSlots == 1) {
-      WithSlotType(dtypes[0], [&](auto* s0) {
-        Pass<std::remove_pointer_t<decltype(s0)>, float>(call, math);
-      });
+    constexpr size_t k = sizeof...(Slots);
+    if constexpr (k == std::extent_v<decltype(FusedCall::slots)>) {
+      Pass<Slots...>(call, math);
+    } else if constexpr (k >= static_cast<size_t>(Math::kSlots)) {
+      WithSlots<Math, Slots..., float>(call, math);
     } else {
-      WithSlotType(dtypes[0], [&](auto* s0) {
-        WithSlotType(dtypes[1], [&](auto* s1) {
-          Pass<std::remove_pointer_t<decltype(s0)>,
-               std::remove_pointer_t<decltype(s1)>>(call, math);
-        });
+      WithSlotType(call.step.slot_dtypes[k], [&](auto* slot) {
+        WithSlots<Math, Slots..., std::remove_pointer_t<decltype(slot)>>(call,
+                                                                         math);
       });
     }
   }
@@ -285,7 +300,10 @@ struct FusedLoops {
         case OptimizerKind::kAdam:
         case OptimizerKind::kAdamW:
           WithBool(step.decoupled, [&](auto decoupled) {
-            WithSlots(call, AdamMath<V, decoupled(), wd()>(step.adam));
+            WithBool(step.amsgrad, [&](auto amsgrad) {
+              WithSlots(call,
+                        AdamMath<V, decoupled(), wd(), amsgrad()>(step.adam));
+            });
           });
           return;
         case OptimizerKind::kSgd:

@@ -6,6 +6,7 @@
 // element block:
 //   g = convert(grad_0[i]) + convert(grad_1[i]) + ...  (rank order, fp32)
 //   if unscale: g = g * unscale_factor;  if clip: g = g * clip_coef
+//   if maximize: g = -g
 //   the optimizer's update of master[i] and the slots (optimizer_math.h)
 //   weights[i] = master[i] converted to weight_dtype     (if weights is set)
 // The staging of a block (the summed gradient) lives in L1, so main memory
@@ -67,8 +68,13 @@ struct OptimizerStep {
   bool momentum = false;    // SGD
   bool first_step = false;  // SGD with momentum: the buffer is a copy of g
   bool nesterov = false;    // SGD with momentum
-  // The state slots' storage dtypes (fp32 or bf16); unused slots: fp32.
-  DType slot_dtypes[2] = {DType::kFloat32, DType::kFloat32};
+  bool amsgrad = false;     // Adam: slot 2 keeps the maximum of exp_avg_sq
+  // Every kind: the update ascends, from the negated gradient (torch's
+  // maximize). The gradient stage negates it, so the math never sees the flag.
+  bool maximize = false;
+  // The state slots' storage dtypes (fp32 or bf16); unused slots: fp32. As
+  // many as ParamRun::slots (optimizer_kernel.cc checks).
+  DType slot_dtypes[3] = {DType::kFloat32, DType::kFloat32, DType::kFloat32};
   AdamScalars adam;
   SgdScalars sgd;
   AdagradScalars adagrad;
@@ -79,7 +85,7 @@ struct FusedCall {
   GradientInput grad;
   OptimizerStep step;
   float* master = nullptr;
-  void* slots[2] = {nullptr, nullptr};
+  void* slots[3] = {nullptr, nullptr, nullptr};
   size_t n = 0;
   DType weight_dtype = DType::kFloat32;
   void* weights = nullptr;  // n elements of weight_dtype; null: none
@@ -89,7 +95,8 @@ struct FusedCall {
 struct IsaKernels {
   // The fused update (see the file comment).
   void (*update)(const FusedCall& call);
-  // The gradient stage alone: out[0, n) = the gradient of `grad`.
+  // The gradient stage alone: out[0, n) = the gradient of `grad`, never
+  // negated (what the step's statistics need, whatever the optimizer).
   void (*sum)(const GradientInput& grad, float* out, size_t n);
   // The weights stage alone: out[0, n) = master[0, n) as `dtype`.
   void (*encode)(const float* master, DType dtype, void* out, size_t n);

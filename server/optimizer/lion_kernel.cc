@@ -1,5 +1,8 @@
 #include "server/optimizer/lion_kernel.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "server/optimizer/fused_update.h"
 #include "server/optimizer/slot_storage.h"
 
@@ -18,7 +21,9 @@ class LionKernel final : public OptimizerKernel {
     fused::OptimizerStep prepared;
     prepared.kind = OptimizerKind::kLion;
     prepared.has_weight_decay = hparams.weight_decay != 0;
-    prepared.slot_dtypes[0] = format_.dtypes[0];
+    prepared.maximize = config_.maximize;
+    std::copy(std::begin(format_.dtypes), std::end(format_.dtypes),
+              prepared.slot_dtypes);
     // Derived in double and rounded to float once, like the torch-derived
     // kernels' (Lion is not in torch.optim; the reference implementations are
     // fp32 tensor code of the same shape).

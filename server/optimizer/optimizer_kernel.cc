@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 
 #include "depot/dtype.h"
 #include "server/optimizer/adagrad_kernel.h"
@@ -9,9 +10,16 @@
 #include "server/optimizer/fused_update.h"
 #include "server/optimizer/lion_kernel.h"
 #include "server/optimizer/sgd_kernel.h"
+#include "server/optimizer/slot_storage.h"
 
 namespace depot {
 namespace fused {
+
+// The slot arrays of the public and the internal interface agree.
+static_assert(std::size(ParamRun{}.slots) == kMaxStateSlots);
+static_assert(std::size(FusedCall{}.slots) == kMaxStateSlots);
+static_assert(std::size(OptimizerStep{}.slot_dtypes) == kMaxStateSlots);
+static_assert(std::size(SlotFormat{}.dtypes) == kMaxStateSlots);
 
 const IsaKernels& KernelsFor(KernelIsa isa) {
   switch (isa) {
@@ -39,8 +47,7 @@ void OptimizerKernel::FusedUpdate(const GradientInput& grad,
   call.grad = grad;
   call.step = Prepare(hparams);
   call.master = run.master;
-  call.slots[0] = run.slots[0];
-  call.slots[1] = run.slots[1];
+  std::copy(std::begin(run.slots), std::end(run.slots), call.slots);
   call.n = run.n;
   call.weight_dtype = weights.dtype;
   call.weights = weights.data;

@@ -33,15 +33,18 @@ struct UpdateHyperParams {
   uint64_t step = 1;
 };
 
+// The most state slots an optimizer keeps (Adam and AdamW with amsgrad).
+inline constexpr int kMaxStateSlots = 3;
+
 // The state of a run of n parameters: the fp32 master weights and the state
-// slots. slots[k] is the k-th state array (Adam: 0 = exp_avg, 1 = exp_avg_sq;
-// SGD with momentum: 0 = momentum_buffer; Adagrad: 0 = state_sum; Lion: 0 =
-// exp_avg), n elements of OptimizerSlotDType(config, k): `float` for fp32,
-// the uint16_t bit pattern for bf16. Entries past OptimizerStateSlots(config)
-// are unused.
+// slots. slots[k] is the k-th state array (Adam: 0 = exp_avg, 1 = exp_avg_sq,
+// 2 = max_exp_avg_sq with amsgrad; SGD with momentum: 0 = momentum_buffer;
+// Adagrad: 0 = state_sum; Lion: 0 = exp_avg), n elements of
+// OptimizerSlotDType(config, k): `float` for fp32, the uint16_t bit pattern
+// for bf16. Entries past OptimizerStateSlots(config) are unused.
 struct ParamRun {
   float* master = nullptr;
-  void* slots[3] = {nullptr, nullptr, nullptr};
+  void* slots[kMaxStateSlots] = {nullptr, nullptr, nullptr};
   size_t n = 0;
 };
 
@@ -94,9 +97,10 @@ void EncodeWeights(const float* master, size_t n, const WeightsOutput& weights,
                    KernelIsa isa = ActiveKernelIsa());
 
 // The kernel for config.kind. REQUIRES: ValidateOptimizerConfig(config).ok().
-// The config's betas, eps, momentum, dampening, nesterov, lr decay and slot
-// dtypes are fixed for the kernel's life; lr and weight_decay come with each
-// Update.
+// The config's betas, eps, momentum, dampening, nesterov, lr decay, amsgrad,
+// maximize and slot dtypes are fixed for the kernel's life; lr and
+// weight_decay come with each Update. With maximize, every kind (Lion too)
+// updates from the negated gradient, as torch.optim's maximize does.
 std::unique_ptr<OptimizerKernel> MakeOptimizerKernel(
     const OptimizerConfig& config);
 

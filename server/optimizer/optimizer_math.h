@@ -8,9 +8,11 @@
 // implementations' (torch.optim 1.13 single-tensor path; Lion: its paper) and
 // must not change: the golden tests compare the bits.
 //
-// Each math type has kSlots (0, 1 or 2) and an operator() that updates the
-// param p and the used slots s0, s1 (fp32 values, already widened from their
-// storage dtype) in place from the final gradient g.
+// Each math type has kSlots (0 to 3) and an operator() that updates the
+// param p and the used slots s0, s1, s2 (fp32 values, already widened from
+// their storage dtype) in place from the final gradient g. With maximize, g
+// arrives negated (the gradient stage, fused_loops.h, negates it), so the math
+// is the same for both directions.
 #ifndef DEPOT_SERVER_OPTIMIZER_OPTIMIZER_MATH_H_
 #define DEPOT_SERVER_OPTIMIZER_OPTIMIZER_MATH_H_
 
@@ -20,12 +22,17 @@ namespace depot::fused {
 
 // Adam / AdamW: mul_(b1).add_(g, alpha=1-b1); mul_(b2).addcmul_(g, g,
 // value=1-b2); (sqrt(v) / bc2_sqrt).add_(eps); addcdiv_(m, denom,
-// value=-step_size). s0 = exp_avg, s1 = exp_avg_sq.
-template <class V, bool kDecoupled, bool kHasWeightDecay>
+// value=-step_size). With amsgrad, torch.maximum(max_exp_avg_sq, v) replaces v
+// in the denominator and is kept (V::Max: a NaN in either gives a NaN). s0 =
+// exp_avg, s1 = exp_avg_sq, s2 = max_exp_avg_sq. Like the moments, the kept
+// maximum is rounded to its slot's dtype only when stored: the denominator
+// uses the fp32 value, which is the maximum of the stored (widened) one and
+// the unrounded v.
+template <class V, bool kDecoupled, bool kHasWeightDecay, bool kAmsgrad>
 class AdamMath {
  public:
   using F = typename V::F;
-  static constexpr int kSlots = 2;
+  static constexpr int kSlots = kAmsgrad ? 3 : 2;
 
   explicit AdamMath(const AdamScalars& s)
       : beta1_(V::Set(s.beta1)),
@@ -38,7 +45,8 @@ class AdamMath {
         bias_correction2_sqrt_(V::Set(s.bias_correction2_sqrt)),
         eps_(V::Set(s.eps)) {}
 
-  void operator()(F g, F& p, F& exp_avg, F& exp_avg_sq) const {
+  void operator()(F g, F& p, F& exp_avg, F& exp_avg_sq,
+                  F& max_exp_avg_sq) const {
     if constexpr (kHasWeightDecay) {
       if constexpr (kDecoupled) {
         p = V::Mul(p, decay_factor_);
@@ -49,7 +57,13 @@ class AdamMath {
     const F m = V::Add(V::Mul(exp_avg, beta1_), V::Mul(one_minus_beta1_, g));
     const F v = V::Add(V::Mul(exp_avg_sq, beta2_),
                        V::Mul(V::Mul(one_minus_beta2_, g), g));
-    const F denom = V::Add(V::Div(V::Sqrt(v), bias_correction2_sqrt_), eps_);
+    F second_moment = v;
+    if constexpr (kAmsgrad) {
+      second_moment = V::Max(max_exp_avg_sq, v);
+      max_exp_avg_sq = second_moment;
+    }
+    const F denom =
+        V::Add(V::Div(V::Sqrt(second_moment), bias_correction2_sqrt_), eps_);
     exp_avg = m;
     exp_avg_sq = v;
     p = V::Sub(p, V::Div(V::Mul(step_size_, m), denom));
@@ -76,7 +90,8 @@ class SgdMath {
         one_minus_dampening_(V::Set(s.one_minus_dampening)),
         neg_lr_(V::Set(s.neg_lr)) {}
 
-  void operator()(F g, F& p, F& momentum_buffer, F& /*unused*/) const {
+  void operator()(F g, F& p, F& momentum_buffer, F& /*unused*/,
+                  F& /*unused*/) const {
     if constexpr (kHasWeightDecay) g = V::Add(g, V::Mul(weight_decay_, p));
     if constexpr (kMomentum) {
       F buf;
@@ -115,7 +130,7 @@ class AdagradMath {
         clr_(V::Set(s.clr)),
         eps_(V::Set(s.eps)) {}
 
-  void operator()(F g, F& p, F& state_sum, F& /*unused*/) const {
+  void operator()(F g, F& p, F& state_sum, F& /*unused*/, F& /*unused*/) const {
     if constexpr (kHasWeightDecay) g = V::Add(g, V::Mul(weight_decay_, p));
     const F sum = V::Add(state_sum, V::Mul(g, g));
     const F std_dev = V::Add(V::Sqrt(sum), eps_);
@@ -149,7 +164,7 @@ class LionMath {
         one_(V::Set(1.0f)),
         minus_one_(V::Set(-1.0f)) {}
 
-  void operator()(F g, F& p, F& exp_avg, F& /*unused*/) const {
+  void operator()(F g, F& p, F& exp_avg, F& /*unused*/, F& /*unused*/) const {
     const F m = exp_avg;
     const F c = V::Add(V::Mul(m, beta1_), V::Mul(one_minus_beta1_, g));
     if constexpr (kHasWeightDecay) p = V::Mul(p, decay_factor_);

@@ -1,5 +1,8 @@
 #include "server/optimizer/sgd_kernel.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include "server/optimizer/fused_update.h"
 #include "server/optimizer/slot_storage.h"
 
@@ -22,7 +25,9 @@ class SgdKernel final : public OptimizerKernel {
     // Without momentum there is no buffer and nothing differs on step 1.
     prepared.first_step = prepared.momentum && hparams.step == 1;
     prepared.nesterov = prepared.momentum && config_.sgd_nesterov;
-    prepared.slot_dtypes[0] = format_.dtypes[0];
+    prepared.maximize = config_.maximize;
+    std::copy(std::begin(format_.dtypes), std::end(format_.dtypes),
+              prepared.slot_dtypes);
     // Derived in double and rounded to float once, as torch's fp32 tensor ops
     // round their Python-float scalars.
     fused::SgdScalars& s = prepared.sgd;

@@ -19,9 +19,10 @@
 namespace depot {
 
 // Each state slot's storage dtype; kFloat32 for slots the optimizer does not
-// keep (their pointers are null and never read).
+// keep (their pointers are null and never read). As many as ParamRun::slots
+// (optimizer_kernel.cc checks).
 struct SlotFormat {
-  DType dtypes[2] = {DType::kFloat32, DType::kFloat32};
+  DType dtypes[3] = {DType::kFloat32, DType::kFloat32, DType::kFloat32};
 
   // REQUIRES: ValidateOptimizerConfig(config).ok().
   static SlotFormat Of(const OptimizerConfig& config) {
@@ -34,8 +35,8 @@ struct SlotFormat {
 };
 
 // Calls f(static_cast<float*>(slot)) for fp32, f(static_cast<uint16_t*>(slot))
-// for bf16. Nest calls for kernels with two slots. REQUIRES: dtype is fp32 or
-// bf16 (ValidateOptimizerConfig).
+// for bf16. Nest calls for kernels with several slots. REQUIRES: dtype is fp32
+// or bf16 (ValidateOptimizerConfig).
 template <typename F>
 decltype(auto) WithTypedSlot(DType dtype, void* slot, F&& f) {
   if (dtype == DType::kBFloat16) {

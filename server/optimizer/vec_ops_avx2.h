@@ -35,6 +35,15 @@ struct Avx2Ops {
   static F Sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F Div(F a, F b) { return _mm256_div_ps(a, b); }
   static F Sqrt(F a) { return _mm256_sqrt_ps(a); }
+  // Neg and Max as vec_ops_scalar.h defines them.
+  static F Neg(F a) { return _mm256_xor_ps(a, _mm256_set1_ps(-0.0f)); }
+  static F Max(F a, F b) {
+    // vmaxps gives a > b ? a : b: b when either is NaN. Its operand order is
+    // pinned as Add's is; then a NaN a replaces the result.
+    F larger;
+    asm("vmaxps %2, %1, %0" : "=x"(larger) : "x"(a), "xm"(b));
+    return _mm256_blendv_ps(larger, a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+  }
   // Ordered, non-signalling: false when either operand is NaN.
   static Mask Greater(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_GT_OQ); }
   static Mask Less(F a, F b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }

@@ -50,6 +50,16 @@ struct Avx512Ops {
   static F Sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F Div(F a, F b) { return _mm512_div_ps(a, b); }
   static F Sqrt(F a) { return _mm512_sqrt_ps(a); }
+  // Neg and Max as vec_ops_scalar.h defines them.
+  static F Neg(F a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }
+  static F Max(F a, F b) {
+    // vmaxps gives a > b ? a : b: b when either is NaN. Its operand order is
+    // pinned as Add's is; then a NaN a replaces the result.
+    F larger;
+    asm("vmaxps %2, %1, %0" : "=v"(larger) : "v"(a), "vm"(b));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), larger,
+                                a);
+  }
   // Ordered, non-signalling: false when either operand is NaN.
   static Mask Greater(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
   static Mask Less(F a, F b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }

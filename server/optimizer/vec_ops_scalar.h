@@ -10,6 +10,19 @@
 // operand order to the source's; subtraction, division and square root cannot
 // be reordered and stay plain.
 //
+// Neg and Max are not IEEE arithmetic and are defined by their bits, the same
+// in every vec_ops type:
+//  - Neg(a) flips the sign bit, of zeros, infinities and NaNs too (a NaN keeps
+//    its payload and stays signalling if it was): torch's `-grad`. (0 - a
+//    gives +0 for +0, where torch gives -0; a * -1 keeps a NaN's sign.)
+//  - Max(a, b) is torch.maximum(a, b) as torch's portable vector kernel
+//    computes it: a if a is NaN, else (a > b ? a : b), which is b if b is NaN
+//    and b for equal values (+0 and -0 alike). So any NaN input gives a NaN,
+//    and that NaN is an input's, bits unchanged. (torch's scalar loop, which
+//    takes the tail of a tensor, returns the default quiet NaN instead, and
+//    its AVX2 kernel an all-ones NaN: only "NaN in, NaN out" is torch's
+//    contract, and Depot keeps one choice everywhere.)
+//
 // Include only from fused_update_scalar.cc: like every vec_ops header, its
 // code must be compiled with its own instruction-set flags only.
 #ifndef DEPOT_SERVER_OPTIMIZER_VEC_OPS_SCALAR_H_
@@ -47,6 +60,10 @@ struct ScalarOps {
   static F Sub(F a, F b) { return a - b; }
   static F Div(F a, F b) { return a / b; }
   static F Sqrt(F a) { return std::sqrt(a); }
+  static F Neg(F a) {
+    return std::bit_cast<F>(std::bit_cast<uint32_t>(a) ^ 0x80000000u);
+  }
+  static F Max(F a, F b) { return a != a ? a : (a > b ? a : b); }
   static Mask Greater(F a, F b) { return a > b; }
   static Mask Less(F a, F b) { return a < b; }
   static F Select(Mask m, F if_true, F if_false) {

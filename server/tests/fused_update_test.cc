@@ -1,9 +1,10 @@
 // The fused update kernel (server/optimizer/fused_*): every instruction set
 // this CPU supports gives bit-identical master weights, slots and weights out
 // to the scalar one, and the scalar one gives the bits of the unfused path it
-// replaced (unfused_reference.h), for every optimizer variant, slot, gradient
-// and weight dtype, worker count and gradient transform, on random data mixed
-// with special values and on lengths with vector tails.
+// replaced (unfused_reference.h), for every optimizer variant (amsgrad and
+// maximize included), slot, gradient and weight dtype, worker count and
+// gradient transform, on random data mixed with special values and on lengths
+// with vector tails.
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -85,6 +86,25 @@ std::vector<NamedConfig> EveryOptimizer(DType slots) {
   c.kind = OptimizerKind::kLion;
   c.exp_avg_dtype = slots;
   out.push_back({"lion", c});
+
+  // amsgrad's third slot takes exp_avg_sq's dtype.
+  c = OptimizerConfig();
+  c.kind = OptimizerKind::kAdam;
+  c.amsgrad = true;
+  c.exp_avg_dtype = c.exp_avg_sq_dtype = slots;
+  out.push_back({"adam amsgrad", c});
+  c.kind = OptimizerKind::kAdamW;
+  c.exp_avg_dtype = DType::kFloat32;
+  out.push_back({"adamw amsgrad fp32 exp_avg", c});
+
+  // maximize on every variant.
+  const size_t unflagged = out.size();
+  for (size_t i = 0; i < unflagged; ++i) {
+    NamedConfig flagged = out[i];
+    flagged.name += " maximize";
+    flagged.config.maximize = true;
+    out.push_back(flagged);
+  }
   return out;
 }
 
@@ -134,8 +154,8 @@ std::string RandomPayload(DType dtype, size_t n, std::mt19937& rng) {
 // that the run starts misaligned.
 struct State {
   std::vector<float> master;
-  std::string slots[2];
-  size_t slot_bytes[2] = {0, 0};
+  std::string slots[kMaxStateSlots];
+  size_t slot_bytes[kMaxStateSlots] = {0, 0, 0};
   size_t n = 0;
 
   State(const OptimizerConfig& config, size_t elems, std::mt19937& rng)
@@ -151,7 +171,7 @@ struct State {
   ParamRun Run() {
     ParamRun run;
     run.master = master.data() + 1;
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < kMaxStateSlots; ++k) {
       if (slot_bytes[k] != 0) run.slots[k] = slots[k].data() + slot_bytes[k];
     }
     run.n = n;
@@ -202,7 +222,7 @@ std::string CompareResults(State& a, const std::string& weights_a, State& b,
   std::string diff = FirstDifference(a.master.data(), b.master.data(), a.n + 1,
                                      DType::kFloat32, any_nan);
   if (!diff.empty()) return "master " + diff;
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < kMaxStateSlots; ++k) {
     if (a.slot_bytes[k] == 0) continue;
     diff = FirstDifference(a.slots[k].data(), b.slots[k].data(), a.n + 1,
                            SlotDType(a.slot_bytes[k]), any_nan);
@@ -388,42 +408,101 @@ TEST(FusedUpdateTest, GradientConversionMatchesConvertToFloatOnEveryIsa) {
 }
 
 TEST(FusedUpdateTest, SplittingARunAnywhereGivesTheSameBits) {
-  // Runs that start and end inside vectors and blocks, with weights out.
-  OptimizerConfig config;
-  config.kind = OptimizerKind::kAdamW;
-  const auto kernel = MakeOptimizerKernel(config);
-  for (KernelIsa isa : SupportedIsas()) {
-    std::mt19937 rng(3);
-    State whole(config, kElems, rng);
-    State pieces = whole;
-    const std::string grad = RandomPayload(DType::kBFloat16, kElems, rng);
-    const void* parts[] = {grad.data()};
-    const UpdateHyperParams hparams{1e-3, 0.01, 7};
-    std::string whole_weights(kElems * 2, '\0');
-    std::string piece_weights(kElems * 2, '\0');
-    GradientInput input;
-    input.dtype = DType::kBFloat16;
-    input.parts = parts;
-    input.num_parts = 1;
-    kernel->FusedUpdate(input, whole.Run(), hparams,
-                        {DType::kBFloat16, whole_weights.data()}, isa);
-    const size_t cuts[] = {0, 1, 18, 530, 531, 1024, 1036, kElems};
-    for (size_t i = 0; i + 1 < std::size(cuts); ++i) {
-      ParamRun run = pieces.Run();
-      run.master += cuts[i];
-      for (int k = 0; k < 2; ++k) {
-        run.slots[k] = static_cast<char*>(run.slots[k]) + cuts[i] * 4;
+  // Runs that start and end inside vectors and blocks, with weights out;
+  // AdamW plain, and with amsgrad's third slot and maximize's negation.
+  for (bool flags : {false, true}) {
+    OptimizerConfig config;
+    config.kind = OptimizerKind::kAdamW;
+    config.amsgrad = flags;
+    config.maximize = flags;
+    const auto kernel = MakeOptimizerKernel(config);
+    for (KernelIsa isa : SupportedIsas()) {
+      std::mt19937 rng(3);
+      State whole(config, kElems, rng);
+      State pieces = whole;
+      const std::string grad = RandomPayload(DType::kBFloat16, kElems, rng);
+      const void* parts[] = {grad.data()};
+      const UpdateHyperParams hparams{1e-3, 0.01, 7};
+      std::string whole_weights(kElems * 2, '\0');
+      std::string piece_weights(kElems * 2, '\0');
+      GradientInput input;
+      input.dtype = DType::kBFloat16;
+      input.parts = parts;
+      input.num_parts = 1;
+      kernel->FusedUpdate(input, whole.Run(), hparams,
+                          {DType::kBFloat16, whole_weights.data()}, isa);
+      const size_t cuts[] = {0, 1, 18, 530, 531, 1024, 1036, kElems};
+      for (size_t i = 0; i + 1 < std::size(cuts); ++i) {
+        ParamRun run = pieces.Run();
+        run.master += cuts[i];
+        for (int k = 0; k < kMaxStateSlots; ++k) {
+          if (run.slots[k] == nullptr) continue;
+          run.slots[k] = static_cast<char*>(run.slots[k]) + cuts[i] * 4;
+        }
+        run.n = cuts[i + 1] - cuts[i];
+        input.offset = cuts[i];
+        kernel->FusedUpdate(
+            input, run, hparams,
+            {DType::kBFloat16, piece_weights.data() + 2 * cuts[i]}, isa);
       }
-      run.n = cuts[i + 1] - cuts[i];
-      input.offset = cuts[i];
-      kernel->FusedUpdate(
-          input, run, hparams,
-          {DType::kBFloat16, piece_weights.data() + 2 * cuts[i]}, isa);
+      EXPECT_EQ(CompareResults(whole, whole_weights, pieces, piece_weights,
+                               DType::kBFloat16),
+                "")
+          << KernelIsaName(isa) << (flags ? " amsgrad maximize" : "");
     }
-    EXPECT_EQ(CompareResults(whole, whole_weights, pieces, piece_weights,
-                             DType::kBFloat16),
-              "")
-        << KernelIsaName(isa);
+  }
+}
+
+// A two-phase step sums the gradient parts first (SumGradientInput, unscaled,
+// never negated) and updates from that fp32 sum later, clipping then. With
+// maximize, the update negates that sum once: the result is the one-phase
+// fused update's, bit for bit, on every instruction set.
+TEST(FusedUpdateTest, TwoPhaseUpdateFromTheSumEqualsTheFusedUpdate) {
+  const std::vector<KernelIsa> isas = SupportedIsas();
+  for (const NamedConfig& variant : EveryOptimizer(DType::kBFloat16)) {
+    const auto kernel = MakeOptimizerKernel(variant.config);
+    for (KernelIsa isa : isas) {
+      std::mt19937 rng(17);
+      State one_phase(variant.config, kElems, rng);
+      State two_phase = one_phase;
+      std::vector<std::string> payloads;
+      std::vector<const void*> parts;
+      for (int w = 0; w < 2; ++w) {
+        payloads.push_back(RandomPayload(DType::kBFloat16, kElems, rng));
+      }
+      for (const std::string& payload : payloads) {
+        parts.push_back(payload.data());
+      }
+      GradientInput input;
+      input.dtype = DType::kBFloat16;
+      input.parts = parts.data();
+      input.num_parts = parts.size();
+      input.unscale = true;
+      input.unscale_factor = 0.5f;
+      const UpdateHyperParams hparams{1e-2, 0.1, 2};
+      std::string one_phase_weights(kElems * 2, '\0');
+      std::string two_phase_weights(kElems * 2, '\0');
+      GradientInput clipped = input;
+      clipped.clip = true;
+      clipped.clip_coef = 0.75f;
+      kernel->FusedUpdate(clipped, one_phase.Run(), hparams,
+                          {DType::kBFloat16, one_phase_weights.data()}, isa);
+
+      std::vector<float> sum(kElems);
+      SumGradientInput(input, sum.data(), kElems, isa);
+      const void* sum_part[] = {sum.data()};
+      GradientInput from_sum;
+      from_sum.parts = sum_part;
+      from_sum.num_parts = 1;
+      from_sum.clip = true;
+      from_sum.clip_coef = 0.75f;
+      kernel->FusedUpdate(from_sum, two_phase.Run(), hparams,
+                          {DType::kBFloat16, two_phase_weights.data()}, isa);
+      EXPECT_EQ(CompareResults(one_phase, one_phase_weights, two_phase,
+                               two_phase_weights, DType::kBFloat16),
+                "")
+          << variant.name << " on " << KernelIsaName(isa);
+    }
   }
 }
 

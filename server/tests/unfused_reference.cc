@@ -25,10 +25,17 @@ struct AdamScalars {
       decay_factor, step_size, bias_correction2_sqrt, eps;
 };
 
-template <bool kDecoupled, bool kHasWeightDecay, typename ExpAvg,
-          typename ExpAvgSq>
+// torch.maximum as torch's portable vector kernel computes it: a NaN in
+// either operand gives a NaN.
+inline float Maximum(float a, float b) {
+  return (a > b || std::isnan(a)) ? a : b;
+}
+
+template <bool kDecoupled, bool kHasWeightDecay, bool kAmsgrad, typename ExpAvg,
+          typename ExpAvgSq, typename MaxExpAvgSq>
 void AdamLoop(const float* grad, float* param, ExpAvg* exp_avg,
-              ExpAvgSq* exp_avg_sq, size_t n, const AdamScalars& s) {
+              ExpAvgSq* exp_avg_sq, MaxExpAvgSq* max_exp_avg_sq, size_t n,
+              const AdamScalars& s) {
   for (size_t i = 0; i < n; ++i) {
     float g = grad[i];
     float p = param[i];
@@ -42,7 +49,13 @@ void AdamLoop(const float* grad, float* param, ExpAvg* exp_avg,
     const float m = LoadSlot(exp_avg[i]) * s.beta1 + s.one_minus_beta1 * g;
     const float v =
         LoadSlot(exp_avg_sq[i]) * s.beta2 + s.one_minus_beta2 * g * g;
-    const float denom = std::sqrt(v) / s.bias_correction2_sqrt + s.eps;
+    float second_moment = v;
+    if constexpr (kAmsgrad) {
+      second_moment = Maximum(LoadSlot(max_exp_avg_sq[i]), v);
+      StoreSlot(max_exp_avg_sq[i], second_moment);
+    }
+    const float denom =
+        std::sqrt(second_moment) / s.bias_correction2_sqrt + s.eps;
     StoreSlot(exp_avg[i], m);
     StoreSlot(exp_avg_sq[i], v);
     param[i] = p - s.step_size * m / denom;
@@ -68,10 +81,16 @@ void Adam(const OptimizerConfig& config, const float* grad, const ParamRun& run,
   const SlotFormat format = SlotFormat::Of(config);
   WithTypedSlot(format.dtypes[0], run.slots[0], [&](auto* exp_avg) {
     WithTypedSlot(format.dtypes[1], run.slots[1], [&](auto* exp_avg_sq) {
-      WithBool(config.kind == OptimizerKind::kAdamW, [&](auto decoupled) {
-        WithBool(hparams.weight_decay != 0, [&](auto has_weight_decay) {
-          AdamLoop<decoupled, has_weight_decay>(grad, run.master, exp_avg,
-                                                exp_avg_sq, run.n, s);
+      // Null without amsgrad.
+      WithTypedSlot(format.dtypes[2], run.slots[2], [&](auto* max_exp_avg_sq) {
+        WithBool(config.kind == OptimizerKind::kAdamW, [&](auto decoupled) {
+          WithBool(hparams.weight_decay != 0, [&](auto has_weight_decay) {
+            WithBool(config.amsgrad, [&](auto amsgrad) {
+              AdamLoop<decoupled, has_weight_decay, amsgrad>(
+                  grad, run.master, exp_avg, exp_avg_sq, max_exp_avg_sq, run.n,
+                  s);
+            });
+          });
         });
       });
     });
@@ -228,6 +247,10 @@ void UnfusedUpdate(const OptimizerConfig& config, const UnfusedGradient& grad,
   if (grad.clip_coef < 1.0) {
     const float clip = static_cast<float>(grad.clip_coef);
     for (size_t i = 0; i < n; ++i) sum[i] *= clip;
+  }
+  // torch's maximize: `grad = -grad` before the optimizer's own arithmetic.
+  if (config.maximize) {
+    for (size_t i = 0; i < n; ++i) sum[i] = -sum[i];
   }
   switch (config.kind) {
     case OptimizerKind::kAdam:

@@ -8,7 +8,8 @@ gradients for STEPS steps, with each group's learning rate (and group 0's weight
 decay) changing every step, and records the weights after every step:
 
   - torch.optim Adam, AdamW, SGD and Adagrad in float32 on the single-tensor path
-    (foreach=False), the code Depot's kernels follow operation by operation. Each is
+    (foreach=False), the code Depot's kernels follow operation by operation, some
+    with torch's amsgrad or maximize flags. Each is
     run twice, in child processes, once with each of torch's CPU kernel sets:
       torch_default  ATEN_CPU_CAPABILITY=default: plain multiplies and adds, the
                      roundings Depot's kernels do, so the server must match bit for bit;
@@ -112,6 +113,9 @@ def split(flat):
 #          torch class name, torch options). Lion has no torch class.
 ADAM_FIELDS = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8}
 ADAM_OPTIONS = {"betas": [0.9, 0.999], "eps": 1e-8}
+AMSGRAD_FIELDS = {"adam_beta1": 0.9, "adam_beta2": 0.95, "adam_eps": 1e-8,
+                  "amsgrad": True}
+AMSGRAD_OPTIONS = {"betas": [0.9, 0.95], "eps": 1e-8, "amsgrad": True}
 CASES = {
     "adam": ("adam", 1e-2, 0.0, ADAM_FIELDS, "Adam", ADAM_OPTIONS),
     "adam_l2": ("adam", 1e-2, 0.05, ADAM_FIELDS, "Adam", ADAM_OPTIONS),
@@ -136,6 +140,35 @@ CASES = {
                  "eps": 1e-10}),
     "lion": ("lion", 1e-3, 0.1, {"lion_beta1": 0.9, "lion_beta2": 0.99}, None,
              None),
+    # torch's amsgrad and maximize flags (after the cases above, whose files they
+    # leave as they were). amsgrad with beta2 0.95, so that exp_avg_sq falls
+    # below its running maximum often within 24 steps; maximize with weight
+    # decay, which shows that the gradient is negated before the decay joins it.
+    "adam_amsgrad": ("adam", 1e-2, 0.05, AMSGRAD_FIELDS, "Adam",
+                     AMSGRAD_OPTIONS),
+    "adamw_amsgrad": ("adamw", 1e-2, 0.1, AMSGRAD_FIELDS, "AdamW",
+                      AMSGRAD_OPTIONS),
+    "adam_maximize": ("adam", 1e-2, 0.05, dict(ADAM_FIELDS, maximize=True),
+                      "Adam", dict(ADAM_OPTIONS, maximize=True)),
+    "adamw_amsgrad_maximize": ("adamw", 1e-2, 0.1,
+                               dict(AMSGRAD_FIELDS, maximize=True), "AdamW",
+                               dict(AMSGRAD_OPTIONS, maximize=True)),
+    "sgd_maximize": ("sgd", 0.2, 0.05,
+                     {"sgd_momentum": 0.9, "sgd_dampening": 0.3,
+                      "maximize": True}, "SGD",
+                     {"momentum": 0.9, "dampening": 0.3, "maximize": True}),
+    "sgd_nesterov_maximize": ("sgd", 0.2, 0.05,
+                              {"sgd_momentum": 0.9, "sgd_nesterov": True,
+                               "maximize": True}, "SGD",
+                              {"momentum": 0.9, "nesterov": True,
+                               "maximize": True}),
+    "adagrad_maximize": ("adagrad", 0.05, 0.05,
+                         {"adagrad_lr_decay": 0.01,
+                          "adagrad_initial_accumulator_value": 0.1,
+                          "adagrad_eps": 1e-10, "maximize": True},
+                         "Adagrad",
+                         {"lr_decay": 0.01, "initial_accumulator_value": 0.1,
+                          "eps": 1e-10, "maximize": True}),
 }
 
 

@@ -125,9 +125,16 @@ absl::Status SetOptimizerField(const std::string& key, const Value& value,
     config.kind = *kind;
     return absl::OkStatus();
   }
-  if (key == "sgd_nesterov" && value.kind_case() == Value::kBoolValue) {
-    config.sgd_nesterov = value.bool_value();
-    return absl::OkStatus();
+  static const std::pair<const char*, bool OptimizerConfig::*> kFlags[] = {
+      {"sgd_nesterov", &OptimizerConfig::sgd_nesterov},
+      {"amsgrad", &OptimizerConfig::amsgrad},
+      {"maximize", &OptimizerConfig::maximize},
+  };
+  for (const auto& [name, member] : kFlags) {
+    if (key == name && value.kind_case() == Value::kBoolValue) {
+      config.*member = value.bool_value();
+      return absl::OkStatus();
+    }
   }
   for (const auto& [name, member] : kNumbers) {
     if (key == name && value.kind_case() == Value::kNumberValue) {

@@ -49,6 +49,13 @@ TEST(AdagradKernelTest, TracksReferenceWithInitialAccumulatorAndLargeEps) {
                               VaryingLrSteps(kSteps, kLr, kWeightDecay));
 }
 
+TEST(AdagradKernelTest, MaximizeTracksReferenceWithL2WeightDecay) {
+  OptimizerConfig config = Adagrad(0.1, 0.25, 1e-10);
+  config.maximize = true;
+  ExpectKernelTracksReference(config,
+                              VaryingLrSteps(kSteps, kLr, kWeightDecay));
+}
+
 // Values chosen so that every operation is exact in fp32: the test states the
 // formula, not a tolerance.
 struct AdagradCase {
@@ -93,6 +100,19 @@ TEST(AdagradKernelTest, WeightDecayJoinsTheGradientBeforeTheSum) {
   RunAdagrad(config, state, {0.0f, 0.0f}, {0.25, 0.5, 1});
   EXPECT_EQ(state.state_sum, (std::vector<float>{0.25f, 1.0f}));
   EXPECT_EQ(state.master, (std::vector<float>{0.75f, 1.75f}));
+}
+
+// torch negates the gradient first, so the decay joins -g: here g = -1 +
+// 0.5 * p = {-0.5, 0}; sum = g^2; g / sqrt(sum) = -1 where g is not 0.
+// (Negating after the decay would give g = {-1.5, -2}.)
+TEST(AdagradKernelTest, MaximizeNegatesTheGradientBeforeTheWeightDecay) {
+  OptimizerConfig config = Adagrad(0, 0, 1e-30);
+  config.maximize = true;
+  AdagradCase state;
+  state.master = {1.0f, 2.0f};
+  RunAdagrad(config, state, {1.0f, 1.0f}, {0.25, 0.5, 1});
+  EXPECT_EQ(state.state_sum, (std::vector<float>{0.25f, 0.0f}));
+  EXPECT_EQ(state.master, (std::vector<float>{1.25f, 2.0f}));
 }
 
 }  // namespace

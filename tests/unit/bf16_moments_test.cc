@@ -36,6 +36,14 @@ std::vector<Variant> Bf16Variants() {
   adam.exp_avg_dtype = DType::kFloat32;
   adam.exp_avg_sq_dtype = DType::kBFloat16;
   out.push_back({"adam, exp_avg_sq bf16", adam});
+  // max_exp_avg_sq takes exp_avg_sq's dtype.
+  OptimizerConfig amsgrad = adamw;
+  amsgrad.amsgrad = true;
+  out.push_back({"adamw amsgrad, every slot bf16", amsgrad});
+  amsgrad.kind = OptimizerKind::kAdam;
+  amsgrad.exp_avg_dtype = DType::kFloat32;
+  amsgrad.maximize = true;
+  out.push_back({"adam amsgrad maximize, exp_avg_sq and max bf16", amsgrad});
   OptimizerConfig sgd;
   sgd.kind = OptimizerKind::kSgd;
   sgd.sgd_momentum = 0.9;
@@ -103,10 +111,10 @@ TEST(Bf16MomentsTest, MatchFp32KernelWithMomentsRoundedToBf16EachStep) {
     std::vector<float> emulated_master = master;
     // The kernel under test keeps its slots in their dtypes; the emulation
     // keeps fp32 slots and rounds the bf16 ones itself.
-    std::vector<unsigned char> stored[2];
-    std::vector<float> emulated[2];
-    ParamRun run{master.data(), {nullptr, nullptr}, kElems};
-    ParamRun emulated_run{emulated_master.data(), {nullptr, nullptr}, kElems};
+    std::vector<unsigned char> stored[kMaxStateSlots];
+    std::vector<float> emulated[kMaxStateSlots];
+    ParamRun run{master.data(), {}, kElems};
+    ParamRun emulated_run{emulated_master.data(), {}, kElems};
     for (int k = 0; k < slots; ++k) {
       stored[k].assign(kElems * DTypeSize(OptimizerSlotDType(bf16_config, k)),
                        0);

@@ -58,6 +58,29 @@ TEST(LionKernelTest, MovesEachWeightByLrAgainstTheInterpolationsSign) {
   EXPECT_EQ(exp_avg, (std::vector<float>{-0.5f, 0.5f, -0.25f, -1.0f}));
 }
 
+TEST(LionKernelTest, MaximizeTracksReferenceWithWeightDecay) {
+  OptimizerConfig config = Lion(0.9, 0.99);
+  config.maximize = true;
+  ExpectKernelTracksReference(config,
+                              VaryingLrSteps(kSteps, kLr, kWeightDecay));
+}
+
+// Depot's maximize for Lion means what torch's means for its optimizers: the
+// update of the negated gradient. The case above with maximize: c = 0.75 m -
+// 0.25 g = {1.25, -1.25, 0.125, 1.5}, and m = 0.5 m - 0.5 g.
+TEST(LionKernelTest, MaximizeUsesTheNegatedGradientInBothInterpolations) {
+  OptimizerConfig config = Lion(0.75, 0.5);
+  config.maximize = true;
+  std::vector<float> master = {1.0f, 1.0f, 1.0f, 1.0f};
+  std::vector<float> exp_avg = {1.0f, -1.0f, 0.0f, 1.0f};
+  const std::vector<float> grad = {-2.0f, 2.0f, -0.5f, -3.0f};
+  MakeOptimizerKernel(config)->Update(
+      grad.data(), {master.data(), {exp_avg.data(), nullptr}, 4},
+      {0.125, 0.0, 7});
+  EXPECT_EQ(master, (std::vector<float>{0.875f, 1.125f, 0.875f, 0.875f}));
+  EXPECT_EQ(exp_avg, (std::vector<float>{1.5f, -1.5f, 0.25f, 2.0f}));
+}
+
 TEST(LionKernelTest, DecaysTheWeightBeforeTheSignStep) {
   const OptimizerConfig config = Lion(0.9, 0.99);
   std::vector<float> master = {2.0f, -4.0f};

@@ -58,14 +58,29 @@ std::vector<NamedConfig> EveryKernelVariant() {
   config.exp_avg_dtype = DType::kFloat32;
   config.kind = OptimizerKind::kAdam;
   out.push_back({"adam fp32 exp_avg, bf16 exp_avg_sq", config});
+  config = OptimizerConfig();
+  config.amsgrad = true;
+  out.push_back({"adamw amsgrad", config});
+  config.kind = OptimizerKind::kAdam;
+  config.exp_avg_sq_dtype = DType::kBFloat16;
+  out.push_back({"adam amsgrad, bf16 exp_avg_sq and max", config});
+  // maximize on every kind.
+  const size_t unflagged = out.size();
+  for (size_t i = 0; i < unflagged; ++i) {
+    if (out[i].config.maximize) continue;
+    NamedConfig flagged = out[i];
+    flagged.name += " maximize";
+    flagged.config.maximize = true;
+    out.push_back(flagged);
+  }
   return out;
 }
 
 // A run's arrays, owned; each slot holds its dtype's bytes.
 struct RunState {
   std::vector<float> master;
-  std::vector<unsigned char> slots[2];
-  size_t slot_bytes[2] = {0, 0};
+  std::vector<unsigned char> slots[kMaxStateSlots];
+  size_t slot_bytes[kMaxStateSlots] = {0, 0, 0};
 
   RunState(const OptimizerConfig& config, size_t n, std::mt19937& rng) {
     std::uniform_real_distribution<float> value(-1.0f, 1.0f);
@@ -80,10 +95,13 @@ struct RunState {
 
   // The sub-run [begin, end).
   ParamRun Run(size_t begin, size_t end) {
-    return {master.data() + begin,
-            {slots[0].data() + begin * slot_bytes[0],
-             slots[1].data() + begin * slot_bytes[1]},
-            end - begin};
+    ParamRun run{master.data() + begin, {}, end - begin};
+    for (int k = 0; k < kMaxStateSlots; ++k) {
+      if (slot_bytes[k] != 0) {
+        run.slots[k] = slots[k].data() + begin * slot_bytes[k];
+      }
+    }
+    return run;
   }
 };
 
@@ -97,8 +115,9 @@ void ExpectBitwiseEqual(const RunState& a, const RunState& b,
                         const std::string& what) {
   EXPECT_EQ(Bits(a.master), Bits(b.master)) << what << ": master";
   // Compared as a whole: printing thousands of bytes would help nobody.
-  EXPECT_TRUE(a.slots[0] == b.slots[0]) << what << ": slot 0";
-  EXPECT_TRUE(a.slots[1] == b.slots[1]) << what << ": slot 1";
+  for (int k = 0; k < kMaxStateSlots; ++k) {
+    EXPECT_TRUE(a.slots[k] == b.slots[k]) << what << ": slot " << k;
+  }
 }
 
 std::vector<float> RandomGrad(size_t n, std::mt19937& rng) {
@@ -142,6 +161,34 @@ TEST(OptimizerKernelTest, SplittingARunGivesBitwiseIdenticalResults) {
       }
     }
     ExpectBitwiseEqual(whole, pieces, variant.name);
+  }
+}
+
+// torch's maximize is `grad = -grad` before anything else: the update with
+// maximize is, bit for bit, the update without it of the negated gradient.
+TEST(OptimizerKernelTest, MaximizeIsTheUpdateOfTheNegatedGradient) {
+  constexpr size_t kElems = 1000;
+  constexpr int kSteps = 3;
+  for (const NamedConfig& variant : EveryKernelVariant()) {
+    if (!variant.config.maximize) continue;
+    OptimizerConfig descending = variant.config;
+    descending.maximize = false;
+    std::mt19937 rng(13);
+    RunState ascent(variant.config, kElems, rng);
+    RunState descent = ascent;
+    const auto kernel = MakeOptimizerKernel(variant.config);
+    const auto plain_kernel = MakeOptimizerKernel(descending);
+    for (int step = 1; step <= kSteps; ++step) {
+      std::vector<float> grad = RandomGrad(kElems, rng);
+      // The signs of a zero and of a NaN count too: torch's -grad flips both.
+      grad[step] = 0.0f;
+      grad[kElems - step] = std::bit_cast<float>(uint32_t{0x7fc12345});
+      const UpdateHyperParams hparams{1e-2, 0.05, static_cast<uint64_t>(step)};
+      kernel->Update(grad.data(), ascent.Run(0, kElems), hparams);
+      for (float& g : grad) g = -g;
+      plain_kernel->Update(grad.data(), descent.Run(0, kElems), hparams);
+    }
+    ExpectBitwiseEqual(ascent, descent, variant.name);
   }
 }
 

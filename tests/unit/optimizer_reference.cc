@@ -8,6 +8,11 @@
 namespace depot::testing {
 namespace {
 
+// The gradient the update uses: torch's `-grad` with maximize.
+Tracked Gradient(const OptimizerConfig& config, float grad) {
+  return Exact(config.maximize ? -grad : grad);
+}
+
 void ReferenceAdamStep(const OptimizerConfig& config,
                        const UpdateHyperParams& hparams,
                        const std::vector<float>& grad, ReferenceState& state) {
@@ -20,7 +25,7 @@ void ReferenceAdamStep(const OptimizerConfig& config,
   const double bias_correction2 = 1 - std::pow(b2, step);
   const bool decoupled = config.kind == OptimizerKind::kAdamW;
   for (size_t i = 0; i < grad.size(); ++i) {
-    Tracked g = Exact(grad[i]);
+    Tracked g = Gradient(config, grad[i]);
     Tracked& p = state.master[i];
     Tracked& m = state.slots[0][i];
     Tracked& v = state.slots[1][i];
@@ -31,8 +36,15 @@ void ReferenceAdamStep(const OptimizerConfig& config,
     }
     m = b1 * m + (1 - b1) * g;
     v = b2 * v + (1 - b2) * (g * g);
+    Tracked second_moment = v;
+    if (config.amsgrad) {
+      Tracked& max_v = state.slots[2][i];
+      max_v = Max(max_v, v);
+      second_moment = max_v;
+    }
     const Tracked denom =
-        (1 / std::sqrt(bias_correction2)) * Sqrt(v) + Exact(config.adam_eps);
+        (1 / std::sqrt(bias_correction2)) * Sqrt(second_moment) +
+        Exact(config.adam_eps);
     p = p - (lr / bias_correction1) * (m / denom);
   }
 }
@@ -42,7 +54,7 @@ void ReferenceSgdStep(const OptimizerConfig& config,
                       const std::vector<float>& grad, ReferenceState& state) {
   const double mu = config.sgd_momentum;
   for (size_t i = 0; i < grad.size(); ++i) {
-    Tracked g = Exact(grad[i]);
+    Tracked g = Gradient(config, grad[i]);
     Tracked& p = state.master[i];
     if (hparams.weight_decay != 0) g = g + hparams.weight_decay * p;
     if (mu > 0) {
@@ -61,7 +73,7 @@ void ReferenceAdagradStep(const OptimizerConfig& config,
   const double clr = hparams.lr / (1 + static_cast<double>(hparams.step - 1) *
                                            config.adagrad_lr_decay);
   for (size_t i = 0; i < grad.size(); ++i) {
-    Tracked g = Exact(grad[i]);
+    Tracked g = Gradient(config, grad[i]);
     Tracked& p = state.master[i];
     Tracked& sum = state.slots[0][i];
     if (hparams.weight_decay != 0) g = g + hparams.weight_decay * p;
@@ -92,7 +104,7 @@ void ReferenceLionStep(const OptimizerConfig& config,
   const double b2 = config.lion_beta2;
   const double lr = hparams.lr;
   for (size_t i = 0; i < grad.size(); ++i) {
-    const Tracked g = Exact(grad[i]);
+    const Tracked g = Gradient(config, grad[i]);
     Tracked& p = state.master[i];
     Tracked& m = state.slots[0][i];
     const Tracked c = b1 * m + (1 - b1) * g;
@@ -150,7 +162,7 @@ void ExpectKernelTracksReference(const OptimizerConfig& config,
   std::mt19937 rng(7);
   const int slots = OptimizerStateSlots(config);
   std::vector<float> master(kElems);
-  std::vector<float> slot_data[2];
+  std::vector<float> slot_data[kMaxStateSlots];
   ReferenceState reference;
   // Every eighth weight starts at zero, where the update is the whole value and
   // its error is not hidden behind the weight's magnitude.
@@ -167,8 +179,8 @@ void ExpectKernelTracksReference(const OptimizerConfig& config,
         kElems,
         Exact(static_cast<float>(OptimizerSlotInitialValue(config, k))));
   }
-  const ParamRun run{
-      master.data(), {slot_data[0].data(), slot_data[1].data()}, kElems};
+  ParamRun run{master.data(), {}, kElems};
+  for (int k = 0; k < slots; ++k) run.slots[k] = slot_data[k].data();
   InitOptimizerSlots(config, run);
   const std::unique_ptr<OptimizerKernel> kernel = MakeOptimizerKernel(config);
   ASSERT_NE(kernel, nullptr);

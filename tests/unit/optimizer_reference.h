@@ -25,6 +25,7 @@
 #ifndef DEPOT_TESTS_UNIT_OPTIMIZER_REFERENCE_H_
 #define DEPOT_TESTS_UNIT_OPTIMIZER_REFERENCE_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -63,6 +64,12 @@ inline Tracked operator/(Tracked a, Tracked b) {
 inline Tracked Sqrt(Tracked a) {
   return {std::sqrt(a.value), std::sqrt(a.magnitude)};
 }
+// The larger value. A kernel's operands are within their tolerances of a and
+// b, so its maximum is within the larger of the two tolerances of this one,
+// whichever operand it picks.
+inline Tracked Max(Tracked a, Tracked b) {
+  return {std::max(a.value, b.value), std::max(a.magnitude, b.magnitude)};
+}
 
 inline constexpr double kUlpsPerStep = 20;
 
@@ -74,14 +81,15 @@ inline bool WithinTolerance(float actual, const Tracked& expected, int steps) {
          kUlpsPerStep * steps * unit_roundoff * expected.magnitude;
 }
 
-// The state of a run of parameters in the reference: master and up to two
-// slots.
+// The state of a run of parameters in the reference: master and up to
+// kMaxStateSlots slots.
 struct ReferenceState {
   std::vector<Tracked> master;
-  std::vector<Tracked> slots[2];
+  std::vector<Tracked> slots[kMaxStateSlots];
 };
 
-// One torch.optim step of `config.kind` on every element of `state`.
+// One torch.optim step of `config.kind` on every element of `state`, with its
+// amsgrad and maximize flags.
 void ReferenceStep(const OptimizerConfig& config,
                    const UpdateHyperParams& hparams,
                    const std::vector<float>& grad, ReferenceState& state);

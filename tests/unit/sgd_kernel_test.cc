@@ -61,6 +61,35 @@ TEST(SgdKernelTest, MomentumWithDampeningAndWeightDecayTracksReference) {
                               VaryingLrSteps(kSteps, kLr, kWeightDecay));
 }
 
+TEST(SgdKernelTest,
+     MaximizeWithMomentumDampeningAndWeightDecayTracksReference) {
+  OptimizerConfig config = Sgd(0.5, 0.5, false);
+  config.maximize = true;
+  ExpectKernelTracksReference(config,
+                              VaryingLrSteps(kSteps, kLr, kWeightDecay));
+}
+
+TEST(SgdKernelTest, MaximizeNesterovWithWeightDecayTracksReference) {
+  OptimizerConfig config = Sgd(0.8, 0, true);
+  config.maximize = true;
+  ExpectKernelTracksReference(config,
+                              VaryingLrSteps(kSteps, kLr, kWeightDecay));
+}
+
+// torch negates the gradient before the weight decay joins it: d = -0.5 +
+// 0.5 * 1 = 0 leaves the weight alone. (Without maximize d = 1, and with the
+// negation after the decay d = -1.)
+TEST(SgdKernelTest, MaximizeNegatesTheGradientBeforeTheWeightDecay) {
+  OptimizerConfig config = Sgd(0, 0, false);
+  config.maximize = true;
+  std::vector<float> master = {1.0f, 1.0f};
+  const std::vector<float> grad = {0.5f, -0.5f};
+  MakeOptimizerKernel(config)->Update(grad.data(), {master.data(), {}, 2},
+                                      {0.5, 0.5, 1});
+  // Second weight: d = 0.5 + 0.5 = 1, p = 1 - 0.5.
+  EXPECT_EQ(master, (std::vector<float>{1.0f, 0.5f}));
+}
+
 // torch.optim.SGD starts the buffer as a copy of the gradient, without
 // dampening: a stored buffer from before step 1 is ignored.
 TEST(SgdKernelTest, FirstStepCopiesTheGradientIntoTheBuffer) {
