@@ -10,6 +10,7 @@
 #include "call_group.h"
 #include "channel.h"
 #include "depot/client.h"
+#include "state_blob.h"
 #include "step_stream.h"
 
 namespace depot::client_internal {
@@ -47,6 +48,9 @@ class JobImpl : public Job {
   // Whether a Step with `options` runs in two phases: no known commit, and the
   // config clips, has a skip threshold or scales the loss dynamically.
   bool NeedsTwoPhases(const StepOptions& options) const;
+  // A SaveState blob of this job's config, decoded. DATA_LOSS: corrupt;
+  // FAILED_PRECONDITION: of another config or server count.
+  absl::StatusOr<StateBlob> DecodeOwnStateBlob(const std::string& bytes) const;
   // StepOptions::no_grad_tensors as the header's bitmap (empty for none).
   // INVALID_ARGUMENT: an index out of range or listed twice.
   absl::StatusOr<std::string> NoGradBitmap(

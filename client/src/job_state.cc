@@ -49,7 +49,8 @@ absl::StatusOr<std::string> JobImpl::SaveState() {
   return EncodeStateBlob(blob);
 }
 
-absl::Status JobImpl::LoadState(const std::string& bytes) {
+absl::StatusOr<StateBlob> JobImpl::DecodeOwnStateBlob(
+    const std::string& bytes) const {
   absl::StatusOr<StateBlob> blob = DecodeStateBlob(bytes);
   if (!blob.ok()) return blob.status();
   if (blob->fingerprint != StateFingerprint(config()) ||
@@ -60,6 +61,12 @@ absl::Status JobImpl::LoadState(const std::string& bytes) {
         "from (the name may differ)",
         blob->fingerprint, StateFingerprint(config())));
   }
+  return blob;
+}
+
+absl::Status JobImpl::LoadState(const std::string& bytes) {
+  absl::StatusOr<StateBlob> blob = DecodeOwnStateBlob(bytes);
+  if (!blob.ok()) return blob.status();
   const absl::Time deadline = absl::Now() + options_.step_timeout;
   return RunOnServers(
       *connections_, ServersWithChunks(),
@@ -96,15 +103,8 @@ absl::Status BadBlob(const std::string& what) {
 }  // namespace
 
 absl::StatusOr<FlatState> JobImpl::DecodeState(const std::string& bytes) const {
-  absl::StatusOr<StateBlob> blob = DecodeStateBlob(bytes);
+  absl::StatusOr<StateBlob> blob = DecodeOwnStateBlob(bytes);
   if (!blob.ok()) return blob.status();
-  if (blob->fingerprint != StateFingerprint(config()) ||
-      blob->servers.size() != plan().num_servers()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "the saved state is of another job config (state fingerprint %#x, "
-        "this job's %#x)",
-        blob->fingerprint, StateFingerprint(config())));
-  }
   const OptimizerConfig slot_config = JobSlotConfig(config());
   const int slots = OptimizerStateSlots(slot_config);
   const uint64_t n = total_elems();

@@ -227,12 +227,19 @@ absl::Status RunKernelBench(const KernelBenchOptions& options) {
   // The server's per-chunk call (ShardState::RunUpdate, one worker, no loss
   // scale or clipping): one fused pass from the bf16 gradient payload to the
   // bf16 weights payload.
-  const auto update = [&](size_t begin, size_t end, int) {
-    const void* parts[] = {At<uint16_t>(*s.grads, 2, begin)};
+  // One worker's gradient payload of the chunk at `begin`; `part` holds the
+  // pointer GradientInput::parts refers to.
+  const auto gradient = [&](size_t begin, const void*& part) {
+    part = At<uint16_t>(*s.grads, 2, begin);
     GradientInput grad;
     grad.dtype = s.grad_dtype;
-    grad.parts = parts;
+    grad.parts = &part;
     grad.num_parts = 1;
+    return grad;
+  };
+  const auto update = [&](size_t begin, size_t end, int) {
+    const void* part;
+    const GradientInput grad = gradient(begin, part);
     ParamRun run;
     run.master = At<float>(*s.master, 4, begin);
     for (int k = 0; k < s.slots; ++k)
@@ -272,11 +279,8 @@ absl::Status RunKernelBench(const KernelBenchOptions& options) {
     const std::vector<uint32_t> absent = CountAbsentWorkers(no_grad, segments);
     std::vector<uint64_t>& counts = tensor_steps[begin / s.chunk_elems];
     counts.resize(segments.size(), 0);
-    const void* parts[] = {At<uint16_t>(*s.grads, 2, begin)};
-    GradientInput grad;
-    grad.dtype = s.grad_dtype;
-    grad.parts = parts;
-    grad.num_parts = 1;
+    const void* part;
+    const GradientInput grad = gradient(begin, part);
     ChunkArrays arrays;
     arrays.master = At<float>(*s.master, 4, begin);
     for (int k = 0; k < s.slots; ++k) {
