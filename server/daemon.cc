@@ -1,6 +1,8 @@
 #include "server/daemon.h"
 
+#include <cstdio>
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +21,10 @@ constexpr const char* kServiceName = "depot.v1.Depot";
 // After the grace period: how long the handlers that were just failed get to
 // send their status before gRPC cancels whatever still runs.
 constexpr absl::Duration kCancelDelay = absl::Seconds(1);
+
+void LogLine(const std::string& line) {
+  std::fprintf(stderr, "depot-server: %s\n", line.c_str());
+}
 
 }  // namespace
 
@@ -53,6 +59,11 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
       options.bench_noop_update, daemon->payloads_);
   daemon->service_ = std::make_unique<DepotService>(daemon->jobs_.get(),
                                                     daemon->metrics_.get());
+  if (options.stalled_step_threshold > absl::ZeroDuration()) {
+    daemon->stall_monitor_ = std::make_unique<StallMonitor>(
+        daemon->jobs_.get(), daemon->metrics_.get(),
+        options.stalled_step_threshold, &LogLine);
+  }
 
   absl::StatusOr<HostPort> listen = ParseHostPort(options.listen);
   if (!listen.ok()) return listen.status();
@@ -80,6 +91,7 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
       daemon->server_->GetHealthCheckService();
   health->SetServingStatus(kServiceName, true);
   health->SetServingStatus(true);
+  if (daemon->stall_monitor_ != nullptr) daemon->stall_monitor_->Start();
   return daemon;
 }
 
@@ -97,6 +109,7 @@ void DepotDaemon::Shutdown() {
   service_->FailStepStreams(absl::UnavailableError("server is shutting down"));
   server_->Shutdown(absl::ToChronoTime(absl::Now() + kCancelDelay));
   server_->Wait();
+  if (stall_monitor_ != nullptr) stall_monitor_->Stop();
   pool_.reset();
   exposer_.reset();
 }

@@ -2,6 +2,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -136,6 +137,14 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Delete(
   state_bytes_ -= (*shard)->shape().state_bytes();
   UpdateGaugesLocked();
   return shard;
+}
+
+std::vector<std::shared_ptr<ShardState>> JobStore::Jobs() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::shared_ptr<ShardState>> jobs;
+  jobs.reserve(jobs_.size());
+  for (const auto& [id, shard] : jobs_) jobs.push_back(shard);
+  return jobs;
 }
 
 uint64_t JobStore::state_bytes() const {

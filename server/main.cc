@@ -50,6 +50,12 @@ ABSL_FLAG(bool, bench_noop_update, false,
           "answered with worker 0's gradient payload when the grad and weight "
           "dtypes are the same, else with the unchanged weights. depot-bench "
           "uses it to time the transfer alone (docs/performance.md).");
+ABSL_FLAG(double, stalled_step_seconds, 30,
+          "A step that has waited this long for worker ranks that sent "
+          "nothing for some chunk is logged once on stderr, naming the job, "
+          "the step and the missing ranks, and counted in the metrics "
+          "depot_step_stalls_total and depot_stalled_*. GetJob reports the "
+          "waiting step at any time. 0 turns the check off.");
 ABSL_FLAG(double, shutdown_grace_seconds, 10,
           "On SIGTERM/SIGINT, how long in-flight steps may run on before the "
           "remaining streams fail with UNAVAILABLE.");
@@ -108,6 +114,13 @@ std::vector<char*> ParseFlags(int argc, char** argv) {
   return args;
 }
 
+// A flag's seconds as a duration; infinite (which validation rejects) when
+// not finite.
+absl::Duration FlagSeconds(double seconds) {
+  return std::isfinite(seconds) ? absl::Seconds(seconds)
+                                : absl::InfiniteDuration();
+}
+
 depot::ServerOptions OptionsFromFlags() {
   depot::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -117,10 +130,10 @@ depot::ServerOptions OptionsFromFlags() {
   options.threads = absl::GetFlag(FLAGS_threads);
   options.pin_threads = absl::GetFlag(FLAGS_pin_threads);
   options.memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit_bytes);
-  const double grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
-  // A non-finite grace becomes an infinite one, which validation rejects.
   options.shutdown_grace =
-      std::isfinite(grace) ? absl::Seconds(grace) : absl::InfiniteDuration();
+      FlagSeconds(absl::GetFlag(FLAGS_shutdown_grace_seconds));
+  options.stalled_step_threshold =
+      FlagSeconds(absl::GetFlag(FLAGS_stalled_step_seconds));
   return options;
 }
 

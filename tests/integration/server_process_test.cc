@@ -78,5 +78,16 @@ TEST(ServerProcessTest, NegativeThreadCountExitsWithCodeTwo) {
   EXPECT_THAT(log, HasSubstr("--threads"));
 }
 
+TEST(ServerProcessTest, NegativeStalledStepSecondsExitsWithCodeTwo) {
+  ProcessExit exit;
+  std::string log;
+  ASSERT_NO_FATAL_FAILURE(
+      RunToExit({"--listen=127.0.0.1:0",
+                 "--metrics_listen=", "--stalled_step_seconds=-1"},
+                &exit, &log));
+  EXPECT_EQ(exit.exit_code, 2);
+  EXPECT_THAT(log, HasSubstr("--stalled_step_seconds"));
+}
+
 }  // namespace
 }  // namespace depot::testing
