@@ -27,7 +27,8 @@ class DepotDaemon {
  public:
   // Binds, starts serving and reports SERVING on the health service.
   // REQUIRES: `options` went through ResolveServerOptions.
-  // UNAVAILABLE when an address cannot be bound.
+  // UNAVAILABLE when an address cannot be bound, as one line: "cannot listen
+  // on ADDRESS: REASON (what to do)" or "cannot serve metrics on ...".
   static absl::StatusOr<std::unique_ptr<DepotDaemon>> Start(
       const ServerOptions& options);
 

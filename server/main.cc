@@ -26,14 +26,16 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC address to serve on, host:port (IPv6: [host]:port). Port 0 "
-          "picks a free port; see --port_file.");
+          "picks a free port; see --port_file. An address that cannot be "
+          "bound (in use, not on this machine) exits with code 2.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, once serving, atomically write the bound gRPC address "
           "(host:port) on line 1 and, when metrics are enabled, the bound "
           "metrics address on line 2.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Address of the Prometheus /metrics endpoint, host:port (port 0 "
-          "picks a free port). Empty disables metrics.");
+          "picks a free port). Empty disables metrics. An address that "
+          "cannot be bound exits with code 2.");
 ABSL_FLAG(int32_t, threads, 0,
           "Threads of the optimizer update pool. 0: one per hardware thread.");
 ABSL_FLAG(bool, pin_threads, true,
@@ -62,7 +64,8 @@ ABSL_FLAG(double, shutdown_grace_seconds, 10,
 
 namespace {
 
-// Exit code for a bad command line.
+// Exit code for a bad command line, an address that cannot be bound among
+// them.
 constexpr int kUsageError = 2;
 
 // absl::ParseCommandLine ends the process with status 1 both after printing
@@ -102,7 +105,10 @@ std::vector<char*> ParseFlags(int argc, char** argv) {
       "trainers.\nUsage: depot-server [--listen=HOST:PORT] [flags]\n"
       "Environment: DEPOT_KERNEL_ISA=scalar|avx2|avx512 forces the update "
       "kernel's instruction set (default: the best this CPU supports; every "
-      "one gives the same bits); one the CPU lacks is an error.");
+      "one gives the same bits); one the CPU lacks is an error.\n"
+      "Exit status: 0 after SIGTERM/SIGINT (or --help); 2 for a bad command "
+      "line or an address that cannot be bound (one line on stderr says "
+      "why); 1 for any other failure.");
 
   bool usage_requested = false;
   for (int i = 1; i < argc; ++i) usage_requested |= RequestsUsage(argv[i]);
@@ -178,6 +184,13 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<depot::DepotDaemon>> daemon =
       depot::DepotDaemon::Start(*options);
   if (!daemon.ok()) {
+    // An address that cannot be bound (DepotDaemon::Start's one UNAVAILABLE)
+    // is for the command line to fix, and its message says how.
+    if (absl::IsUnavailable(daemon.status())) {
+      std::fprintf(stderr, "depot-server: %s\n",
+                   std::string(daemon.status().message()).c_str());
+      return kUsageError;
+    }
     std::fprintf(stderr, "depot-server: %s\n",
                  daemon.status().ToString().c_str());
     return 1;
