@@ -1,6 +1,8 @@
 #include "server/daemon.h"
 
+#include <cstdio>
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +10,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "server/bind_probe.h"
 #include "wire/channel_args.h"
 
 namespace depot {
@@ -20,30 +23,69 @@ constexpr const char* kServiceName = "depot.v1.Depot";
 // send their status before gRPC cancels whatever still runs.
 constexpr absl::Duration kCancelDelay = absl::Seconds(1);
 
+// What to do about an address that cannot be bound, per flag.
+constexpr const char* kListenHint =
+    "pass --listen=HOST:PORT; port 0 picks a free one, which --port_file "
+    "reports";
+constexpr const char* kMetricsListenHint =
+    "pass --metrics_listen=HOST:PORT, port 0 picks a free one, or an empty "
+    "value to disable metrics";
+
+// UNAVAILABLE "<what> <address>: <reason> (<hint>)", the hint led by "another
+// depot-server?" when the address is in use (ProbeBind's UNAVAILABLE).
+absl::Status BindError(absl::string_view what, absl::string_view address,
+                       const absl::Status& reason, absl::string_view hint) {
+  return absl::UnavailableError(absl::StrCat(
+      what, " ", address, ": ", reason.message(), " (",
+      absl::IsUnavailable(reason) ? "another depot-server? " : "", hint, ")"));
+}
+
+void LogLine(const std::string& line) {
+  std::fprintf(stderr, "depot-server: %s\n", line.c_str());
+}
+
 }  // namespace
 
 DepotDaemon::DepotDaemon(const ServerOptions& options) : options_(options) {}
 
 absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
     const ServerOptions& options) {
+  // Both addresses are probed before anything starts, so that a bad one
+  // fails fast (stopping a started metrics endpoint takes seconds).
+  absl::StatusOr<HostPort> metrics_at;
+  if (!options.metrics_listen.empty()) {
+    metrics_at = ParseHostPort(options.metrics_listen);
+    if (!metrics_at.ok()) return metrics_at.status();
+    if (absl::Status probe = ProbeBind(*metrics_at); !probe.ok()) {
+      return BindError("cannot serve metrics on", options.metrics_listen, probe,
+                       kMetricsListenHint);
+    }
+  }
+  absl::StatusOr<HostPort> listen = ParseHostPort(options.listen);
+  if (!listen.ok()) return listen.status();
+  // Also spares the log the multi-line error of gRPC's own failed bind.
+  if (absl::Status probe = ProbeBind(*listen); !probe.ok()) {
+    return BindError("cannot listen on", options.listen, probe, kListenHint);
+  }
+
   std::unique_ptr<DepotDaemon> daemon(new DepotDaemon(options));
   daemon->registry_ = std::make_shared<prometheus::Registry>();
   daemon->metrics_ = std::make_unique<ServerMetrics>(*daemon->registry_);
   if (!options.metrics_listen.empty()) {
-    absl::StatusOr<HostPort> bind = ParseHostPort(options.metrics_listen);
-    if (!bind.ok()) return bind.status();
-    // prometheus-cpp reports a failed bind by throwing; it stops here.
+    // prometheus-cpp reports a failed bind by throwing, with words of its
+    // own: the probe above names the usual reasons, this catches the rest
+    // (e.g. the port taken since).
     try {
       daemon->exposer_ =
           std::make_unique<prometheus::Exposer>(options.metrics_listen);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat(
-          "cannot serve metrics on ", options.metrics_listen, ": ", e.what()));
+      return BindError("cannot serve metrics on", options.metrics_listen,
+                       absl::UnknownError(e.what()), kMetricsListenHint);
     }
     daemon->exposer_->RegisterCollectable(daemon->registry_);
     const std::vector<int> ports = daemon->exposer_->GetListeningPorts();
-    daemon->metrics_address_ =
-        FormatHostPort(bind->host, ports.empty() ? bind->port : ports.front());
+    daemon->metrics_address_ = FormatHostPort(
+        metrics_at->host, ports.empty() ? metrics_at->port : ports.front());
   }
   daemon->pool_ =
       std::make_unique<ThreadPool>(options.threads, options.pin_threads);
@@ -53,9 +95,12 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
       options.bench_noop_update, daemon->payloads_);
   daemon->service_ = std::make_unique<DepotService>(daemon->jobs_.get(),
                                                     daemon->metrics_.get());
+  if (options.stalled_step_threshold > absl::ZeroDuration()) {
+    daemon->stall_monitor_ = std::make_unique<StallMonitor>(
+        daemon->jobs_.get(), daemon->metrics_.get(),
+        options.stalled_step_threshold, &LogLine);
+  }
 
-  absl::StatusOr<HostPort> listen = ParseHostPort(options.listen);
-  if (!listen.ok()) return listen.status();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -72,14 +117,15 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr || port == 0) {
     daemon->server_.reset();
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen));
+    return BindError("cannot listen on", options.listen,
+                     absl::UnknownError("gRPC could not bind it"), kListenHint);
   }
   daemon->address_ = FormatHostPort(listen->host, port);
   grpc::HealthCheckServiceInterface* health =
       daemon->server_->GetHealthCheckService();
   health->SetServingStatus(kServiceName, true);
   health->SetServingStatus(true);
+  if (daemon->stall_monitor_ != nullptr) daemon->stall_monitor_->Start();
   return daemon;
 }
 
@@ -97,6 +143,7 @@ void DepotDaemon::Shutdown() {
   service_->FailStepStreams(absl::UnavailableError("server is shutting down"));
   server_->Shutdown(absl::ToChronoTime(absl::Now() + kCancelDelay));
   server_->Wait();
+  if (stall_monitor_ != nullptr) stall_monitor_->Stop();
   pool_.reset();
   exposer_.reset();
 }

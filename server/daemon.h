@@ -1,7 +1,8 @@
 // DepotDaemon: one running depot server — the gRPC service with its health
 // service, the metrics exposer, the update thread pool, the payload buffer
-// pool and the job store — wired together from ServerOptions. main.cc adds flags and signals; tests
-// start it in-process on ephemeral ports.
+// pool, the job store and the stalled-step check — wired together from
+// ServerOptions. main.cc adds flags and signals; tests start it in-process on
+// ephemeral ports.
 #ifndef DEPOT_SERVER_DAEMON_H_
 #define DEPOT_SERVER_DAEMON_H_
 
@@ -17,6 +18,7 @@
 #include "server/metrics.h"
 #include "server/payload_pool.h"
 #include "server/server_options.h"
+#include "server/stall_monitor.h"
 #include "server/thread_pool.h"
 
 namespace depot {
@@ -25,7 +27,8 @@ class DepotDaemon {
  public:
   // Binds, starts serving and reports SERVING on the health service.
   // REQUIRES: `options` went through ResolveServerOptions.
-  // UNAVAILABLE when an address cannot be bound.
+  // UNAVAILABLE when an address cannot be bound, as one line: "cannot listen
+  // on ADDRESS: REASON (what to do)" or "cannot serve metrics on ...".
   static absl::StatusOr<std::unique_ptr<DepotDaemon>> Start(
       const ServerOptions& options);
 
@@ -63,6 +66,7 @@ class DepotDaemon {
   std::shared_ptr<PayloadPool> payloads_;
   std::unique_ptr<JobStore> jobs_;
   std::unique_ptr<DepotService> service_;
+  std::unique_ptr<StallMonitor> stall_monitor_;  // null when the check is off
   std::unique_ptr<grpc::Server> server_;
 };
 

@@ -1,5 +1,6 @@
 #include "server/depot_service.h"
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -170,6 +171,17 @@ absl::Status DepotService::DoGetJob(const v1::GetJobRequest& request,
   response->set_state_bytes(shape.state_bytes());
   if (request.with_checksum()) {
     response->set_state_checksum((*shard)->Checksum());
+  }
+  const PendingStepReport pending = (*shard)->OldestPendingStep();
+  if (pending.step != 0) {
+    response->set_pending_step(pending.step);
+    for (uint32_t rank : pending.missing_workers) {
+      response->add_missing_workers(rank);
+    }
+    response->set_waiting_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                      pending.since)
+            .count());
   }
   return absl::OkStatus();
 }

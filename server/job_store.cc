@@ -1,9 +1,12 @@
 #include "server/job_store.h"
 
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "depot/job_config_diff.h"
 
 namespace depot {
 
@@ -36,10 +39,19 @@ absl::StatusOr<OpenedJob> JobStore::CreateOrAttach(JobConfig config,
     std::shared_ptr<ShardState> existing = jobs_.at(it->second);
     const JobShape& have = existing->shape();
     if (have.fingerprint() != shape->fingerprint()) {
+      std::string differences = DescribeJobConfigDifferences(
+          have.config(), "existing job", shape->config(), "this request");
+      if (differences.empty()) {
+        // Only if the comparison missed a field the fingerprint covers.
+        differences = absl::StrFormat(
+            "fingerprint %016x (existing job) vs %016x (this request)",
+            have.fingerprint(), shape->fingerprint());
+      }
       return absl::FailedPreconditionError(absl::StrFormat(
-          "job \"%s\" already exists (id %d) with a different config: its "
-          "fingerprint is %016x, the request's is %016x",
-          name, existing->job_id(), have.fingerprint(), shape->fingerprint()));
+          "job \"%s\" already exists (id %d) with a different config: %s. "
+          "Every worker must open a job with the same config; to start a new "
+          "one, delete this job or choose another name",
+          name, existing->job_id(), differences));
     }
     if (have.server_index() != shape->server_index()) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -125,6 +137,14 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Delete(
   state_bytes_ -= (*shard)->shape().state_bytes();
   UpdateGaugesLocked();
   return shard;
+}
+
+std::vector<std::shared_ptr<ShardState>> JobStore::Jobs() const {
+  absl::ReaderMutexLock lock(&mu_);
+  std::vector<std::shared_ptr<ShardState>> jobs;
+  jobs.reserve(jobs_.size());
+  for (const auto& [id, shard] : jobs_) jobs.push_back(shard);
+  return jobs;
 }
 
 uint64_t JobStore::state_bytes() const {

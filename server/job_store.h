@@ -12,6 +12,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -75,6 +76,9 @@ class JobStore {
   // last holder (a running update or RPC) lets go of it.
   absl::StatusOr<std::shared_ptr<ShardState>> Delete(uint64_t job_id,
                                                      uint64_t fingerprint);
+
+  // Every job the store holds now, by id.
+  std::vector<std::shared_ptr<ShardState>> Jobs() const;
 
   // Bytes of state counted against the budget, all jobs.
   uint64_t state_bytes() const;

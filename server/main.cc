@@ -26,14 +26,16 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC address to serve on, host:port (IPv6: [host]:port). Port 0 "
-          "picks a free port; see --port_file.");
+          "picks a free port; see --port_file. An address that cannot be "
+          "bound (in use, not on this machine) exits with code 2.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, once serving, atomically write the bound gRPC address "
           "(host:port) on line 1 and, when metrics are enabled, the bound "
           "metrics address on line 2.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Address of the Prometheus /metrics endpoint, host:port (port 0 "
-          "picks a free port). Empty disables metrics.");
+          "picks a free port). Empty disables metrics. An address that "
+          "cannot be bound exits with code 2.");
 ABSL_FLAG(int32_t, threads, 0,
           "Threads of the optimizer update pool. 0: one per hardware thread.");
 ABSL_FLAG(bool, pin_threads, true,
@@ -50,13 +52,20 @@ ABSL_FLAG(bool, bench_noop_update, false,
           "answered with worker 0's gradient payload when the grad and weight "
           "dtypes are the same, else with the unchanged weights. depot-bench "
           "uses it to time the transfer alone (docs/performance.md).");
+ABSL_FLAG(double, stalled_step_seconds, 30,
+          "A step that has waited this long for worker ranks that sent "
+          "nothing for some chunk is logged once on stderr, naming the job, "
+          "the step and the missing ranks, and counted in the metrics "
+          "depot_step_stalls_total and depot_stalled_*. GetJob reports the "
+          "waiting step at any time. 0 turns the check off.");
 ABSL_FLAG(double, shutdown_grace_seconds, 10,
           "On SIGTERM/SIGINT, how long in-flight steps may run on before the "
           "remaining streams fail with UNAVAILABLE.");
 
 namespace {
 
-// Exit code for a bad command line.
+// Exit code for a bad command line, an address that cannot be bound among
+// them.
 constexpr int kUsageError = 2;
 
 // absl::ParseCommandLine ends the process with status 1 both after printing
@@ -96,7 +105,10 @@ std::vector<char*> ParseFlags(int argc, char** argv) {
       "trainers.\nUsage: depot-server [--listen=HOST:PORT] [flags]\n"
       "Environment: DEPOT_KERNEL_ISA=scalar|avx2|avx512 forces the update "
       "kernel's instruction set (default: the best this CPU supports; every "
-      "one gives the same bits); one the CPU lacks is an error.");
+      "one gives the same bits); one the CPU lacks is an error.\n"
+      "Exit status: 0 after SIGTERM/SIGINT (or --help); 2 for a bad command "
+      "line or an address that cannot be bound (one line on stderr says "
+      "why); 1 for any other failure.");
 
   bool usage_requested = false;
   for (int i = 1; i < argc; ++i) usage_requested |= RequestsUsage(argv[i]);
@@ -108,6 +120,13 @@ std::vector<char*> ParseFlags(int argc, char** argv) {
   return args;
 }
 
+// A flag's seconds as a duration; infinite (which validation rejects) when
+// not finite.
+absl::Duration FlagSeconds(double seconds) {
+  return std::isfinite(seconds) ? absl::Seconds(seconds)
+                                : absl::InfiniteDuration();
+}
+
 depot::ServerOptions OptionsFromFlags() {
   depot::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
@@ -117,10 +136,10 @@ depot::ServerOptions OptionsFromFlags() {
   options.threads = absl::GetFlag(FLAGS_threads);
   options.pin_threads = absl::GetFlag(FLAGS_pin_threads);
   options.memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit_bytes);
-  const double grace = absl::GetFlag(FLAGS_shutdown_grace_seconds);
-  // A non-finite grace becomes an infinite one, which validation rejects.
   options.shutdown_grace =
-      std::isfinite(grace) ? absl::Seconds(grace) : absl::InfiniteDuration();
+      FlagSeconds(absl::GetFlag(FLAGS_shutdown_grace_seconds));
+  options.stalled_step_threshold =
+      FlagSeconds(absl::GetFlag(FLAGS_stalled_step_seconds));
   return options;
 }
 
@@ -165,6 +184,13 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<depot::DepotDaemon>> daemon =
       depot::DepotDaemon::Start(*options);
   if (!daemon.ok()) {
+    // An address that cannot be bound (DepotDaemon::Start's one UNAVAILABLE)
+    // is for the command line to fix, and its message says how.
+    if (absl::IsUnavailable(daemon.status())) {
+      std::fprintf(stderr, "depot-server: %s\n",
+                   std::string(daemon.status().message()).c_str());
+      return kUsageError;
+    }
     std::fprintf(stderr, "depot-server: %s\n",
                  daemon.status().ToString().c_str());
     return 1;

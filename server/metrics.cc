@@ -94,7 +94,22 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                         "slots) held, all jobs.")),
       jobs(Gauge(registry, "depot_jobs", "Jobs held by this server.")),
       active_streams(Gauge(registry, "depot_active_streams",
-                           "Step streams currently open.")) {
+                           "Step streams currently open.")),
+      stalled_steps(Gauge(
+          registry, "depot_stalled_steps",
+          "Steps (at most one per job) that have waited longer than "
+          "--stalled_step_seconds for worker ranks that have not sent some "
+          "chunk the other workers sent.")),
+      stalled_step_missing_workers(
+          Gauge(registry, "depot_stalled_step_missing_workers",
+                "Worker ranks the stalled steps wait for, summed over jobs.")),
+      stalled_step_wait_seconds(Gauge(
+          registry, "depot_stalled_step_wait_seconds",
+          "The longest wait among the stalled steps, from the step's first "
+          "contribution on this server; 0 when none is stalled.")),
+      step_stalls(Counter(registry, "depot_step_stalls_total",
+                          "Steps that became stalled (each counted and "
+                          "logged once).")) {
   for (int i = 0; i < kNumRpcs; ++i) {
     rpcs_[i] = &families.rpcs.Add({{"rpc", kRpcLabels[i]}});
   }

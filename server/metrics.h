@@ -55,6 +55,14 @@ class ServerMetrics {
   prometheus::Gauge& state_bytes;
   prometheus::Gauge& jobs;
   prometheus::Gauge& active_streams;
+  // The stalled-step check (stall_monitor.h): steps that have waited past the
+  // threshold for workers that sent nothing for some chunk, now; the worker
+  // ranks they wait for and the longest wait among them; and each such step
+  // counted once.
+  prometheus::Gauge& stalled_steps;
+  prometheus::Gauge& stalled_step_missing_workers;
+  prometheus::Gauge& stalled_step_wait_seconds;
+  prometheus::Counter& step_stalls;
 
  private:
   struct Families;

@@ -95,6 +95,12 @@ absl::StatusOr<ServerOptions> ResolveServerOptions(ServerOptions options) {
         absl::StrCat("--shutdown_grace_seconds must be finite and >= 0, got ",
                      absl::FormatDuration(options.shutdown_grace)));
   }
+  if (options.stalled_step_threshold < absl::ZeroDuration() ||
+      options.stalled_step_threshold == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--stalled_step_seconds must be finite and >= 0 (0: no check), got ",
+        absl::FormatDuration(options.stalled_step_threshold)));
+  }
   return options;
 }
 

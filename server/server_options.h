@@ -27,6 +27,10 @@ struct ServerOptions {
   uint64_t memory_limit_bytes = 0;
   // How long in-flight steps may run on after SIGTERM/SIGINT.
   absl::Duration shutdown_grace = absl::Seconds(10);
+  // How long a step may wait for workers that sent nothing for some chunk
+  // before the server logs it and counts it in its stalled-step metrics
+  // (stall_monitor.h); zero turns the check off.
+  absl::Duration stalled_step_threshold = absl::Seconds(30);
   // Benchmarking only (depot-bench transport and step): steps move their
   // chunks but change no state; see --bench_noop_update in main.cc.
   bool bench_noop_update = false;

@@ -97,6 +97,20 @@ struct ChunkSnapshot {
   std::vector<std::string> slots;  // one per slot, in its storage dtype
 };
 
+// The oldest step of a shard that still waits for contributions
+// (ShardState::OldestPendingStep): what a server can tell about a stalled step.
+struct PendingStepReport {
+  // 0 when no chunk of the shard holds a contribution that waits for others.
+  uint64_t step = 0;
+  // The worker ranks, ascending, that have not yet contributed some chunk of
+  // `step` that another worker has contributed. Empty when every chunk that
+  // any worker has sent is complete (its update, or in a two-phase step the
+  // commit, is what the step waits for).
+  std::vector<uint32_t> missing_workers;
+  // The step's first contribution on this server.
+  std::chrono::steady_clock::time_point since;
+};
+
 class ShardState : public std::enable_shared_from_this<ShardState> {
  public:
   // Allocates the state for `shape`'s shard (AlignedBuffer: 2 MiB-aligned,
@@ -199,6 +213,12 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
 
   // The last step applied to every chunk of the shard (0 before the first).
   uint64_t completed_step() const;
+
+  // The oldest step that has contributions waiting on some chunk, and which
+  // workers it waits for (server/pending_step_report.cc). Reads each chunk's
+  // bookkeeping under its lock, one at a time: a snapshot that may be a
+  // moment old, for status and diagnostics only.
+  PendingStepReport OldestPendingStep() const;
 
   // A hash of the master weights, the slots (as stored: bf16 slots are hashed
   // as their 2-byte values) and the per-chunk optimizer step counts, chunk by

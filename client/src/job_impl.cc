@@ -223,7 +223,10 @@ absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
         stats[server] = *server_stats;
         return absl::OkStatus();
       });
-  if (!status.ok()) return status;
+  if (!status.ok()) {
+    return ExplainStepDeadline(step, params.deadline, servers,
+                               std::move(status));
+  }
   if (result != nullptr) {
     *result = StepResult();
     result->step = step;
@@ -374,27 +377,10 @@ absl::StatusOr<std::vector<ServerJobStatus>> JobImpl::Status(
       *connections_, AllServers(statuses.size()),
       [&](uint32_t server, CallGroup& group) {
         GroupContext context(group, deadline);
-        v1::GetJobRequest request;
-        request.set_job_id(job_ids_[server]);
-        request.set_with_checksum(with_checksum);
-        v1::JobStatus response;
-        const grpc::Status rpc = (*connections_)[server]->depot->GetJob(
-            context.get(), request, &response);
-        if (!rpc.ok()) return FromGrpcStatus(rpc);
-        if (response.fingerprint() != fingerprint()) {
-          return absl::FailedPreconditionError(absl::StrFormat(
-              "job %d has fingerprint %#x, expected %#x: the server holds "
-              "another job under this id (was it restarted?)",
-              job_ids_[server], response.fingerprint(), fingerprint()));
-        }
-        ServerJobStatus& out = statuses[server];
-        out.server = (*connections_)[server]->address;
-        out.job_id = response.job_id();
-        out.step = response.step();
-        out.shard_begin = response.shard_begin();
-        out.shard_end = response.shard_end();
-        out.state_bytes = response.state_bytes();
-        out.state_checksum = with_checksum ? response.state_checksum() : 0;
+        absl::StatusOr<ServerJobStatus> status =
+            QueryStatus(server, with_checksum, context.get());
+        if (!status.ok()) return status.status();
+        statuses[server] = *std::move(status);
         return absl::OkStatus();
       });
   if (!status.ok()) return status;

@@ -7,9 +7,13 @@
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "call_group.h"
 #include "channel.h"
 #include "depot/client.h"
+#include "grpcpp/client_context.h"
 #include "state_blob.h"
 #include "step_stream.h"
 
@@ -74,6 +78,20 @@ class JobImpl : public Job {
   absl::Status PullRange(uint32_t server, uint64_t begin, uint64_t end,
                          DType dtype, void* out, absl::Time deadline,
                          CallGroup& group) const;
+
+  // job_status.cc: server `server`'s GetJob on `context`, its fingerprint
+  // checked (FAILED_PRECONDITION when the server holds another job under the
+  // id).
+  absl::StatusOr<ServerJobStatus> QueryStatus(
+      uint32_t server, bool with_checksum, grpc::ClientContext* context) const;
+
+  // job_status.cc: `status` from a Step that ran into its `deadline`
+  // (DEADLINE_EXCEEDED, or CANCELLED once the deadline has passed) with what
+  // each of `servers` says that step waits for, asked with a short deadline;
+  // DEADLINE_EXCEEDED either way. Any other status is returned as it is.
+  absl::Status ExplainStepDeadline(uint64_t step, absl::Time deadline,
+                                   const std::vector<uint32_t>& servers,
+                                   absl::Status status) const;
 
   std::shared_ptr<const Connections> connections_;
   ClientOptions options_;

@@ -89,7 +89,25 @@ TEST_F(JobStoreTest, SameNameWithOtherConfigIsFailedPrecondition) {
   other.optimizer.lr = 0.1;
   auto opened = store_.CreateOrAttach(other, 0);
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(opened.status().message().find("fingerprint"), std::string::npos);
+}
+
+TEST_F(JobStoreTest, ConfigMismatchListsTheFieldsThatDifferWithBothSides) {
+  JobConfig existing = AdamConfig("run");
+  existing.optimizer.lr = 0.001;
+  ASSERT_TRUE(store_.CreateOrAttach(existing, 0).ok());
+  JobConfig request = AdamConfig("run");
+  request.optimizer.lr = 0.0003;
+  request.grad_dtype = DType::kBFloat16;
+  const absl::Status status = store_.CreateOrAttach(request, 0).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find(
+                "optimizer.lr: 0.001 (existing job) vs 0.0003 (this request); "
+                "grad_dtype: fp32 (existing job) vs bf16 (this request)"),
+            std::string::npos)
+      << status;
+  EXPECT_NE(status.message().find("job \"run\" already exists (id 1)"),
+            std::string::npos)
+      << status;
 }
 
 TEST_F(JobStoreTest, SameNameWithOtherServerIndexIsFailedPrecondition) {

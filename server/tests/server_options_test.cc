@@ -56,9 +56,15 @@ TEST(ResolveServerOptionsTest, RejectsBadValuesNamingTheFlag) {
   grace.shutdown_grace = absl::Seconds(-1);
   ServerOptions listen;
   listen.listen = "nowhere";
+  ServerOptions stalled;
+  stalled.stalled_step_threshold = absl::Seconds(-1);
+  ServerOptions stalled_forever;
+  stalled_forever.stalled_step_threshold = absl::InfiniteDuration();
   for (const auto& [options, flag] :
        {std::pair{threads, "--threads"}, std::pair{grace, "--shutdown_grace"},
-        std::pair{listen, "--listen"}}) {
+        std::pair{listen, "--listen"},
+        std::pair{stalled, "--stalled_step_seconds"},
+        std::pair{stalled_forever, "--stalled_step_seconds"}}) {
     absl::Status s = ResolveServerOptions(options).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << flag;
     EXPECT_NE(s.message().find(flag), absl::string_view::npos) << s;

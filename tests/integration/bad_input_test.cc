@@ -346,11 +346,16 @@ TEST_F(BadInputTest, PullBeyondTheShardIsOutOfRange) {
 
 TEST_F(BadInputTest, SameNameWithDifferentConfigIsFailedPrecondition) {
   v1::JobSpec changed = spec_;
-  changed.mutable_optimizer()->set_lr(spec_.optimizer().lr() * 2);
+  changed.mutable_optimizer()->set_lr(0.25);
+  changed.set_grad_dtype(v1::DTYPE_FP16);
   v1::CreateJobResponse response;
   grpc::Status status = RawCreateJob(*stub_, changed, 0, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_THAT(status.error_message(), HasSubstr("fingerprint"));
+  // SmallJobConfig: lr 1e-3, fp32 gradients.
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("optimizer.lr: 0.001 (existing job) vs 0.25 (this "
+                        "request); grad_dtype: fp32 (existing job) vs fp16 "
+                        "(this request)"));
   ExpectStateUnchanged();
 }
 

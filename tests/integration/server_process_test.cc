@@ -78,5 +78,50 @@ TEST(ServerProcessTest, NegativeThreadCountExitsWithCodeTwo) {
   EXPECT_THAT(log, HasSubstr("--threads"));
 }
 
+// A second server on the first one's fixed port must stop at once with one
+// line that says what to do, not a library's exception text or a log dump.
+TEST(ServerProcessTest, MetricsPortInUseExitsWithCodeTwoAndOneLine) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> first = ServerProcess::Start();
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string taken = (*first)->metrics_address();
+  ProcessExit exit;
+  std::string log;
+  ASSERT_NO_FATAL_FAILURE(RunToExit(
+      {"--listen=127.0.0.1:0", absl::StrCat("--metrics_listen=", taken)}, &exit,
+      &log));
+  EXPECT_EQ(exit.exit_code, 2) << log;
+  EXPECT_EQ(log, absl::StrCat("depot-server: cannot serve metrics on ", taken,
+                              ": address in use (another depot-server? pass "
+                              "--metrics_listen=HOST:PORT, port 0 picks a "
+                              "free one, or an empty value to disable "
+                              "metrics)\n"));
+}
+
+TEST(ServerProcessTest, GrpcPortInUseExitsWithCodeTwoAndOneLine) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> first = ServerProcess::Start();
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string taken = (*first)->grpc_address();
+  ProcessExit exit;
+  std::string log;
+  ASSERT_NO_FATAL_FAILURE(RunToExit(
+      {absl::StrCat("--listen=", taken), "--metrics_listen="}, &exit, &log));
+  EXPECT_EQ(exit.exit_code, 2) << log;
+  EXPECT_EQ(log, absl::StrCat("depot-server: cannot listen on ", taken,
+                              ": address in use (another depot-server? pass "
+                              "--listen=HOST:PORT; port 0 picks a free one, "
+                              "which --port_file reports)\n"));
+}
+
+TEST(ServerProcessTest, NegativeStalledStepSecondsExitsWithCodeTwo) {
+  ProcessExit exit;
+  std::string log;
+  ASSERT_NO_FATAL_FAILURE(
+      RunToExit({"--listen=127.0.0.1:0",
+                 "--metrics_listen=", "--stalled_step_seconds=-1"},
+                &exit, &log));
+  EXPECT_EQ(exit.exit_code, 2);
+  EXPECT_THAT(log, HasSubstr("--stalled_step_seconds"));
+}
+
 }  // namespace
 }  // namespace depot::testing

@@ -35,7 +35,9 @@ def test_attach_with_another_config_raises_failed_precondition(client,
                                                                job_name):
     open_job(client, job_name, lr=1e-3)
     with pytest.raises(depot.FailedPreconditionError,
-                       match="already exists .* different config"):
+                       match="already exists .* different config: "
+                             r"optimizer.lr: 0.001 \(existing job\) vs "
+                             r"0.002 \(this request\)"):
         open_job(client, job_name, lr=2e-3)
 
 

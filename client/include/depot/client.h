@@ -165,6 +165,13 @@ struct ServerJobStatus {
   uint64_t shard_end = 0;
   uint64_t state_bytes = 0;
   uint64_t state_checksum = 0;  // only when asked for
+  // The oldest step with contributions on this server that still waits for
+  // others (0: none), the worker ranks that have not yet sent some chunk of it
+  // that another worker has sent (ascending; empty when every chunk sent so
+  // far is complete), and the seconds since its first contribution there.
+  uint64_t pending_step = 0;
+  std::vector<uint32_t> missing_workers;
+  double waiting_seconds = 0.0;
 };
 
 // A job's whole optimizer state as flat arrays over its index space [0, N),
@@ -211,6 +218,11 @@ class DEPOT_API Job {
   // be null. INVALID_ARGUMENT: loss_scale not finite or <= 0, a known
   // clip_coef outside (0, 1] without skip, a no_grad or override tensor index
   // out of range or listed twice, or override values null.
+  // DEADLINE_EXCEEDED: the step did not complete within
+  // ClientOptions::step_timeout; the message then says what each server waits
+  // for, as far as the servers answer a short GetJob ("servers H:P, H:P are
+  // waiting for worker rank 1 (of 2) to send their gradients (for up to 29.8
+  // s)").
   virtual absl::Status Step(uint64_t step, const void* grads, void* weights_out,
                             StepResult* result,
                             const StepOptions& options = {}) = 0;
