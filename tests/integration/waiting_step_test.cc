@@ -4,7 +4,7 @@
 //
 // The waiting step: only worker 0 of a W=2 job steps, so the servers hold its
 // contributions and wait for worker 1's, which never come. The tests wait on
-// server A's metrics to know that it holds a contribution before they act.
+// the servers' metrics to know that they hold all of them before they act.
 #include <signal.h>
 
 #include <memory>
@@ -57,13 +57,22 @@ class WaitingStepTest : public TwoServers {
     waiting_step_.reset();
   }
 
-  // Starts worker 0's step 1 and returns once server A holds a contribution.
+  // Starts worker 0's step 1 and returns once both servers hold all of its
+  // gradients: every one of its Step streams (one per connection) has then
+  // been accepted, so what the test does next meets open streams only, never
+  // a stream whose header is still on its way.
   void StartWaitingStep() {
     waiting_step_ = std::make_unique<BackgroundStep>(*training_, kSeed, 1, 0);
-    absl::Status held = WaitForMetricAtLeast(
-        server_a_->metrics_address(),
-        R"(depot_received_bytes_total{rpc="step"})", 1, absl::Seconds(60));
-    ASSERT_TRUE(held.ok()) << held;
+    const Job& job = training_->job(0);
+    for (int s = 0; s < 2; ++s) {
+      const double shard_bytes = static_cast<double>(
+          job.plan().shard(s).size() * DTypeSize(job.config().grad_dtype));
+      absl::Status held = WaitForMetricAtLeast(
+          server(s).metrics_address(),
+          R"(depot_received_bytes_total{rpc="step"})", shard_bytes,
+          absl::Seconds(60));
+      ASSERT_TRUE(held.ok()) << held;
+    }
   }
 
   absl::Status WaitingStepStatus() { return waiting_step_->Join().status; }
