@@ -55,6 +55,10 @@ class JobImpl : public Job {
   // A SaveState blob of this job's config, decoded. DATA_LOSS: corrupt;
   // FAILED_PRECONDITION: of another config or server count.
   absl::StatusOr<StateBlob> DecodeOwnStateBlob(const std::string& bytes) const;
+  // What differs between the config `blob` was saved from and this job's, in
+  // words ("checkpoint" vs "this job"), or the two fingerprints when the blob
+  // does not carry its config (format version 1).
+  std::string SavedConfigDifferences(const StateBlob& blob) const;
   // StepOptions::no_grad_tensors as the header's bitmap (empty for none).
   // INVALID_ARGUMENT: an index out of range or listed twice.
   absl::StatusOr<std::string> NoGradBitmap(

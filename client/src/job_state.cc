@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "call_group.h"
+#include "depot/job_config_diff.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/sync_stream.h"
 #include "job_impl.h"
@@ -21,6 +22,7 @@ namespace depot::client_internal {
 absl::StatusOr<std::string> JobImpl::SaveState() {
   StateBlob blob;
   blob.fingerprint = StateFingerprint(config());
+  JobConfigToProto(config(), &blob.spec.emplace());
   blob.servers.resize(plan().num_servers());
   const absl::Time deadline = absl::Now() + options_.step_timeout;
   absl::Status status = RunOnServers(
@@ -49,17 +51,33 @@ absl::StatusOr<std::string> JobImpl::SaveState() {
   return EncodeStateBlob(blob);
 }
 
+std::string JobImpl::SavedConfigDifferences(const StateBlob& blob) const {
+  if (blob.spec.has_value()) {
+    absl::StatusOr<JobConfig> saved = JobConfigFromProto(*blob.spec);
+    if (saved.ok()) {
+      saved->name = config().name;  // a state loads into a job of any name
+      const std::string differences = DescribeJobConfigDifferences(
+          *saved, "checkpoint", config(), "this job");
+      if (!differences.empty()) return differences;
+    }
+  }
+  // A state saved before the blob carried its config, or one whose config
+  // this client cannot read: only the fingerprints can be compared.
+  return absl::StrFormat("state fingerprint %#x, this job's %#x",
+                         blob.fingerprint, StateFingerprint(config()));
+}
+
 absl::StatusOr<StateBlob> JobImpl::DecodeOwnStateBlob(
     const std::string& bytes) const {
   absl::StatusOr<StateBlob> blob = DecodeStateBlob(bytes);
   if (!blob.ok()) return blob.status();
   if (blob->fingerprint != StateFingerprint(config()) ||
       blob->servers.size() != plan().num_servers()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "the saved state is of another job config (state fingerprint %#x, "
-        "this job's %#x): load it into a job with the config it was saved "
-        "from (the name may differ)",
-        blob->fingerprint, StateFingerprint(config())));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the saved state is of another job config (",
+        SavedConfigDifferences(*blob),
+        "): load it into a job with the config it was saved from (the name "
+        "may differ)"));
   }
   return blob;
 }

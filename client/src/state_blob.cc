@@ -9,7 +9,9 @@ namespace depot::client_internal {
 namespace {
 
 constexpr char kMagic[8] = {'D', 'E', 'P', 'O', 'T', 'S', 'T', '\0'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
+// The first format: no JobSpec.
+constexpr uint32_t kVersionWithoutSpec = 1;
 // magic, version, servers, fingerprint, hash.
 constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8 + 8;
 
@@ -84,6 +86,10 @@ uint64_t StateFingerprint(const JobConfig& config) {
 
 std::string EncodeStateBlob(const StateBlob& blob) {
   std::string body;
+  const std::string spec =
+      blob.spec.has_value() ? blob.spec->SerializeAsString() : std::string();
+  PutU64(body, spec.size());
+  body += spec;
   for (const std::vector<v1::StateChunk>& chunks : blob.servers) {
     PutU64(body, chunks.size());
     for (const v1::StateChunk& chunk : chunks) {
@@ -114,12 +120,25 @@ absl::StatusOr<StateBlob> DecodeStateBlob(std::string_view bytes) {
   reader.U32(servers);
   reader.U64(blob.fingerprint);
   reader.U64(hash);
-  if (version != kVersion) {
+  if (version != kVersion && version != kVersionWithoutSpec) {
     return Corrupt(absl::StrCat("format version ", version,
-                                ", this client reads ", kVersion));
+                                ", this client reads ", kVersionWithoutSpec,
+                                " and ", kVersion));
   }
   if (Fnv1a64(bytes.substr(kHeaderBytes)) != hash) {
     return Corrupt("its hash does not match its contents");
+  }
+  if (version == kVersion) {
+    uint64_t length = 0;
+    std::string_view spec;
+    if (!reader.U64(length) || !reader.Bytes(length, spec)) {
+      return Corrupt("the saved job spec is cut short");
+    }
+    if (!spec.empty() &&
+        !blob.spec.emplace().ParseFromArray(spec.data(),
+                                            static_cast<int>(spec.size()))) {
+      return Corrupt("the saved job spec does not parse");
+    }
   }
   blob.servers.resize(servers);
   for (std::vector<v1::StateChunk>& chunks : blob.servers) {

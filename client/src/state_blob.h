@@ -1,13 +1,18 @@
 // The byte string of Job::SaveState / LoadState. Little-endian:
 //
 //   8 bytes  magic "DEPOTST\0"
-//   u32      format version (1)
+//   u32      format version (2; version 1 is still read)
 //   u32      number of servers S
 //   u64      state fingerprint: Fingerprint() of the job's config with the
 //            name cleared, so a state loads into a job of another name
 //   u64      FNV-1a 64 hash of everything after this field
+//   version 2 only: u64 length L and L bytes of the serialized depot.v1.JobSpec
+//            the state was saved from, so that loading it into another config
+//            can say which fields differ
 //   S times: u64 chunk count C, then C times: u64 length L and L bytes of a
-//            serialized depot.v1.StateChunk (the server's ExportState message)
+//            serialized depot.v1.StateChunk (the server's ExportState message;
+//            version 2 states carry a step count per tensor segment, version 1
+//            states one per chunk, which loads as every segment's count)
 //
 // The hash makes a flipped or truncated byte a DATA_LOSS before any server is
 // touched.
@@ -15,6 +20,7 @@
 #define DEPOT_CLIENT_SRC_STATE_BLOB_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,6 +33,8 @@ namespace depot::client_internal {
 
 struct StateBlob {
   uint64_t fingerprint = 0;
+  // The config the state was saved from (version 2); absent in version 1.
+  std::optional<v1::JobSpec> spec;
   // [server][i]: the server's chunks in the order it exported them.
   std::vector<std::vector<v1::StateChunk>> servers;
 };

@@ -7,6 +7,8 @@
 
 #include "bitwise_compare.h"
 #include "client_training.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "training_data.h"
 #include "two_servers.h"
@@ -130,6 +132,11 @@ TEST_F(StateSaveTest, BlobOfAnotherConfigIsFailedPrecondition) {
 
   absl::Status load = (*target)->job(0).LoadState(blob);
   EXPECT_EQ(load.code(), absl::StatusCode::kFailedPrecondition) << load;
+  // The field that differs, with both values, each side named.
+  EXPECT_THAT(load.message(),
+              ::testing::HasSubstr(absl::StrCat(
+                  "optimizer.lr: ", source->job(0).config().optimizer.lr,
+                  " (checkpoint) vs ", other.optimizer.lr, " (this job)")));
   ExpectChecksums(**target, *before);
 }
 
