@@ -88,27 +88,28 @@ struct FusedLoops {
   }
 
   // The final gradient of one vector from its W loaded parts (load(w)):
-  // their sum, unscaled, clipped and, with `negate` (maximize), negated.
-  template <class LoadPart>
-  static F Gradient(const GradientInput& grad, bool negate, const F& unscale,
-                    const F& clip, LoadPart&& load) {
+  // their sum, unscaled, clipped and, with kNegate (maximize), negated.
+  template <bool kNegate, class LoadPart>
+  static F Gradient(const GradientInput& grad, const F& unscale, const F& clip,
+                    LoadPart&& load) {
     F g = load(0);
     for (size_t w = 1; w < grad.num_parts; ++w) g = V::Add(g, load(w));
     if (grad.unscale) g = V::Mul(g, unscale);
     if (grad.clip) g = V::Mul(g, clip);
-    if (negate) g = V::Neg(g);
+    if constexpr (kNegate) g = V::Neg(g);
     return g;
   }
 
   // out[0, n) = the gradient of elements [begin, begin + n).
   // REQUIRES: n % kLanes == 0.
-  template <DType kDType>
-  static void SumVectors(const GradientInput& grad, bool negate, size_t begin,
-                         size_t n, float* out) {
+  template <DType kDType, bool kNegate>
+  static void SumVectors(const GradientInput& grad, size_t begin, size_t n,
+                         float* out) {
     const F unscale = V::Set(grad.unscale_factor);
     const F clip = V::Set(grad.clip_coef);
     for (size_t i = 0; i < n; i += kLanes) {
-      V::StoreF32(out + i, Gradient(grad, negate, unscale, clip, [&](size_t w) {
+      V::StoreF32(out + i,
+                  Gradient<kNegate>(grad, unscale, clip, [&](size_t w) {
                     return Load<kDType>(Part<kDType>(grad, w) + begin + i);
                   }));
     }
@@ -116,12 +117,12 @@ struct FusedLoops {
 
   // As SumVectors for the last n < kLanes elements; out must hold kLanes
   // floats (the padding lanes get the gradient of zeros).
-  template <DType kDType>
-  static void SumTail(const GradientInput& grad, bool negate, size_t begin,
-                      size_t n, float* out) {
+  template <DType kDType, bool kNegate>
+  static void SumTail(const GradientInput& grad, size_t begin, size_t n,
+                      float* out) {
     const F unscale = V::Set(grad.unscale_factor);
     const F clip = V::Set(grad.clip_coef);
-    V::StoreF32(out, Gradient(grad, negate, unscale, clip, [&](size_t w) {
+    V::StoreF32(out, Gradient<kNegate>(grad, unscale, clip, [&](size_t w) {
                   Elem<kDType> padded[kLanes] = {};
                   std::memcpy(padded, Part<kDType>(grad, w) + begin,
                               n * sizeof(padded[0]));
@@ -135,10 +136,10 @@ struct FusedLoops {
                   float* out) {
     WithDType(grad.dtype, [&](auto dtype) {
       const size_t full = n / kLanes * kLanes;
-      SumVectors<dtype()>(grad, /*negate=*/false, begin, full, out);
+      SumVectors<dtype(), /*kNegate=*/false>(grad, begin, full, out);
       if (full < n) {
         alignas(64) float tail[kLanes];
-        SumTail<dtype()>(grad, /*negate=*/false, begin + full, n - full, tail);
+        SumTail<dtype(), /*kNegate=*/false>(grad, begin + full, n - full, tail);
         std::memcpy(out + full, tail, (n - full) * sizeof(float));
       }
     });
@@ -192,6 +193,15 @@ struct FusedLoops {
     });
   }
 
+  // Calls f(dtype, negate) with the gradient's dtype and the update's
+  // maximize flag as compile-time constants (WithDType, WithBool).
+  template <class Fn>
+  static void WithGradientType(const FusedCall& call, Fn&& f) {
+    WithDType(call.grad.dtype, [&](auto dtype) {
+      WithBool(call.step.maximize, [&](auto negate) { f(dtype, negate); });
+    });
+  }
+
   template <class Slot>
   static Slot* SlotAt(void* slot, size_t index) {
     return slot == nullptr ? nullptr : static_cast<Slot*>(slot) + index;
@@ -201,13 +211,12 @@ struct FusedLoops {
   // Slot2 are the slots' element types.
   template <class Slot0, class Slot1, class Slot2, class Math>
   static void Pass(const FusedCall& call, const Math& math) {
-    const bool negate = call.step.maximize;
     alignas(64) float grad[kBlock];
     const size_t full = call.n / kLanes * kLanes;
     for (size_t begin = 0; begin < full; begin += kBlock) {
       const size_t n = full - begin < kBlock ? full - begin : kBlock;
-      WithDType(call.grad.dtype, [&](auto dtype) {
-        SumVectors<dtype()>(call.grad, negate, begin, n, grad);
+      WithGradientType(call, [&](auto dtype, auto negate) {
+        SumVectors<dtype(), negate()>(call.grad, begin, n, grad);
       });
       UpdateVectors(math, grad, call.master + begin,
                     SlotAt<Slot0>(call.slots[0], begin),
@@ -221,8 +230,8 @@ struct FusedLoops {
     if (full == call.n) return;
     // The tail, on padded copies of every stream.
     const size_t n = call.n - full;
-    WithDType(call.grad.dtype, [&](auto dtype) {
-      SumTail<dtype()>(call.grad, negate, full, n, grad);
+    WithGradientType(call, [&](auto dtype, auto negate) {
+      SumTail<dtype(), negate()>(call.grad, full, n, grad);
     });
     alignas(64) float master[kLanes] = {};
     Slot0 s0[kLanes] = {};
