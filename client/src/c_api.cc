@@ -32,8 +32,10 @@ struct depot_client {
 
 struct depot_job {
   std::unique_ptr<depot::Job> job;
-  // Backing store of depot_server_status_t::server of the last Status call.
+  // Backing store of depot_server_status_t::server and ::missing_workers of
+  // the last Status call.
   std::vector<std::string> status_servers;
+  std::vector<std::vector<uint32_t>> status_missing_workers;
 };
 
 struct depot_grad_scaler {
@@ -304,8 +306,10 @@ int depot_job_status(depot_job_t* job, int32_t with_checksum,
         job->job->Status(with_checksum != 0);
     if (!statuses.ok()) return statuses.status();
     job->status_servers.clear();
+    job->status_missing_workers.clear();
     for (const depot::ServerJobStatus& status : *statuses) {
       job->status_servers.push_back(status.server);
+      job->status_missing_workers.push_back(status.missing_workers);
     }
     for (size_t s = 0; s < statuses->size(); ++s) {
       const depot::ServerJobStatus& status = (*statuses)[s];
@@ -317,6 +321,10 @@ int depot_job_status(depot_job_t* job, int32_t with_checksum,
           .shard_end = status.shard_end,
           .state_bytes = status.state_bytes,
           .state_checksum = status.state_checksum,
+          .pending_step = status.pending_step,
+          .missing_workers = job->status_missing_workers[s].data(),
+          .num_missing_workers = job->status_missing_workers[s].size(),
+          .waiting_seconds = status.waiting_seconds,
       };
     }
     return absl::OkStatus();

@@ -1,11 +1,13 @@
 """DepotOptimizer's handling of weights changed outside the optimizer
 (noticed, warned about once, sent as the servers' master weights;
 sync_weights), and of a step that waits for a worker that never comes
-(step_timeout, and an error that names the missing rank)."""
+(step_timeout, and an error that names the missing rank, and the status
+that says what a pending step waits for)."""
 
 import time
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -79,3 +81,22 @@ def test_step_timeout_with_a_given_client_is_refused(client, job_name):
     with pytest.raises(ValueError, match="step_timeout"):
         DepotOptimizer(model.parameters(), client=client, job_name=job_name,
                        step_timeout=5)
+
+
+def test_status_names_the_workers_a_pending_step_waits_for(client, job_name):
+    job = client.open_job(job_name, [("w", 8, 0)], num_workers=3,
+                          worker_rank=0, optimizer="sgd", lr=0.1)
+    job.init_weights(np.zeros(job.total_elems, dtype=np.float32))
+    # Worker 0 sends step 1 with a short deadline; ranks 1 and 2 never do.
+    short = depot.Client(client.servers, step_timeout=1.0)
+    waiting = short.open_job(job_name, [("w", 8, 0)], num_workers=3,
+                             worker_rank=0, optimizer="sgd", lr=0.1)
+    grads = np.ones(job.total_elems, dtype=np.float32)
+    with pytest.raises(depot.DeadlineExceededError):
+        waiting.step(1, grads, np.zeros_like(grads))
+    statuses = [s for s in job.status() if s.pending_step]
+    assert statuses, "no server reports the pending step"
+    for status in statuses:
+        assert status.pending_step == 1
+        assert status.missing_workers == (1, 2)
+        assert status.waiting_seconds > 0

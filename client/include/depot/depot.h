@@ -58,7 +58,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 4
+#define DEPOT_API_VERSION 5
 DEPOT_API uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -322,6 +322,14 @@ typedef struct depot_server_status {
   uint64_t shard_end;
   uint64_t state_bytes;
   uint64_t state_checksum; /* 0 unless with_checksum */
+  /* The oldest step still waiting for workers on this server (0: none), the
+   * worker ranks that have not sent some chunk of it another worker has sent
+   * (ascending; owned by the job like `server`), and the seconds it has
+   * waited since its first contribution there. */
+  uint64_t pending_step;
+  const uint32_t* missing_workers;
+  size_t num_missing_workers;
+  double waiting_seconds;
 } depot_server_status_t;
 
 /* Writes each server's status, in server order, into out[0 ..

@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 4
+API_VERSION = 5
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -153,6 +153,10 @@ class ServerStatus(ctypes.Structure):
         ("shard_end", c_uint64),
         ("state_bytes", c_uint64),
         ("state_checksum", c_uint64),
+        ("pending_step", c_uint64),
+        ("missing_workers", ctypes.POINTER(c_uint32)),
+        ("num_missing_workers", c_size_t),
+        ("waiting_seconds", c_double),
     ]
 
 

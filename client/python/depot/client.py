@@ -93,7 +93,10 @@ class FlatState:
 
 @dataclasses.dataclass(frozen=True)
 class ServerStatus:
-    """One server's view of a job."""
+    """One server's view of a job. pending_step: the oldest step still
+    waiting for workers there (0: none); missing_workers: the ranks that have
+    not sent some chunk of it that another worker has sent; waiting_seconds:
+    how long it has waited."""
 
     server: str
     job_id: int
@@ -102,6 +105,9 @@ class ServerStatus:
     shard_end: int
     state_bytes: int
     state_checksum: int
+    pending_step: int = 0
+    missing_workers: Tuple[int, ...] = ()
+    waiting_seconds: float = 0.0
 
 
 def optimizer_defaults() -> Dict[str, Union[int, float]]:
@@ -378,7 +384,11 @@ class Job(OwnedHandle):
             return [ServerStatus(
                 server=s.server.decode(), job_id=s.job_id, step=s.step,
                 shard_begin=s.shard_begin, shard_end=s.shard_end,
-                state_bytes=s.state_bytes, state_checksum=s.state_checksum)
+                state_bytes=s.state_bytes, state_checksum=s.state_checksum,
+                pending_step=s.pending_step,
+                missing_workers=tuple(s.missing_workers[i] for i in
+                                      range(s.num_missing_workers)),
+                waiting_seconds=s.waiting_seconds)
                 for s in statuses]
 
     def save_state(self) -> bytes:
