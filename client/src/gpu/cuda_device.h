@@ -1,0 +1,20 @@
+// CudaDevice: Device (device.h) on a CUDA GPU, with the CUDA runtime. Built
+// only when CMake finds nvcc (DEPOT_HAVE_CUDA); the rest of the engine does
+// not depend on it.
+#ifndef DEPOT_CLIENT_SRC_GPU_CUDA_DEVICE_H_
+#define DEPOT_CLIENT_SRC_GPU_CUDA_DEVICE_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "gpu/device.h"
+
+namespace depot::gpu {
+
+// The device of CUDA ordinal `ordinal`. UNAVAILABLE, saying why, when there
+// is no such device (no GPU, no driver, an ordinal past the count).
+absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(int ordinal);
+
+}  // namespace depot::gpu
+
+#endif  // DEPOT_CLIENT_SRC_GPU_CUDA_DEVICE_H_

@@ -1,0 +1,342 @@
+#include "gpu/host_device.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace depot::gpu {
+namespace {
+
+// Freshly allocated memory holds this byte, so that reading memory no copy
+// has written shows up as garbage rather than as plausible zeros.
+constexpr unsigned char kUnwritten = 0xA5;
+
+const char* KindName(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kHostToDevice:
+      return "host-to-device";
+    case CopyKind::kDeviceToHost:
+      return "device-to-host";
+    case CopyKind::kDeviceToDevice:
+      return "device-to-device";
+  }
+  return "unknown";
+}
+
+bool Overlaps(uintptr_t a, size_t a_bytes, uintptr_t b, size_t b_bytes) {
+  return a < b + b_bytes && b < a + a_bytes;
+}
+
+}  // namespace
+
+// An in-order worker thread.
+class HostDevice::HostStream : public Stream {
+ public:
+  explicit HostStream(const HostDevice* owner) : owner_(owner) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~HostStream() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+
+  const HostDevice* owner() const { return owner_; }
+
+  void Enqueue(std::function<void()> work) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back(std::move(work));
+  }
+
+  void CountWait() {
+    absl::MutexLock lock(&mu_);
+    ++waits_;
+  }
+  uint64_t waits() const {
+    absl::MutexLock lock(&mu_);
+    return waits_;
+  }
+
+ private:
+  // Runs the queue in order; on destruction, what is queued still runs.
+  void Run() {
+    while (true) {
+      std::function<void()> work;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &HostStream::HasWorkOrStops));
+        if (queue_.empty()) return;
+        work = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      work();
+    }
+  }
+
+  bool HasWorkOrStops() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !queue_.empty();
+  }
+
+  const HostDevice* const owner_;
+  mutable absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+// recorded: how many times the event has been recorded; reached: the latest
+// of those records its stream has passed.
+class HostDevice::HostEvent : public Event {
+ public:
+  explicit HostEvent(const HostDevice* owner) : owner_(owner) {}
+  const HostDevice* owner() const { return owner_; }
+
+  uint64_t NextRecord() {
+    absl::MutexLock lock(&mu_);
+    return ++recorded_;
+  }
+  uint64_t recorded() const {
+    absl::MutexLock lock(&mu_);
+    return recorded_;
+  }
+  void Reach(uint64_t generation) {
+    absl::MutexLock lock(&mu_);
+    reached_ = std::max(reached_, generation);
+  }
+  void AwaitReached(uint64_t generation) const {
+    absl::MutexLock lock(&mu_);
+    const auto done = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return reached_ >= generation;
+    };
+    mu_.Await(absl::Condition(&done));
+  }
+  bool IsReached(uint64_t generation) const {
+    absl::MutexLock lock(&mu_);
+    return reached_ >= generation;
+  }
+
+ private:
+  const HostDevice* const owner_;
+  mutable absl::Mutex mu_;
+  uint64_t recorded_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reached_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class HostDevice::HostBuffer : public Buffer {
+ public:
+  HostBuffer(HostDevice* owner, void* data, size_t bytes, bool device)
+      : Buffer(data, bytes), owner_(owner), device_(device) {}
+  ~HostBuffer() override {
+    if (device_) owner_->ForgetAllocation(reinterpret_cast<uintptr_t>(data()));
+    std::free(data());
+  }
+
+ private:
+  HostDevice* const owner_;
+  const bool device_;
+};
+
+HostDevice::HostDevice() = default;
+HostDevice::~HostDevice() = default;
+
+absl::StatusOr<std::unique_ptr<Buffer>> HostDevice::Allocate(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("Allocate: 0 bytes");
+  void* data = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("Allocate: cannot allocate ", bytes, " bytes"));
+  }
+  std::memset(data, kUnwritten, bytes);
+  {
+    absl::MutexLock lock(&mu_);
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+    device_ranges_[begin] = begin + bytes;
+  }
+  return std::unique_ptr<Buffer>(new HostBuffer(this, data, bytes, true));
+}
+
+absl::StatusOr<std::unique_ptr<Buffer>> HostDevice::AllocatePinned(
+    size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("AllocatePinned: 0 bytes");
+  void* data = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("AllocatePinned: cannot allocate ", bytes, " bytes"));
+  }
+  std::memset(data, kUnwritten, bytes);
+  return std::unique_ptr<Buffer>(new HostBuffer(this, data, bytes, false));
+}
+
+void HostDevice::ForgetAllocation(uintptr_t begin) {
+  absl::MutexLock lock(&mu_);
+  device_ranges_.erase(begin);
+}
+
+absl::StatusOr<std::unique_ptr<Stream>> HostDevice::CreateStream() {
+  return std::unique_ptr<Stream>(new HostStream(this));
+}
+
+absl::StatusOr<std::unique_ptr<Event>> HostDevice::CreateEvent() {
+  return std::unique_ptr<Event>(new HostEvent(this));
+}
+
+absl::StatusOr<HostDevice::HostStream*> HostDevice::Own(Stream& stream) const {
+  auto* host = dynamic_cast<HostStream*>(&stream);
+  if (host == nullptr || host->owner() != this) {
+    return absl::InvalidArgumentError("a stream of another device");
+  }
+  return host;
+}
+
+absl::StatusOr<HostDevice::HostEvent*> HostDevice::Own(Event& event) const {
+  auto* host = dynamic_cast<HostEvent*>(&event);
+  if (host == nullptr || host->owner() != this) {
+    return absl::InvalidArgumentError("an event of another device");
+  }
+  return host;
+}
+
+bool HostDevice::InDeviceMemory(uintptr_t p, size_t bytes) const {
+  absl::MutexLock lock(&mu_);
+  auto it = device_ranges_.upper_bound(p);
+  if (it == device_ranges_.begin()) return false;
+  --it;
+  return p >= it->first && p + bytes <= it->second;
+}
+
+bool HostDevice::OverlapsDeviceMemory(uintptr_t p, size_t bytes) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [begin, end] : device_ranges_) {
+    if (Overlaps(p, bytes, begin, end - begin)) return true;
+  }
+  return false;
+}
+
+absl::Status HostDevice::CopyAsync(Stream& stream, void* dst, const void* src,
+                                   size_t bytes, CopyKind kind) {
+  absl::StatusOr<HostStream*> host = Own(stream);
+  if (!host.ok()) return host.status();
+  if (bytes == 0) return absl::OkStatus();
+  if (dst == nullptr || src == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyAsync (", KindName(kind), "): a null pointer"));
+  }
+  const uintptr_t d = reinterpret_cast<uintptr_t>(dst);
+  const uintptr_t s = reinterpret_cast<uintptr_t>(src);
+  const bool dst_device = kind != CopyKind::kDeviceToHost;
+  const bool src_device = kind != CopyKind::kHostToDevice;
+  const auto placed = [&](uintptr_t p, bool device) {
+    return device ? InDeviceMemory(p, bytes) : !OverlapsDeviceMemory(p, bytes);
+  };
+  if (!placed(d, dst_device) || !placed(s, src_device)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CopyAsync (", KindName(kind), ", ", bytes,
+        " bytes): the destination must lie in ",
+        dst_device ? "one device allocation" : "host memory",
+        " and the source in ",
+        src_device ? "one device allocation" : "host memory"));
+  }
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = next_copy_++;
+    pending_[id] = PendingCopy{d, s, bytes, kind};
+  }
+  (*host)->Enqueue([this, dst, src, bytes, id] {
+    std::memmove(dst, src, bytes);
+    absl::MutexLock lock(&mu_);
+    pending_.erase(id);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::Record(Event& event, Stream& stream) {
+  absl::StatusOr<HostEvent*> host_event = Own(event);
+  if (!host_event.ok()) return host_event.status();
+  absl::StatusOr<HostStream*> host_stream = Own(stream);
+  if (!host_stream.ok()) return host_stream.status();
+  HostEvent* e = *host_event;
+  const uint64_t generation = e->NextRecord();
+  (*host_stream)->Enqueue([e, generation] { e->Reach(generation); });
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::Wait(Stream& stream, Event& event) {
+  absl::StatusOr<HostEvent*> host_event = Own(event);
+  if (!host_event.ok()) return host_event.status();
+  absl::StatusOr<HostStream*> host_stream = Own(stream);
+  if (!host_stream.ok()) return host_stream.status();
+  HostEvent* e = *host_event;
+  const uint64_t generation = e->recorded();
+  (*host_stream)->CountWait();
+  (*host_stream)->Enqueue([e, generation] { e->AwaitReached(generation); });
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::Synchronize(Event& event) {
+  absl::StatusOr<HostEvent*> host = Own(event);
+  if (!host.ok()) return host.status();
+  (*host)->AwaitReached((*host)->recorded());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> HostDevice::Query(Event& event) {
+  absl::StatusOr<HostEvent*> host = Own(event);
+  if (!host.ok()) return host.status();
+  return (*host)->IsReached((*host)->recorded());
+}
+
+absl::Status HostDevice::SynchronizeStream(Stream& stream) {
+  absl::StatusOr<std::unique_ptr<Event>> event = CreateEvent();
+  if (!event.ok()) return event.status();
+  if (absl::Status s = Record(**event, stream); !s.ok()) return s;
+  return Synchronize(**event);
+}
+
+absl::Status HostDevice::LaunchHostFunc(Stream& stream,
+                                        std::function<void()> fn) {
+  absl::StatusOr<HostStream*> host = Own(stream);
+  if (!host.ok()) return host.status();
+  if (!fn) return absl::InvalidArgumentError("LaunchHostFunc: no function");
+  (*host)->Enqueue(std::move(fn));
+  return absl::OkStatus();
+}
+
+absl::Status HostDevice::CheckHostAccess(const void* data, size_t bytes,
+                                         bool write) {
+  const uintptr_t p = reinterpret_cast<uintptr_t>(data);
+  absl::MutexLock lock(&mu_);
+  for (const auto& [id, copy] : pending_) {
+    const bool hits_dst = Overlaps(p, bytes, copy.dst, copy.bytes);
+    const bool hits_src = write && Overlaps(p, bytes, copy.src, copy.bytes);
+    if (!hits_dst && !hits_src) continue;
+    std::string violation = absl::StrCat(
+        "the host ", write ? "writes" : "reads", " ", bytes, " bytes at ",
+        absl::Hex(p), " while copy ", id, " (", KindName(copy.kind), ", ",
+        copy.bytes, " bytes) that ", hits_dst ? "writes" : "reads",
+        " them has not finished");
+    violations_.push_back(violation);
+    return absl::FailedPreconditionError(std::move(violation));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> HostDevice::violations() const {
+  absl::MutexLock lock(&mu_);
+  return violations_;
+}
+
+uint64_t HostDevice::waits_queued(const Stream& stream) const {
+  auto* host = dynamic_cast<const HostStream*>(&stream);
+  return host == nullptr ? 0 : host->waits();
+}
+
+}  // namespace depot::gpu

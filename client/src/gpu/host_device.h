@@ -1,0 +1,93 @@
+// HostDevice: Device (device.h) on the host, for tests and benchmarks on
+// machines without a GPU. Device memory is host memory, each stream is an
+// in-order worker thread, an event is a pair of generation counters (recorded,
+// reached). The engine runs on it unchanged.
+//
+// It also checks what a GPU would not: every copy's direction against where
+// its pointers lie (device memory, pinned memory, other host memory), and,
+// through CheckHostAccess, that the host never touches memory a queued copy
+// has not finished with: the bugs the engine must not have (a pinned slot
+// reused before its copy finished, weights read before their copy's event)
+// become errors in tests instead of silent corruption.
+#ifndef DEPOT_CLIENT_SRC_GPU_HOST_DEVICE_H_
+#define DEPOT_CLIENT_SRC_GPU_HOST_DEVICE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "gpu/device.h"
+
+namespace depot::gpu {
+
+class HostDevice : public Device {
+ public:
+  HostDevice();
+  ~HostDevice() override;
+
+  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override;
+  absl::StatusOr<std::unique_ptr<Buffer>> AllocatePinned(
+      size_t bytes) override;
+  absl::StatusOr<std::unique_ptr<Stream>> CreateStream() override;
+  absl::StatusOr<std::unique_ptr<Event>> CreateEvent() override;
+  // Besides the interface's checks: INVALID_ARGUMENT when a range of the copy
+  // is not where `kind` says (a device range inside one device allocation, a
+  // host range outside every device allocation).
+  absl::Status CopyAsync(Stream& stream, void* dst, const void* src,
+                         size_t bytes, CopyKind kind) override;
+  absl::Status Record(Event& event, Stream& stream) override;
+  absl::Status Wait(Stream& stream, Event& event) override;
+  absl::Status Synchronize(Event& event) override;
+  absl::StatusOr<bool> Query(Event& event) override;
+  absl::Status SynchronizeStream(Stream& stream) override;
+  absl::Status LaunchHostFunc(Stream& stream,
+                              std::function<void()> fn) override;
+
+  // The host is about to read (write = false) or write [data, data + bytes).
+  // FAILED_PRECONDITION, naming the copy, when a queued copy that has not
+  // finished writes that memory, or (for a write) reads it; the violation is
+  // also kept (violations()).
+  absl::Status CheckHostAccess(const void* data, size_t bytes, bool write);
+
+  // Every CheckHostAccess failure so far, in order.
+  std::vector<std::string> violations() const;
+
+  // How many Wait calls have been queued on `stream` (a compute stream the
+  // engine must never make wait, except where the trainer asks it to).
+  uint64_t waits_queued(const Stream& stream) const;
+
+ private:
+  class HostStream;
+  class HostEvent;
+  class HostBuffer;
+  // A copy queued and not finished.
+  struct PendingCopy {
+    uintptr_t dst;
+    uintptr_t src;
+    size_t bytes;
+    CopyKind kind;
+  };
+
+  absl::StatusOr<HostStream*> Own(Stream& stream) const;
+  absl::StatusOr<HostEvent*> Own(Event& event) const;
+  // Whether [p, p + bytes) lies inside one device allocation; false for a
+  // range that only overlaps one.
+  bool InDeviceMemory(uintptr_t p, size_t bytes) const;
+  bool OverlapsDeviceMemory(uintptr_t p, size_t bytes) const;
+  void ForgetAllocation(uintptr_t begin);
+
+  mutable absl::Mutex mu_;
+  // Device allocations by start address: end address.
+  std::map<uintptr_t, uintptr_t> device_ranges_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, PendingCopy> pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_copy_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> violations_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace depot::gpu
+
+#endif  // DEPOT_CLIENT_SRC_GPU_HOST_DEVICE_H_
