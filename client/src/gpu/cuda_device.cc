@@ -214,6 +214,14 @@ class CudaDevice : public Device {
 
 }  // namespace
 
+absl::StatusOr<void*> CudaStreamHandle(Stream& stream) {
+  auto* cuda = dynamic_cast<CudaStream*>(&stream);
+  if (cuda == nullptr) {
+    return absl::InvalidArgumentError("not a stream of a CUDA device");
+  }
+  return static_cast<void*>(cuda->stream);
+}
+
 absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(int ordinal) {
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);

@@ -15,6 +15,11 @@ namespace depot::gpu {
 // is no such device (no GPU, no driver, an ordinal past the count).
 absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(int ordinal);
 
+// The cudaStream_t of a stream a CudaDevice made (as void*, so that this
+// header needs no CUDA header), for libraries that take one (NCCL).
+// INVALID_ARGUMENT for a stream of another kind of device.
+absl::StatusOr<void*> CudaStreamHandle(Stream& stream);
+
 }  // namespace depot::gpu
 
 #endif  // DEPOT_CLIENT_SRC_GPU_CUDA_DEVICE_H_

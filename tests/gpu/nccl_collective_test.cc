@@ -1,0 +1,47 @@
+// NcclCollective on a real GPU: a one-rank communicator's reduce-scatter,
+// all-gather and all-reduce (with one rank, each is a copy). Skips, saying
+// why, without a CUDA device.
+#include "gpu/nccl_collective.h"
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "gpu/cuda_device.h"
+#include "gtest/gtest.h"
+
+namespace depot::gpu {
+namespace {
+
+TEST(NcclCollectiveTest, OneRankCollectivesCopyOnTheStreamsTheyAreGiven) {
+  absl::StatusOr<std::unique_ptr<Device>> device = MakeCudaDevice(0);
+  if (!device.ok()) GTEST_SKIP() << device.status().message();
+  absl::StatusOr<NcclUniqueId> id = NewNcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<std::unique_ptr<Collective>> nccl =
+      MakeNcclCollective(*id, 0, 1, 0);
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  auto stream = (*device)->CreateStream().value();
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f, 0.0f};
+  const size_t bytes = values.size() * sizeof(float);
+  auto host = (*device)->AllocatePinned(bytes).value();
+  auto a = (*device)->Allocate(bytes).value();
+  auto b = (*device)->Allocate(bytes).value();
+  std::memcpy(host->data(), values.data(), bytes);
+  ASSERT_TRUE((*device)->CopyAsync(*stream, a->data(), host->data(), bytes,
+                                   CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE((*nccl)->ReduceScatterSum(a->data(), b->data(), values.size(),
+                                        DType::kFloat32, *stream).ok());
+  ASSERT_TRUE((*nccl)->AllReduceSum(static_cast<float*>(b->data()),
+                                    values.size(), *stream).ok());
+  ASSERT_TRUE((*nccl)->AllGather(b->data(), a->data(), values.size(),
+                                 DType::kFloat32, *stream).ok());
+  std::memset(host->data(), 0, bytes);
+  ASSERT_TRUE((*device)->CopyAsync(*stream, host->data(), a->data(), bytes,
+                                   CopyKind::kDeviceToHost).ok());
+  ASSERT_TRUE((*device)->SynchronizeStream(*stream).ok());
+  EXPECT_EQ(std::memcmp(host->data(), values.data(), bytes), 0);
+}
+
+}  // namespace
+}  // namespace depot::gpu
