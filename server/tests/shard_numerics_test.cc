@@ -49,34 +49,19 @@ StepNumerics TwoPhase() {
   return numerics;
 }
 
-class ShardNumericsTest : public ::testing::Test {
+class ShardNumericsTest : public ::depot::testing::ShardTest {
  protected:
-  std::shared_ptr<ShardState> MakeShard(const JobConfig& config) {
-    return ShardState::Create(1, JobShape::Create(config, 0).value(), &pool_,
-                              PayloadPool::Create(1 << 20), &metrics_)
-        .value();
-  }
-
   // Contributes worker's chunk `chunk` for `step`, every element `value`.
   static absl::Status Send(ShardState& shard, uint64_t step, uint32_t worker,
                            uint64_t chunk, float value,
                            std::shared_ptr<WeightsSink> sink) {
-    Contribution c;
-    c.step = step;
-    c.worker_rank = worker;
-    c.chunk_index = chunk;
-    c.payload = Fp32Payload(std::vector<float>(8, value));
-    c.sink = std::move(sink);
-    return shard.Contribute(std::move(c));
+    return shard.Contribute(
+        Grad(step, worker, chunk, std::vector<float>(8, value), std::move(sink)));
   }
 
   static std::vector<float> WeightsOf(const ChunkWeights& weights) {
     return Fp32Values(*weights.payload);
   }
-
-  prometheus::Registry registry_;
-  ServerMetrics metrics_{registry_};
-  ThreadPool pool_{1};
 };
 
 // What chunk 0 holds after w = 0 - 0.5 * g with g on tensor "a" elements.

@@ -30,28 +30,8 @@ JobConfig TwoTensorConfig(uint32_t num_workers) {
                         /*chunk_elems=*/8, /*alignment_elems=*/4);
 }
 
-class ShardStateTest : public ::testing::Test {
+class ShardStateTest : public ::depot::testing::ShardTest {
  protected:
-  std::shared_ptr<ShardState> MakeShard(const JobConfig& config,
-                                        uint32_t server_index = 0) {
-    return ShardState::Create(/*job_id=*/1,
-                              JobShape::Create(config, server_index).value(),
-                              &pool_, payloads_, &metrics_)
-        .value();
-  }
-
-  static Contribution Grad(uint64_t step, uint32_t worker, uint64_t chunk,
-                           const std::vector<float>& values,
-                           std::shared_ptr<WeightsSink> sink) {
-    Contribution c;
-    c.step = step;
-    c.worker_rank = worker;
-    c.chunk_index = chunk;
-    c.payload = Fp32Payload(values);
-    c.sink = std::move(sink);
-    return c;
-  }
-
   // Contributes a gradient of 8 elements (one chunk of TwoTensorConfig) all
   // equal to `value`.
   static absl::Status Send(ShardState& shard, uint64_t step, uint32_t worker,
@@ -75,11 +55,6 @@ class ShardStateTest : public ::testing::Test {
                     .ok());
     return out;
   }
-
-  prometheus::Registry registry_;
-  ServerMetrics metrics_{registry_};
-  ThreadPool pool_{1};
-  std::shared_ptr<PayloadPool> payloads_ = PayloadPool::Create(1 << 20);
 };
 
 TEST_F(ShardStateTest, NewStateIsZeroWeightsAndInitialSlots) {

@@ -32,24 +32,13 @@ JobConfig TwoTensorsInOneChunk(uint32_t workers) {
 // Bit t set: tensor t has no gradient.
 std::string Bitmap(unsigned bits) { return std::string(1, char(bits)); }
 
-class TensorPresenceTest : public ::testing::Test {
+class TensorPresenceTest : public ::depot::testing::ShardTest {
  protected:
-  std::shared_ptr<ShardState> MakeShard(const JobConfig& config) {
-    return ShardState::Create(1, JobShape::Create(config, 0).value(), &pool_,
-                              payloads_, &metrics_)
-        .value();
-  }
-
+  // Worker `worker`'s gradient of the job's one chunk.
   static absl::Status Send(ShardState& shard, uint64_t step, uint32_t worker,
                            const std::vector<float>& grad,
                            std::shared_ptr<WeightsSink> sink) {
-    Contribution c;
-    c.step = step;
-    c.worker_rank = worker;
-    c.chunk_index = 0;
-    c.payload = Fp32Payload(grad);
-    c.sink = std::move(sink);
-    return shard.Contribute(std::move(c));
+    return shard.Contribute(Grad(step, worker, 0, grad, std::move(sink)));
   }
 
   // The chunk's master weights and per-tensor counts, once no update runs.
@@ -63,11 +52,6 @@ class TensorPresenceTest : public ::testing::Test {
                     .ok());
     return out;
   }
-
-  prometheus::Registry registry_;
-  ServerMetrics metrics_{registry_};
-  ThreadPool pool_{1};
-  std::shared_ptr<PayloadPool> payloads_ = PayloadPool::Create(1 << 20);
 };
 
 TEST_F(TensorPresenceTest, TensorNoWorkerHasAGradientForIsNotUpdated) {

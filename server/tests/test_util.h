@@ -14,6 +14,11 @@
 #include "absl/time/time.h"
 #include "depot/job_config.h"
 #include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "server/job_shape.h"
+#include "server/metrics.h"
+#include "server/payload_pool.h"
+#include "server/shard_state.h"
 #include "server/thread_pool.h"
 #include "server/weights_sink.h"
 
@@ -134,6 +139,37 @@ inline void DrainPool(ThreadPool& pool) {
   pool.Schedule([&done] { done.Notify(); });
   EXPECT_TRUE(done.WaitForNotificationWithTimeout(kWaitLimit));
 }
+
+// The fixture of ShardState tests: metrics, a one-thread update pool, a
+// payload pool, and helpers to make a shard and contributions.
+class ShardTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<ShardState> MakeShard(const JobConfig& config,
+                                        uint32_t server_index = 0) {
+    return ShardState::Create(/*job_id=*/1,
+                              JobShape::Create(config, server_index).value(),
+                              &pool_, payloads_, &metrics_)
+        .value();
+  }
+
+  // Worker `worker`'s gradient `values` for chunk `chunk` of step `step`.
+  static Contribution Grad(uint64_t step, uint32_t worker, uint64_t chunk,
+                           const std::vector<float>& values,
+                           std::shared_ptr<WeightsSink> sink) {
+    Contribution c;
+    c.step = step;
+    c.worker_rank = worker;
+    c.chunk_index = chunk;
+    c.payload = Fp32Payload(values);
+    c.sink = std::move(sink);
+    return c;
+  }
+
+  prometheus::Registry registry_;
+  ServerMetrics metrics_{registry_};
+  ThreadPool pool_{1};
+  std::shared_ptr<PayloadPool> payloads_ = PayloadPool::Create(1 << 20);
+};
 
 }  // namespace depot::testing
 
