@@ -221,14 +221,11 @@ class Client(OwnedHandle):
         config.num_workers = num_workers
         _set_optimizer_fields(config.optimizer, optimizer, optimizer_fields)
         groups = list(group_optimizers or ())
-        c_groups = (_capi.OptimizerConfig * len(groups))()
+        # Each group's config: the job's, with the group's overrides.
+        c_groups = (_capi.OptimizerConfig * len(groups))(
+            *[config.optimizer] * len(groups))
         for c_group, overrides in zip(c_groups, groups):
-            _set_optimizer_fields(c_group, optimizer,
-                                  {**optimizer_fields, **overrides})
-            for name, _ in _capi.OptimizerConfig._fields_:
-                if name != "kind" and name not in optimizer_fields \
-                        and name not in overrides:
-                    setattr(c_group, name, getattr(config.optimizer, name))
+            _set_optimizer_fields(c_group, optimizer, overrides)
         config.group_optimizers = c_groups
         config.num_group_optimizers = len(groups)
         config.grad_dtype = int(parse_dtype(grad_dtype))

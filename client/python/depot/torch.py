@@ -266,6 +266,7 @@ class DepotOptimizer(torch.optim.Optimizer):
             chunk_elems=self._job_args["chunk_elems"],
             group_optimizers=groups, **groups[0], **self._scaling)
         self._params = params
+        self._index = {id(p): i for i, p in enumerate(params)}
         self._slots = [(p, offset, p.numel()) for p, offset in
                        zip(params, job.tensor_offsets)]
         n = job.total_elems
@@ -448,6 +449,11 @@ class DepotOptimizer(torch.optim.Optimizer):
             state = self._param_state(index)
             if state:
                 packed[index] = state
+        return {"state": packed, "param_groups": self._packed_groups()}
+
+    def _packed_groups(self):
+        """param_groups as torch's state_dict packs them: each parameter by
+        its index over all groups."""
         groups, start = [], 0
         for group in self.param_groups:
             packed_group = {k: v for k, v in group.items() if k != "params"}
@@ -455,7 +461,7 @@ class DepotOptimizer(torch.optim.Optimizer):
                 range(start, start + len(group["params"])))
             start += len(group["params"])
             groups.append(packed_group)
-        return {"state": packed, "param_groups": groups}
+        return groups
 
     def state_dict(self, torch_format=False):
         """Depot's checkpoint (module docstring): torch's "param_groups",
@@ -463,8 +469,9 @@ class DepotOptimizer(torch.optim.Optimizer):
         step). torch_format=True: torch_state_dict() instead."""
         if torch_format:
             return self.torch_state_dict()
-        state = super().state_dict()
-        state["state"] = {}
+        # Not torch's state_dict(): it would read the servers' state into
+        # "state", which depot_state carries already.
+        state = {"state": {}, "param_groups": self._packed_groups()}
         job = self._open_job()
         state[_STATE_KEY] = job.save_state() if self._initialized else None
         state[_STEP_KEY] = self._depot_step
@@ -569,17 +576,11 @@ class _ServerState:
     def __init__(self, optimizer):
         self._optimizer = optimizer
 
-    def _index(self, param):
-        for index, p in enumerate(self._optimizer._all_params()):
-            if p is param:
-                return index
-        return None
-
     def __getitem__(self, param):
-        index = self._index(param)
+        self._optimizer._open_job()
+        index = self._optimizer._index.get(id(param))
         if index is None:
             return {}
-        self._optimizer._open_job()
         return self._optimizer._param_state(index)
 
     def get(self, param, default=None):
