@@ -400,7 +400,6 @@ absl::Status ShardState::Contribute(Contribution contribution) {
     if (step == applied + 1) {
       if (chunk.pending == nullptr) {
         chunk.pending = std::make_unique<PendingStep>(config.num_workers);
-        first_of_chunk = true;
       }
       PendingStep& pending = *chunk.pending;
       if (pending.present[worker]) {
@@ -420,6 +419,9 @@ absl::Status ShardState::Contribute(Contribution contribution) {
         // A summed chunk was acknowledged to the earlier stream only.
         ack_retry = pending.summed_ready;
       } else {
+        // The chunk's first gradient (a weights override may have made its
+        // PendingStep already).
+        first_of_chunk = pending.count == 0;
         pending.present[worker] = true;
         pending.payloads[worker] = std::move(contribution.payload);
         pending.sinks[worker] = contribution.sink;
