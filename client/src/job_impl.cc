@@ -162,25 +162,10 @@ bool JobImpl::NeedsTwoPhases(const StepOptions& options) const {
 
 absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
                            StepResult* result, const StepOptions& options) {
-  if (step == 0) {
-    return absl::InvalidArgumentError("Step: steps are numbered from 1");
-  }
   if (grads == nullptr || weights_out == nullptr) {
     return absl::InvalidArgumentError("Step: grads or weights_out is null");
   }
-  if (!std::isfinite(options.loss_scale) || options.loss_scale <= 0.0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Step: loss_scale must be finite and > 0 (1 = none), got ",
-                     options.loss_scale));
-  }
-  if (options.known_commit.has_value() && !options.known_commit->skip &&
-      !(options.known_commit->clip_coef > 0.0 &&
-        options.known_commit->clip_coef <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Step: known_commit.clip_coef must be in (0, 1] unless skip, got ",
-        options.known_commit->clip_coef));
-  }
-  absl::StatusOr<std::string> no_grad = NoGradBitmap(options.no_grad_tensors);
+  absl::StatusOr<std::string> no_grad = CheckStepOptions(step, options);
   if (!no_grad.ok()) return no_grad.status();
   absl::StatusOr<std::vector<ChunkOverride>> overrides =
       OverridePieces(options.weight_overrides);
@@ -189,23 +174,11 @@ absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
   const std::vector<uint32_t> servers = ServersWithChunks();
   std::optional<CommitBarrier> barrier;
   if (NeedsTwoPhases(options)) barrier.emplace(config().optimizer, servers);
-  StepStreamParams params;
-  params.fingerprint = fingerprint();
-  params.step = step;
-  params.worker_rank = worker_rank();
-  params.group_hparams = &options.group_hparams;
-  params.loss_scale = options.loss_scale;
-  params.known_commit = options.known_commit;
-  params.no_grad_tensors = &*no_grad;
+  StepStreamParams params = StreamParams(step, options, *no_grad, start);
   params.overrides = &*overrides;
   params.barrier = barrier.has_value() ? &*barrier : nullptr;
-  params.plan = &plan();
-  params.grad_dtype = config().grad_dtype;
-  params.weight_dtype = config().weight_dtype;
   params.grads = grads;
   params.weights_out = weights_out;
-  params.max_inflight_chunks = options_.max_inflight_chunks;
-  params.deadline = start + options_.step_timeout;
 
   std::vector<StepStreamStats> stats(plan().num_servers());
   absl::Status status = RunOnServers(
@@ -228,30 +201,170 @@ absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
                                std::move(status));
   }
   if (result != nullptr) {
-    *result = StepResult();
-    result->step = step;
-    for (const StepStreamStats& s : stats) {
-      result->chunks += s.chunks;
-      result->chunks_replayed += s.chunks_replayed;
-      result->bytes_sent += s.bytes_sent;
-      result->bytes_received += s.bytes_received;
-      result->update_seconds += s.update_seconds;
-    }
-    StepCommit applied = options.known_commit.value_or(StepCommit());
-    if (barrier.has_value()) {
-      // Every stream succeeded, so every server reported.
-      const GradDecision decision = *barrier->decision();
-      result->two_phase = true;
-      result->grad_norm = decision.grad_norm;
-      result->zero_count = decision.zero_count;
-      result->found_inf = decision.found_inf;
-      applied = decision.commit;
-    }
-    result->skipped = applied.skip;
-    result->clip_coef = applied.skip ? 1.0 : applied.clip_coef;
-    result->wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    FillResult(step, options, stats,
+               barrier.has_value() ? &*barrier : nullptr, start, result);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> JobImpl::CheckStepOptions(
+    uint64_t step, const StepOptions& options) const {
+  if (step == 0) {
+    return absl::InvalidArgumentError("Step: steps are numbered from 1");
+  }
+  if (!std::isfinite(options.loss_scale) || options.loss_scale <= 0.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Step: loss_scale must be finite and > 0 (1 = none), got ",
+                     options.loss_scale));
+  }
+  if (options.known_commit.has_value() && !options.known_commit->skip &&
+      !(options.known_commit->clip_coef > 0.0 &&
+        options.known_commit->clip_coef <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Step: known_commit.clip_coef must be in (0, 1] unless skip, got ",
+        options.known_commit->clip_coef));
+  }
+  return NoGradBitmap(options.no_grad_tensors);
+}
+
+StepStreamParams JobImpl::StreamParams(uint64_t step,
+                                       const StepOptions& options,
+                                       const std::string& no_grad,
+                                       absl::Time start) const {
+  StepStreamParams params;
+  params.fingerprint = fingerprint();
+  params.step = step;
+  params.worker_rank = worker_rank();
+  params.group_hparams = &options.group_hparams;
+  params.loss_scale = options.loss_scale;
+  params.known_commit = options.known_commit;
+  params.no_grad_tensors = &no_grad;
+  params.plan = &plan();
+  params.grad_dtype = config().grad_dtype;
+  params.weight_dtype = config().weight_dtype;
+  params.max_inflight_chunks = options_.max_inflight_chunks;
+  params.deadline = start + options_.step_timeout;
+  return params;
+}
+
+void JobImpl::FillResult(uint64_t step, const StepOptions& options,
+                         const std::vector<StepStreamStats>& stats,
+                         const CommitBarrier* barrier, absl::Time start,
+                         StepResult* result) const {
+  *result = StepResult();
+  result->step = step;
+  for (const StepStreamStats& s : stats) {
+    result->chunks += s.chunks;
+    result->chunks_replayed += s.chunks_replayed;
+    result->bytes_sent += s.bytes_sent;
+    result->bytes_received += s.bytes_received;
+    result->update_seconds += s.update_seconds;
+  }
+  StepCommit applied = options.known_commit.value_or(StepCommit());
+  if (barrier != nullptr) {
+    // Every stream succeeded, so every server reported.
+    const GradDecision decision = *barrier->decision();
+    result->two_phase = true;
+    result->grad_norm = decision.grad_norm;
+    result->zero_count = decision.zero_count;
+    result->found_inf = decision.found_inf;
+    applied = decision.commit;
+  }
+  result->skipped = applied.skip;
+  result->clip_coef = applied.skip ? 1.0 : applied.clip_coef;
+  result->wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+absl::Status JobImpl::StepStreamed(const StreamedStep& step,
+                                   StepResult* result) {
+  if (step.options == nullptr || step.sink == nullptr) {
+    return absl::InvalidArgumentError("StepStreamed: options or sink is null");
+  }
+  const StepOptions& options = *step.options;
+  absl::StatusOr<std::string> no_grad = CheckStepOptions(step.step, options);
+  if (!no_grad.ok()) return no_grad.status();
+  if (!options.weight_overrides.empty()) {
+    return absl::InvalidArgumentError(
+        "StepStreamed: weight_overrides are not supported on a streamed step");
+  }
+  if (NeedsTwoPhases(options)) {
+    return absl::FailedPreconditionError(
+        "a streamed (GPU) step runs in one phase: the job's config clips, "
+        "has a grad_norm_skip_threshold or scales the loss dynamically, so "
+        "pass StepOptions::known_commit (the two-phase exchange is not "
+        "implemented for node workers yet)");
+  }
+  std::vector<uint32_t> servers;
+  for (const StreamedStep::Route& route : step.routes) {
+    const ShardRange* shard =
+        route.server < plan().num_servers() ? &plan().shard(route.server)
+                                            : nullptr;
+    if (shard == nullptr || route.feed == nullptr || route.chunks == 0 ||
+        route.first_chunk < shard->first_chunk ||
+        route.end_chunk > shard->end_chunk ||
+        route.chunks > route.end_chunk - route.first_chunk) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "StepStreamed: a route to server ", route.server,
+          " is not inside its shard or has no chunks or no feed"));
+    }
+    if (servers.empty() || servers.back() != route.server) {
+      servers.push_back(route.server);
+    }
+  }
+  const absl::Time start = absl::Now();
+  StepStreamParams params = StreamParams(step.step, options, *no_grad, start);
+  params.sink = step.sink;
+  params.local_ranks = step.local_ranks;
+  params.local_rank = step.local_rank;
+  params.bucket_chunks = step.bucket_chunks;
+  std::vector<StepStreamStats> stats(step.routes.size());
+  std::vector<absl::Status> statuses(step.routes.size());
+  CallGroup group;
+  auto run = [&](size_t r) {
+    const StreamedStep::Route& route = step.routes[r];
+    const ServerConnection& connection = *(*connections_)[route.server];
+    StepStreamParams route_params = params;
+    route_params.job_id = job_ids_[route.server];
+    route_params.server = route.server;
+    route_params.first_chunk = route.first_chunk;
+    route_params.end_chunk = route.end_chunk;
+    route_params.feed = route.feed;
+    route_params.feed_chunks = route.chunks;
+    // Routes to one server take its connections in turn.
+    size_t nth = 0;
+    for (size_t i = 0; i < r; ++i) nth += step.routes[i].server == route.server;
+    absl::StatusOr<StepStreamStats> result = RunStepStream(
+        *connection.step_channels[nth % connection.step_channels.size()],
+        route_params, group);
+    if (!result.ok()) {
+      statuses[r] = WithServer(result.status(), connection.address);
+      group.Fail(statuses[r]);
+      return;
+    }
+    stats[r] = *result;
+  };
+  std::vector<std::thread> threads;
+  for (size_t r = 1; r < step.routes.size(); ++r) threads.emplace_back(run, r);
+  if (!step.routes.empty()) run(0);
+  for (std::thread& thread : threads) thread.join();
+  if (absl::Status status = group.status(); !status.ok()) {
+    return ExplainStepDeadline(step.step, params.deadline, servers,
+                               std::move(status));
+  }
+  if (result != nullptr) {
+    FillResult(step.step, options, stats, nullptr, start, result);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunStreamedStep(Job& job, const StreamedStep& step,
+                             StepResult* result) {
+  JobImpl* impl = dynamic_cast<JobImpl*>(&job);
+  if (impl == nullptr) {
+    return absl::FailedPreconditionError(
+        "a streamed step needs a Job that Client::OpenJob opened");
+  }
+  return impl->StepStreamed(step, result);
 }
 
 absl::StatusOr<StepStreamStats> JobImpl::StepServer(StepStreamParams params,

@@ -44,10 +44,28 @@ class JobImpl : public Job {
   absl::StatusOr<std::string> EncodeState(
       const FlatState& state) const override;
 
+  // A streamed step (step_stream.h). One phase only: FAILED_PRECONDITION when
+  // the step would need two (the config clips, has a skip threshold or
+  // scales the loss dynamically, and options has no known_commit).
+  absl::Status StepStreamed(const StreamedStep& step, StepResult* result);
+
  private:
   // The servers whose shard holds at least one chunk: the only ones that take
   // part in InitWeights and Step.
   std::vector<uint32_t> ServersWithChunks() const;
+
+  // Step's checks of its number and options; the no_grad_tensors bitmap.
+  absl::StatusOr<std::string> CheckStepOptions(
+      uint64_t step, const StepOptions& options) const;
+  // The stream parameters every Step stream of the step shares.
+  StepStreamParams StreamParams(uint64_t step, const StepOptions& options,
+                                const std::string& no_grad,
+                                absl::Time start) const;
+  // *result from the streams' stats (and the barrier's decision).
+  void FillResult(uint64_t step, const StepOptions& options,
+                  const std::vector<StepStreamStats>& stats,
+                  const CommitBarrier* barrier, absl::Time start,
+                  StepResult* result) const;
 
   // Whether a Step with `options` runs in two phases: no known commit, and the
   // config clips, has a skip threshold or scales the loss dynamically.
@@ -101,6 +119,11 @@ class JobImpl : public Job {
   ClientOptions options_;
   std::vector<uint64_t> job_ids_;
 };
+
+// job.StepStreamed when `job` is a JobImpl (a Job from Client::OpenJob of
+// this library), else FAILED_PRECONDITION.
+absl::Status RunStreamedStep(Job& job, const StreamedStep& step,
+                             StepResult* result);
 
 }  // namespace depot::client_internal
 

@@ -33,19 +33,20 @@ void CommitToProto(const StepCommit& commit, v1::StepCommit* out) {
 // has let go of them all before the caller may reuse the buffer.
 class LentSlices : public std::enable_shared_from_this<LentSlices> {
  public:
-  // The user_data of one more lent slice, for Release.
-  void* Lend() {
+  // The user_data of one more lent slice, for Release; `feed`, when not
+  // null, is told when chunk `index`'s slice is released.
+  void* Lend(ChunkFeed* feed = nullptr, uint64_t index = 0) {
     absl::MutexLock lock(&mu_);
     ++lent_;
-    return new std::shared_ptr<LentSlices>(shared_from_this());
+    return new Loan{shared_from_this(), feed, index};
   }
 
   // gRPC's release of a lent slice; any thread.
   static void Release(void* user_data) {
-    std::unique_ptr<std::shared_ptr<LentSlices>> owner(
-        static_cast<std::shared_ptr<LentSlices>*>(user_data));
-    absl::MutexLock lock(&(*owner)->mu_);
-    --(*owner)->lent_;
+    std::unique_ptr<Loan> loan(static_cast<Loan*>(user_data));
+    if (loan->feed != nullptr) loan->feed->Released(loan->index);
+    absl::MutexLock lock(&loan->owner->mu_);
+    --loan->owner->lent_;
   }
 
   // Blocks until every lent slice is released. Once the stream's call is
@@ -58,6 +59,12 @@ class LentSlices : public std::enable_shared_from_this<LentSlices> {
   }
 
  private:
+  struct Loan {
+    std::shared_ptr<LentSlices> owner;
+    ChunkFeed* feed;
+    uint64_t index;
+  };
+
   absl::Mutex mu_;
   int lent_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -67,7 +74,9 @@ class StepStream {
   StepStream(const StepChannel& channel, const StepStreamParams& params,
              CallGroup& group, std::shared_ptr<LentSlices> lent)
       : params_(params),
-        chunks_(params.end_chunk - params.first_chunk),
+        chunks_(params.feed != nullptr ? params.feed_chunks
+                                       : params.end_chunk - params.first_chunk),
+        span_(params.end_chunk - params.first_chunk),
         window_(static_cast<uint64_t>(params.max_inflight_chunks)),
         two_phase_(params.barrier != nullptr),
         lent_(std::move(lent)),
@@ -77,8 +86,9 @@ class StepStream {
                                                                 .get(),
                                                             channel.step_method,
                                                             context_.get())) {
-    seen_.assign(chunks_, false);
-    answered_.assign(chunks_, false);
+    seen_.assign(span_, false);
+    answered_.assign(span_, false);
+    sent_flags_.assign(span_, false);
   }
 
   absl::StatusOr<StepStreamStats> Run() {
@@ -128,8 +138,17 @@ class StepStream {
     if (params_.no_grad_tensors != nullptr) {
       header->set_no_grad_tensors(*params_.no_grad_tensors);
     }
+    if (params_.local_ranks != 0) {
+      header->set_local_ranks(params_.local_ranks);
+      header->set_local_rank(params_.local_rank);
+      header->set_bucket_chunks(params_.bucket_chunks);
+    }
     wire::SerializeToBuffer(request, &buffer);
     if (!stream_->Write(buffer)) return absl::OkStatus();
+    if (params_.feed != nullptr) {
+      if (absl::Status s = SendFedChunks(); !s.ok()) return s;
+      return FinishSending(request, buffer);
+    }
 
     const char* grads = static_cast<const char*>(params_.grads);
     std::vector<ChunkOverride>::const_iterator override_it;
@@ -149,7 +168,7 @@ class StepStream {
           if (!SendOverride(*override_it)) return absl::OkStatus();
         }
       }
-      if (!WaitForWindow()) return absl::OkStatus();
+      if (!WaitForWindow(index)) return absl::OkStatus();
       const ChunkRange chunk = params_.plan->chunk(index);
       const size_t bytes = chunk.size() * grad_size;
       buffer = wire::ChunkMessageBuffer(wire::StepMessage::kRequest, index,
@@ -158,6 +177,52 @@ class StepStream {
       if (!stream_->Write(buffer)) return absl::OkStatus();
       bytes_sent_ += bytes;
     }
+    return FinishSending(request, buffer);
+  }
+
+  // A streamed step's chunks, as the feed gives them. INTERNAL when the feed
+  // gives a chunk outside the stream's range or twice (an engine bug).
+  absl::Status SendFedChunks() {
+    const size_t grad_size = DTypeSize(params_.grad_dtype);
+    for (uint64_t n = 0; n < chunks_; ++n) {
+      std::optional<ChunkFeed::Ready> ready = params_.feed->Next();
+      if (!ready.has_value()) {
+        return absl::AbortedError(absl::StrCat(
+            "step ", params_.step, ": the chunk feed ended after ", n, " of ",
+            chunks_, " chunks"));
+      }
+      if (ready->index < params_.first_chunk ||
+          ready->index >= params_.end_chunk) {
+        return absl::InternalError(absl::StrCat(
+            "step ", params_.step, ": the chunk feed gave chunk ", ready->index,
+            " outside the stream's chunks [", params_.first_chunk, ", ",
+            params_.end_chunk, ")"));
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        if (sent_flags_[ready->index - params_.first_chunk]) {
+          return absl::InternalError(absl::StrCat(
+              "step ", params_.step, ": the chunk feed gave chunk ",
+              ready->index, " twice"));
+        }
+      }
+      if (!WaitForWindow(ready->index)) {
+        params_.feed->Released(ready->index);
+        return absl::OkStatus();
+      }
+      const size_t bytes = params_.plan->chunk(ready->index).size() * grad_size;
+      grpc::ByteBuffer buffer = wire::ChunkMessageBuffer(
+          wire::StepMessage::kRequest, ready->index, ready->data, bytes,
+          &LentSlices::Release, lent_->Lend(params_.feed, ready->index));
+      if (!stream_->Write(buffer)) return absl::OkStatus();
+      bytes_sent_ += bytes;
+    }
+    return absl::OkStatus();
+  }
+
+  // After the chunks: the two-phase exchange, then the half-close.
+  absl::Status FinishSending(v1::StepRequest& request,
+                             grpc::ByteBuffer& buffer) {
     buffer.Clear();
     if (two_phase_) {
       std::optional<v1::GradStats> stats = WaitForGradStats();
@@ -190,11 +255,12 @@ class StepStream {
   // Blocks until one more chunk may be sent, and counts it as sent (before the
   // Write, so that its answer is never seen as unsolicited). False once the
   // reader has stopped: the stream is over and nothing more is worth sending.
-  bool WaitForWindow() {
+  bool WaitForWindow(uint64_t index) {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(this, &StepStream::MaySendOrStop));
     if (reader_done_) return false;
     ++sent_;
+    sent_flags_[index - params_.first_chunk] = true;
     return true;
   }
 
@@ -317,7 +383,7 @@ class StepStream {
                        ", ", params_.end_chunk, ")"));
     }
     absl::MutexLock lock(&mu_);
-    if (index >= params_.first_chunk + sent_) {
+    if (!sent_flags_[index - params_.first_chunk]) {
       return absl::InternalError(absl::StrCat(
           "server sent ", what, " of chunk ", index, " before it was sent"));
     }
@@ -338,7 +404,7 @@ class StepStream {
     }
     const uint64_t index = ack.index();
     if (absl::Status s = CheckAnsweredChunk(index, "an ack"); !s.ok()) return s;
-    if (acked_.empty()) acked_.assign(chunks_, false);
+    if (acked_.empty()) acked_.assign(span_, false);
     if (acked_[index - params_.first_chunk]) {
       return absl::InternalError(
           absl::StrCat("server acked chunk ", index, " twice"));
@@ -368,8 +434,16 @@ class StepStream {
           absl::StrCat("server answered chunk ", index, " with ", bytes,
                        " payload bytes, expected ", expected));
     }
-    copy_payload(static_cast<char*>(params_.weights_out) +
-                 range.begin * weight_size);
+    if (params_.sink != nullptr) {
+      if (absl::Status s = params_.sink->Accept(
+              index, expected, std::function<void(char*)>(copy_payload));
+          !s.ok()) {
+        return s;
+      }
+    } else {
+      copy_payload(static_cast<char*>(params_.weights_out) +
+                   range.begin * weight_size);
+    }
     seen_[index - params_.first_chunk] = true;
     ++stats_.chunks;
     stats_.bytes_received += expected;
@@ -379,6 +453,7 @@ class StepStream {
 
   const StepStreamParams& params_;
   const uint64_t chunks_;  // in the stream
+  const uint64_t span_;    // end_chunk - first_chunk
   const uint64_t window_;
   const bool two_phase_;
   const std::shared_ptr<LentSlices> lent_;
@@ -387,6 +462,8 @@ class StepStream {
 
   mutable absl::Mutex mu_;
   uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;  // chunks counted by WaitForWindow
+  // Per chunk of [first_chunk, end_chunk): counted by WaitForWindow.
+  std::vector<bool> sent_flags_ ABSL_GUARDED_BY(mu_);
   // Per chunk of the stream: it has had an ack or its weights.
   std::vector<bool> answered_ ABSL_GUARDED_BY(mu_);
   uint64_t answered_count_ ABSL_GUARDED_BY(mu_) = 0;

@@ -18,6 +18,7 @@
 #define DEPOT_CLIENT_SRC_STEP_STREAM_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +42,36 @@ struct ChunkOverride {
   uint64_t offset = 0;
   const float* values = nullptr;
   uint64_t count = 0;
+};
+
+// Where a streamed step's gradient chunks come from (the GPU transfer
+// engine's pinned slots, client/src/gpu/transfer_engine.h) instead of one
+// flat host buffer: chunks in the order they become ready, not index order.
+class ChunkFeed {
+ public:
+  struct Ready {
+    uint64_t index = 0;
+    const char* data = nullptr;  // the chunk's gradient, grad dtype
+  };
+  virtual ~ChunkFeed() = default;
+  // Blocks until the stream's next chunk is ready; nullopt once the feed has
+  // given all its chunks or was aborted.
+  virtual std::optional<Ready> Next() = 0;
+  // gRPC has let go of chunk `index`'s bytes (they were written, or the
+  // stream was dropped): its memory may be reused. Any thread.
+  virtual void Released(uint64_t index) = 0;
+};
+
+// Where a streamed step's weights go instead of one flat host buffer.
+class WeightSink {
+ public:
+  virtual ~WeightSink() = default;
+  // Chunk `index`'s weights, `bytes` bytes (already checked against the
+  // chunk), which copy(dst) writes to dst. Called on a stream's reader
+  // thread, concurrently for different chunks; may block (backpressure). An
+  // error ends the stream with it.
+  virtual absl::Status Accept(uint64_t index, uint64_t bytes,
+                              const std::function<void(char*)>& copy) = 0;
 };
 
 struct StepStreamParams {
@@ -69,8 +100,45 @@ struct StepStreamParams {
   DType weight_dtype = DType::kFloat32;
   const void* grads = nullptr;  // the whole flat gradient buffer
   void* weights_out = nullptr;  // the whole flat weight buffer
+  // Or, a streamed step: the gradient chunks come from `feed` (exactly
+  // `feed_chunks` of them, each inside [first_chunk, end_chunk), in any
+  // order) and the weights go to `sink`; grads, weights_out and overrides
+  // are then unused.
+  ChunkFeed* feed = nullptr;
+  WeightSink* sink = nullptr;
+  uint64_t feed_chunks = 0;
+  // A node worker's local rank (StepHeader.local_ranks; 0: not a node).
+  uint32_t local_ranks = 0;
+  uint32_t local_rank = 0;
+  uint64_t bucket_chunks = 0;
   int max_inflight_chunks = 1;  // >= 1
   absl::Time deadline;
+};
+
+// A streamed step: this process sends the chunks its routes list, each route
+// one Step stream, and the weights go to `sink` (the GPU transfer engine;
+// RunStreamedStep in job_impl.h).
+struct StreamedStep {
+  uint64_t step = 0;
+  // group_hparams, loss_scale, known_commit and no_grad_tensors as in
+  // Job::Step; weight_overrides must be empty.
+  const StepOptions* options = nullptr;
+  // A node worker's shape (StepHeader.local_ranks; 0: the worker is this one
+  // process).
+  uint32_t local_ranks = 0;
+  uint32_t local_rank = 0;
+  uint64_t bucket_chunks = 0;
+  struct Route {
+    uint32_t server = 0;
+    // The stream's chunks lie in [first_chunk, end_chunk), inside the
+    // server's shard; `feed` gives `chunks` of them.
+    uint64_t first_chunk = 0;
+    uint64_t end_chunk = 0;
+    uint64_t chunks = 0;
+    ChunkFeed* feed = nullptr;
+  };
+  std::vector<Route> routes;
+  WeightSink* sink = nullptr;
 };
 
 // What one server reported for its shard.

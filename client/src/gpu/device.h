@@ -89,6 +89,20 @@ class Device {
   // (cudaLaunchHostFunc). `fn` must not call into the device.
   virtual absl::Status LaunchHostFunc(Stream& stream,
                                       std::function<void()> fn) = 0;
+
+  // The host is about to read (write = false) or write [data, data + bytes)
+  // of pinned memory. A device that can tell (HostDevice) returns
+  // FAILED_PRECONDITION when a queued copy that has not finished writes that
+  // memory, or (for a write) reads it: the engine calls this at every host
+  // touch of a staging slot, so that its tests catch a slot used too early.
+  // A GPU cannot tell cheaply: OK.
+  virtual absl::Status CheckHostAccess(const void* data, size_t bytes,
+                                       bool write) {
+    (void)data;
+    (void)bytes;
+    (void)write;
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace depot::gpu

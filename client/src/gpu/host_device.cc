@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace depot::gpu {
 namespace {
@@ -145,6 +147,7 @@ class HostDevice::HostBuffer : public Buffer {
 };
 
 HostDevice::HostDevice() = default;
+HostDevice::HostDevice(Options options) : options_(options) {}
 HostDevice::~HostDevice() = default;
 
 absl::StatusOr<std::unique_ptr<Buffer>> HostDevice::Allocate(size_t bytes) {
@@ -250,7 +253,14 @@ absl::Status HostDevice::CopyAsync(Stream& stream, void* dst, const void* src,
     id = next_copy_++;
     pending_[id] = PendingCopy{d, s, bytes, kind};
   }
-  (*host)->Enqueue([this, dst, src, bytes, id] {
+  const double seconds =
+      options_.copy_bytes_per_second > 0 && kind != CopyKind::kDeviceToDevice
+          ? static_cast<double>(bytes) / options_.copy_bytes_per_second
+          : 0.0;
+  (*host)->Enqueue([this, dst, src, bytes, id, seconds] {
+    // The link's time first, then the bytes: a reader that does not wait
+    // for the copy sees the old contents for as long as the copy takes.
+    if (seconds > 0) absl::SleepFor(absl::Seconds(seconds));
     std::memmove(dst, src, bytes);
     absl::MutexLock lock(&mu_);
     pending_.erase(id);

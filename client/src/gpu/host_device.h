@@ -26,7 +26,15 @@ namespace depot::gpu {
 
 class HostDevice : public Device {
  public:
+  struct Options {
+    // > 0: host<->device copies take at least bytes / this many seconds, as
+    // over a PCIe link of that bandwidth (each stream is one copy engine);
+    // device-to-device copies are not slowed. 0: memcpy speed.
+    double copy_bytes_per_second = 0;
+  };
+
   HostDevice();
+  explicit HostDevice(Options options);
   ~HostDevice() override;
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override;
@@ -51,7 +59,8 @@ class HostDevice : public Device {
   // FAILED_PRECONDITION, naming the copy, when a queued copy that has not
   // finished writes that memory, or (for a write) reads it; the violation is
   // also kept (violations()).
-  absl::Status CheckHostAccess(const void* data, size_t bytes, bool write);
+  absl::Status CheckHostAccess(const void* data, size_t bytes,
+                               bool write) override;
 
   // Every CheckHostAccess failure so far, in order.
   std::vector<std::string> violations() const;
@@ -61,6 +70,7 @@ class HostDevice : public Device {
   uint64_t waits_queued(const Stream& stream) const;
 
  private:
+  const Options options_;
   class HostStream;
   class HostEvent;
   class HostBuffer;

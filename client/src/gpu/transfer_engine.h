@@ -1,0 +1,140 @@
+// TransferEngine: one local rank's side of a GPU worker's step (issue 11;
+// docs/gpu.md, "The transfer engine").
+//
+// The engine owns two flat device buffers over the job's index space, padded
+// to the node's buckets (NodePartition): the gradients (grad dtype), which
+// backward writes, and the weights (weight dtype), which forward reads. A
+// step, for the trainer:
+//
+//   engine->BeginStep(step, options);
+//   ... backward; as each bucket's gradients are complete on `compute`:
+//   engine->GradientsReady(bucket, compute);   // never blocks `compute`
+//   ... next forward, before a bucket's weights are used:
+//   engine->WaitWeights(bucket, compute);      // `compute` waits for them
+//   engine->FinishStep();                      // the step's result
+//
+// What runs behind it, per bucket, in the order GradientsReady named them:
+//   comm stream:  wait the bucket's ready event; reduce-scatter (G > 1) so
+//                 that this rank owns its part summed over the node
+//   D2H stream:   wait for that; copy each owned chunk into a free pinned
+//                 slot of the D2H ring; then hand the slot to the chunk's
+//                 gRPC stream, which sends from it without another copy
+//   (the slot is free again once gRPC has released the bytes)
+//   reader:       a chunk's weights arrive into a free slot of the H2D ring
+//   H2D stream:   copy the slot into the device weights (the slot is free
+//                 again once the copy ran); after the bucket's last owned
+//                 chunk, record its event
+//   comm stream:  (after every bucket's reduce-scatter, in the same order)
+//                 wait for that event; all-gather the bucket's weights inside
+//                 the node; record the bucket's weights-ready event
+// Pinned memory is the two rings, stated by pinned_bytes(): slots × chunk
+// bytes, never proportional to the model.
+//
+// Every local rank of a node must name the buckets in the same order (as
+// NCCL requires the same collectives in the same order). The collective
+// order of a step is fixed: every bucket's reduce-scatter, then every
+// bucket's all-gather, in that order.
+//
+// Thread safety: one trainer thread calls the engine's methods.
+#ifndef DEPOT_CLIENT_SRC_GPU_TRANSFER_ENGINE_H_
+#define DEPOT_CLIENT_SRC_GPU_TRANSFER_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "depot/client.h"
+#include "depot/node_partition.h"
+#include "gpu/collective.h"
+#include "gpu/device.h"
+
+namespace depot::gpu {
+
+// Deliberate engine bugs, for the tests that show the HostDevice's checks and
+// the bitwise comparisons catch them. Never set outside tests.
+struct EngineFaults {
+  // Free a D2H slot when it is handed to gRPC, not when gRPC released it.
+  bool d2h_slot_free_at_handoff = false;
+  // Free an H2D slot when its copy is queued, not when the copy ran.
+  bool h2d_slot_free_at_enqueue = false;
+  // Queue a chunk's H2D copy before its weights are in the slot.
+  bool h2d_before_fill = false;
+  // Let the D2H stream skip waiting for the bucket's reduce-scatter / ready
+  // event.
+  bool d2h_skip_ready_wait = false;
+  // Record a bucket's weights-ready event before its H2D copies.
+  bool weights_event_early = false;
+  // Make the trainer's stream wait for the bucket's D2H copies.
+  bool wait_on_compute_stream = false;
+};
+
+struct TransferEngineOptions {
+  // This process's place in its node (a worker of the job: the Job's
+  // worker_rank is the node's index).
+  uint32_t local_rank = 0;
+  uint32_t local_ranks = 1;
+  // Chunks per bucket, a multiple of local_ranks (NodePartition). 0: the
+  // smallest multiple of local_ranks holding at least 4 chunks per rank.
+  uint64_t bucket_chunks = 0;
+  // Pinned slots of each ring (>= 1), each one chunk of the job's chunk size.
+  int d2h_slots = 4;
+  int h2d_slots = 4;
+  // Step streams per server this rank runs (its chunks on a server dealt
+  // round-robin between them), <= ClientOptions::connections_per_server.
+  int streams_per_server = 1;
+  EngineFaults faults;
+};
+
+class TransferEngine {
+ public:
+  // `job` (from Client::OpenJob: its worker_rank is the node's), `device` and
+  // `collective` (the node's, of local_ranks ranks with this rank's place;
+  // null when local_ranks is 1) must outlive the engine. INVALID_ARGUMENT:
+  // options that do not fit (a collective of another size or rank, slots <
+  // 1); RESOURCE_EXHAUSTED: device or pinned memory.
+  static absl::StatusOr<std::unique_ptr<TransferEngine>> Create(
+      Job& job, Device& device, Collective* collective,
+      TransferEngineOptions options);
+
+  // Aborts a step in flight and waits for the engine's work to stop.
+  ~TransferEngine();
+
+  const NodePartition& partition() const;
+  // The flat device buffers: partition().padded_elems() elements each, of
+  // the job's grad dtype and weight dtype. Tensor i lives at
+  // job.layout().offset(i) in both.
+  void* grads() const;
+  void* weights() const;
+  // The pinned memory the engine holds, in bytes.
+  uint64_t pinned_bytes() const;
+
+  // Starts step `step` (one phase: options as Job::Step, without
+  // weight_overrides; a config that needs two phases needs a known_commit).
+  // FAILED_PRECONDITION: a step is in flight.
+  absl::Status BeginStep(uint64_t step, const StepOptions& options);
+  // Bucket `bucket`'s gradients are complete in grads() once `stream`'s work
+  // queued so far has run. Returns at once; `stream` never waits for the
+  // engine. INVALID_ARGUMENT: no such bucket, or named twice in the step;
+  // FAILED_PRECONDITION: no step in flight; the step's error once it failed.
+  absl::Status GradientsReady(uint64_t bucket, Stream& stream);
+  // Makes `stream`'s later work wait until bucket `bucket`'s updated weights
+  // are in weights(). During a step, blocks the host until the engine has
+  // queued that bucket's weights (the first bucket's may take a round trip
+  // to the servers); after FinishStep, at once.
+  absl::Status WaitWeights(uint64_t bucket, Stream& stream);
+  // Waits until the step's streams have ended and every weight copy is
+  // queued (not run: WaitWeights orders the device); returns the step's
+  // result (summed over this rank's streams) or its first error. After an
+  // error the engine's streams are drained and the next step may begin.
+  absl::StatusOr<StepResult> FinishStep();
+
+ private:
+  class Impl;
+  explicit TransferEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace depot::gpu
+
+#endif  // DEPOT_CLIENT_SRC_GPU_TRANSFER_ENGINE_H_

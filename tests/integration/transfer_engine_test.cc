@@ -1,0 +1,395 @@
+// The GPU transfer engine (client/src/gpu/transfer_engine.h) on HostDevice
+// and HostCollective, against real depot-server processes: node workers of
+// several local ranks give bit for bit the weights of the same job run by
+// one process per node through Job::Step, and deliberate engine bugs
+// (EngineFaults) are caught by the HostDevice's checks or by that comparison.
+#include "gpu/transfer_engine.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "depot/client.h"
+#include "gpu/host_collective.h"
+#include "gpu/host_device.h"
+#include "gtest/gtest.h"
+#include "training_data.h"
+#include "two_servers.h"
+
+namespace depot::testing {
+namespace {
+
+using gpu::EngineFaults;
+using gpu::HostCollectiveGroup;
+using gpu::HostDevice;
+using gpu::TransferEngine;
+using gpu::TransferEngineOptions;
+
+constexpr uint64_t kSeed = 11;
+constexpr uint64_t kSteps = 3;
+
+// Local rank g of node n's gradient at `step`: fp32, N elements.
+std::vector<float> LocalGradient(const Layout& layout, uint64_t step,
+                                 uint32_t node, uint32_t local_rank,
+                                 uint32_t local_ranks) {
+  const std::string bytes = MakeGradients(layout, DType::kFloat32, kSeed, step,
+                                          node * local_ranks + local_rank);
+  std::vector<float> values(layout.total_elems());
+  std::memcpy(values.data(), bytes.data(), bytes.size());
+  return values;
+}
+
+// The node's contribution: its local gradients summed in fp32, rank order
+// (what HostCollective's reduce-scatter computes).
+std::vector<float> NodeGradient(const Layout& layout, uint64_t step,
+                                uint32_t node, uint32_t local_ranks) {
+  std::vector<float> sum = LocalGradient(layout, step, node, 0, local_ranks);
+  for (uint32_t g = 1; g < local_ranks; ++g) {
+    const std::vector<float> part =
+        LocalGradient(layout, step, node, g, local_ranks);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = sum[i] + part[i];
+  }
+  return sum;
+}
+
+struct RankRun {
+  absl::Status status;
+  // Per step, the weights (weight dtype bytes, N elements) the rank's
+  // forward would read after WaitWeights of every bucket.
+  std::vector<std::string> weights;
+  std::vector<std::string> violations;
+  uint64_t compute_waits = 0;
+  uint64_t wait_weights_calls = 0;
+  uint64_t pinned_bytes = 0;
+  uint64_t chunk_bytes = 0;
+};
+
+class TransferEngineTest : public TwoServers {
+ protected:
+  // The reference: every node one process calling Job::Step with the node's
+  // summed gradient. Returns node 0's weights after each step.
+  std::vector<std::string> ReferenceRun(JobConfig config, uint32_t local_ranks) {
+    config.name += "-reference";
+    std::vector<std::string> weights(kSteps);
+    if (!InitJob(config)) return weights;
+    std::vector<std::thread> nodes;
+    std::vector<absl::Status> statuses(config.num_workers);
+    for (uint32_t n = 0; n < config.num_workers; ++n) {
+      nodes.emplace_back([&, n] {
+        statuses[n] = [&]() -> absl::Status {
+          ClientOptions options;
+          options.servers = Addresses();
+          auto client = Client::Connect(options);
+          if (!client.ok()) return client.status();
+          auto job = (*client)->OpenJob(config, n);
+          if (!job.ok()) return job.status();
+          const Layout& layout = (*job)->layout();
+          const size_t wsize = DTypeSize(config.weight_dtype);
+          for (uint64_t step = 1; step <= kSteps; ++step) {
+            const std::vector<float> grads =
+                NodeGradient(layout, step, n, local_ranks);
+            std::string out(layout.total_elems() * wsize, '\0');
+            if (absl::Status s =
+                    (*job)->Step(step, grads.data(), out.data(), nullptr);
+                !s.ok()) {
+              return s;
+            }
+            if (n == 0) weights[step - 1] = std::move(out);
+          }
+          return absl::OkStatus();
+        }();
+      });
+    }
+    for (std::thread& t : nodes) t.join();
+    for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+    return weights;
+  }
+
+  // Opens `config` and sets its initial weights; false on failure.
+  bool InitJob(const JobConfig& config) {
+    ClientOptions options;
+    options.servers = Addresses();
+    auto client = Client::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (!client.ok()) return false;
+    auto job = (*client)->OpenJob(config, 0);
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return false;
+    const std::string init =
+        MakeInitialWeights((*job)->layout(), DType::kFloat32, kSeed);
+    const absl::Status s = (*job)->InitWeights(init.data(), DType::kFloat32);
+    EXPECT_TRUE(s.ok()) << s;
+    return s.ok();
+  }
+
+  // config.num_workers nodes of `local_ranks` ranks, each rank one thread
+  // with its own client, HostDevice and engine.
+  std::vector<RankRun> EngineRun(JobConfig config, uint32_t local_ranks,
+                                 TransferEngineOptions engine_options,
+                                 HostDevice::Options device_options = {}) {
+    config.name += "-engine";
+    const uint32_t nodes = config.num_workers;
+    std::vector<RankRun> runs(nodes * local_ranks);
+    if (!InitJob(config)) return runs;
+    std::vector<std::shared_ptr<HostCollectiveGroup>> groups;
+    for (uint32_t n = 0; n < nodes; ++n) {
+      groups.push_back(HostCollectiveGroup::Create(local_ranks));
+    }
+    std::vector<std::thread> threads;
+    for (uint32_t n = 0; n < nodes; ++n) {
+      for (uint32_t g = 0; g < local_ranks; ++g) {
+        threads.emplace_back([&, n, g] {
+          RankRun& run = runs[n * local_ranks + g];
+          HostDevice device(device_options);
+          std::unique_ptr<gpu::Collective> collective;
+          if (local_ranks > 1) collective = groups[n]->Join(g, device);
+          run.status = RunRank(config, n, g, local_ranks, engine_options,
+                               device, collective.get(), run);
+          run.violations = device.violations();
+        });
+      }
+    }
+    for (std::thread& t : threads) t.join();
+    return runs;
+  }
+
+  absl::Status RunRank(const JobConfig& config, uint32_t node,
+                       uint32_t local_rank, uint32_t local_ranks,
+                       TransferEngineOptions engine_options, HostDevice& device,
+                       gpu::Collective* collective, RankRun& run) {
+    ClientOptions options;
+    options.servers = Addresses();
+    auto client = Client::Connect(options);
+    if (!client.ok()) return client.status();
+    auto job = (*client)->OpenJob(config, node);
+    if (!job.ok()) return job.status();
+    engine_options.local_rank = local_rank;
+    engine_options.local_ranks = local_ranks;
+    auto engine =
+        TransferEngine::Create(**job, device, collective, engine_options);
+    if (!engine.ok()) return engine.status();
+    run.pinned_bytes = (*engine)->pinned_bytes();
+    run.chunk_bytes = config.chunk_elems;
+    auto compute = device.CreateStream();
+    if (!compute.ok()) return compute.status();
+    const Layout& layout = (*job)->layout();
+    const uint64_t n = layout.total_elems();
+    const uint64_t buckets = (*engine)->partition().num_buckets();
+    const size_t wsize = DTypeSize(config.weight_dtype);
+    auto snapshot = device.Allocate(n * wsize);
+    if (!snapshot.ok()) return snapshot.status();
+    for (uint64_t step = 1; step <= kSteps; ++step) {
+      if (absl::Status s = (*engine)->BeginStep(step, StepOptions());
+          !s.ok()) {
+        return s;
+      }
+      // "Backward": the gradient lands in the device buffer on the compute
+      // stream, and the buckets are named last to first.
+      const std::vector<float> grads =
+          LocalGradient(layout, step, node, local_rank, local_ranks);
+      if (absl::Status s = device.CopyAsync(
+              **compute, (*engine)->grads(), grads.data(), n * sizeof(float),
+              gpu::CopyKind::kHostToDevice);
+          !s.ok()) {
+        return s;
+      }
+      for (uint64_t b = buckets; b-- > 0;) {
+        if (absl::Status s = (*engine)->GradientsReady(b, **compute);
+            !s.ok()) {
+          return s;
+        }
+      }
+      // "Forward": each bucket's weights, first to last, read on the compute
+      // stream right after its wait (a device-to-device copy, which the
+      // HostDevice does not slow down) into a snapshot.
+      for (uint64_t b = 0; b < buckets; ++b) {
+        if (absl::Status s = (*engine)->WaitWeights(b, **compute); !s.ok()) {
+          return s;
+        }
+        ++run.wait_weights_calls;
+        const ChunkSpan span = (*engine)->partition().bucket(b);
+        const uint64_t begin = span.first * config.chunk_elems;
+        const uint64_t end = std::min(n, span.end * config.chunk_elems);
+        if (absl::Status s = device.CopyAsync(
+                **compute, static_cast<char*>((*snapshot)->data()) + begin * wsize,
+                static_cast<const char*>((*engine)->weights()) + begin * wsize,
+                (end - begin) * wsize, gpu::CopyKind::kDeviceToDevice);
+            !s.ok()) {
+          return s;
+        }
+      }
+      std::string out(n * wsize, '\0');
+      if (absl::Status s = device.CopyAsync(**compute, out.data(),
+                                            (*snapshot)->data(), out.size(),
+                                            gpu::CopyKind::kDeviceToHost);
+          !s.ok()) {
+        return s;
+      }
+      absl::StatusOr<StepResult> result = (*engine)->FinishStep();
+      if (!result.ok()) return result.status();
+      if (absl::Status s = device.SynchronizeStream(**compute); !s.ok()) {
+        return s;
+      }
+      run.weights.push_back(std::move(out));
+    }
+    run.compute_waits = device.waits_queued(**compute);
+    return absl::OkStatus();
+  }
+};
+
+// The first element where two weight buffers differ, or "" when equal.
+std::string FirstDifference(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) {
+    return absl::StrCat("sizes ", a.size(), " and ", b.size());
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return absl::StrCat("byte ", i);
+  }
+  return "";
+}
+
+TEST_F(TransferEngineTest, TwoNodesOfTwoRanksEqualTheOneProcessRunBitForBit) {
+  for (const DType weight_dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(std::string(DTypeName(weight_dtype)));
+    JobConfig config = SmallJobConfig(
+        absl::StrCat("nodes-", std::string(DTypeName(weight_dtype))), 2, 2);
+    config.weight_dtype = weight_dtype;
+    const std::vector<std::string> reference = ReferenceRun(config, 2);
+    TransferEngineOptions options;
+    options.bucket_chunks = 4;  // the last bucket is padded with a phantom
+    options.d2h_slots = 2;
+    options.h2d_slots = 2;
+    options.streams_per_server = 2;
+    const std::vector<RankRun> runs = EngineRun(config, 2, options);
+    ASSERT_EQ(runs.size(), 4u);
+    for (size_t r = 0; r < runs.size(); ++r) {
+      SCOPED_TRACE(absl::StrCat("node ", r / 2, " local rank ", r % 2));
+      ASSERT_TRUE(runs[r].status.ok()) << runs[r].status;
+      EXPECT_TRUE(runs[r].violations.empty())
+          << absl::StrJoin(runs[r].violations, "\n");
+      ASSERT_EQ(runs[r].weights.size(), kSteps);
+      for (uint64_t s = 0; s < kSteps; ++s) {
+        EXPECT_EQ(FirstDifference(runs[r].weights[s], reference[s]), "")
+            << "step " << s + 1;
+      }
+      // The compute stream waited only where the trainer asked it to.
+      EXPECT_EQ(runs[r].compute_waits, runs[r].wait_weights_calls);
+      // Pinned memory: 2 + 2 slots of one chunk each.
+      EXPECT_EQ(runs[r].pinned_bytes,
+                2 * config.chunk_elems * 4 +
+                    2 * config.chunk_elems * DTypeSize(weight_dtype));
+    }
+  }
+}
+
+// One process per node (local_ranks 1, no collective), one slot per ring:
+// every chunk waits for the previous one's send and copy.
+TEST_F(TransferEngineTest, OneRankNodesWithOneSlotPerRing) {
+  const JobConfig config = SmallJobConfig("single", 2, 2);
+  const std::vector<std::string> reference = ReferenceRun(config, 1);
+  TransferEngineOptions options;
+  options.bucket_chunks = 3;
+  options.d2h_slots = 1;
+  options.h2d_slots = 1;
+  const std::vector<RankRun> runs = EngineRun(config, 1, options);
+  for (const RankRun& run : runs) {
+    ASSERT_TRUE(run.status.ok()) << run.status;
+    EXPECT_TRUE(run.violations.empty()) << absl::StrJoin(run.violations, "\n");
+    for (uint64_t s = 0; s < kSteps; ++s) {
+      EXPECT_EQ(FirstDifference(run.weights[s], reference[s]), "")
+          << "step " << s + 1;
+    }
+  }
+}
+
+// Each deliberate engine bug is caught: by the HostDevice's host-access
+// checks (an engine error), by a weights mismatch with the reference, or by
+// a wait queued on the compute stream. Copies are throttled to 200 MB/s so
+// that what a race needs to show happens.
+class TransferEngineFaultTest : public TransferEngineTest {
+ protected:
+  // Whether the run with `faults` shows the bug somewhere.
+  std::string Caught(const EngineFaults& faults) {
+    JobConfig config = LargeJobConfig("faults", DType::kFloat32,
+                                      DType::kFloat32, 1);
+    const std::vector<std::string> reference = ReferenceRun(config, 1);
+    TransferEngineOptions options;
+    options.bucket_chunks = 2;
+    options.d2h_slots = 1;
+    options.h2d_slots = 1;
+    options.faults = faults;
+    HostDevice::Options device;
+    device.copy_bytes_per_second = 200e6;
+    config.name += absl::StrCat("-", ++run_);
+    const std::vector<RankRun> runs = EngineRun(config, 1, options, device);
+    std::vector<std::string> signs;
+    for (const RankRun& run : runs) {
+      if (!run.status.ok()) signs.push_back(run.status.ToString());
+      if (!run.violations.empty()) signs.push_back(run.violations.front());
+      for (size_t s = 0; s < run.weights.size() && s < reference.size(); ++s) {
+        const std::string diff = FirstDifference(run.weights[s], reference[s]);
+        if (!diff.empty()) {
+          signs.push_back(absl::StrCat("step ", s + 1, " weights differ at ",
+                                       diff));
+          break;
+        }
+      }
+      if (run.status.ok() && run.compute_waits != run.wait_weights_calls) {
+        signs.push_back(absl::StrCat("the compute stream got ",
+                                     run.compute_waits, " waits for ",
+                                     run.wait_weights_calls, " WaitWeights"));
+      }
+    }
+    return absl::StrJoin(signs, "; ");
+  }
+  int run_ = 0;
+};
+
+TEST_F(TransferEngineFaultTest, ACorrectEngineShowsNothing) {
+  EXPECT_EQ(Caught(EngineFaults()), "");
+}
+
+TEST_F(TransferEngineFaultTest, H2dSlotReusedBeforeItsCopyRanIsCaught) {
+  EngineFaults faults;
+  faults.h2d_slot_free_at_enqueue = true;
+  EXPECT_NE(Caught(faults), "");
+}
+
+TEST_F(TransferEngineFaultTest, H2dCopyStartedBeforeItsWeightsArrivedIsCaught) {
+  EngineFaults faults;
+  faults.h2d_before_fill = true;
+  EXPECT_NE(Caught(faults), "");
+}
+
+TEST_F(TransferEngineFaultTest, D2hCopyBeforeTheGradientsAreReadyIsCaught) {
+  EngineFaults faults;
+  faults.d2h_skip_ready_wait = true;
+  EXPECT_NE(Caught(faults), "");
+}
+
+TEST_F(TransferEngineFaultTest, WeightsReadBeforeTheirEventIsCaught) {
+  EngineFaults faults;
+  faults.weights_event_early = true;
+  EXPECT_NE(Caught(faults), "");
+}
+
+TEST_F(TransferEngineFaultTest, ComputeStreamMadeToWaitIsCaught) {
+  EngineFaults faults;
+  faults.wait_on_compute_stream = true;
+  EXPECT_NE(Caught(faults), "");
+}
+
+TEST_F(TransferEngineFaultTest, D2hSlotReusedBeforeGrpcReleasedItIsCaught) {
+  EngineFaults faults;
+  faults.d2h_slot_free_at_handoff = true;
+  EXPECT_NE(Caught(faults), "");
+}
+
+}  // namespace
+}  // namespace depot::testing
