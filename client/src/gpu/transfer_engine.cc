@@ -72,8 +72,37 @@ struct SlotRing {
 
 }  // namespace
 
-class TransferEngine::Impl : public WeightSink {
+class TransferEngine::Impl {
  public:
+  // One step's transfers: its streams, threads and progress. With the delayed
+  // update two are in flight: the older one's round trip while the newer
+  // one's backward runs.
+  struct StepRun : public WeightSink {
+    Impl* engine = nullptr;
+    uint64_t step = 0;
+    int parity = 0;       // which set of per-bucket events
+    char* grads = nullptr;  // the gradient buffer this step reads
+    StepOptions options;
+    std::vector<std::unique_ptr<ChunkQueue>> queues;
+    StepResult result;  // the step thread's until joined
+    std::thread step_thread, comm_thread, d2h_thread;
+
+    // Guarded by the engine's mu_.
+    absl::Status error;
+    bool aborted = false;
+    bool collectives_done = false;  // every all-gather (G = 1: record) queued
+    std::vector<uint64_t> ready_order, d2h_order;
+    std::vector<bool> named, weights_recorded, h2d_waited;
+    std::vector<uint64_t> h2d_pending;
+    std::vector<int> d2h_slot_of_chunk;
+
+    absl::Status Accept(uint64_t index, uint64_t bytes,
+                        const std::function<void(char*)>& copy) override {
+      return engine->Accept(*this, index, bytes, copy);
+    }
+  };
+
+
   Impl(Job& job, Device& device, Collective* collective,
        TransferEngineOptions options, NodePartition partition)
       : job_(job),
@@ -84,51 +113,66 @@ class TransferEngine::Impl : public WeightSink {
         grad_size_(DTypeSize(job.config().grad_dtype)),
         weight_size_(DTypeSize(job.config().weight_dtype)) {}
 
-  ~Impl() override {
-    if (in_step_) {
-      Fail(absl::CancelledError("the transfer engine was destroyed"));
-      JoinStep();
-      Drain();
+  ~Impl() {
+    for (std::unique_ptr<StepRun>& run : runs_) {
+      Fail(*run, absl::CancelledError("the transfer engine was destroyed"));
     }
+    for (std::unique_ptr<StepRun>& run : runs_) JoinRun(*run);
+    if (!runs_.empty()) Drain();
   }
 
   absl::Status Init() {
     const uint64_t padded = partition_.padded_elems();
     const uint64_t chunk = partition_.chunk_elems();
-    absl::StatusOr<std::unique_ptr<Buffer>> buffer =
-        device_.Allocate(padded * grad_size_);
-    if (!buffer.ok()) return buffer.status();
-    grads_ = *std::move(buffer);
-    buffer = device_.Allocate(padded * weight_size_);
-    if (!buffer.ok()) return buffer.status();
-    weights_ = *std::move(buffer);
+    const bool dpu = options_.delayed_update;
+    for (int i = 0; i < (dpu ? 2 : 1); ++i) {
+      absl::StatusOr<std::unique_ptr<Buffer>> buffer =
+          device_.Allocate(padded * grad_size_);
+      if (!buffer.ok()) return buffer.status();
+      grads_[i] = *std::move(buffer);
+    }
+    for (int i = 0; i < (dpu ? 2 : 1); ++i) {
+      absl::StatusOr<std::unique_ptr<Buffer>> buffer =
+          device_.Allocate(padded * weight_size_);
+      if (!buffer.ok()) return buffer.status();
+      (i == 0 ? live_ : incoming_) = *std::move(buffer);
+    }
     for (auto [ring, slots, size] :
          {std::tuple{&d2h_, options_.d2h_slots, grad_size_},
           std::tuple{&h2d_, options_.h2d_slots, weight_size_}}) {
       ring->slots = slots;
       ring->slot_bytes = chunk * size;
-      buffer = device_.AllocatePinned(ring->slot_bytes * slots);
+      absl::StatusOr<std::unique_ptr<Buffer>> buffer =
+          device_.AllocatePinned(ring->slot_bytes * slots);
       if (!buffer.ok()) return buffer.status();
       ring->memory = *std::move(buffer);
       for (int i = slots - 1; i >= 0; --i) ring->free.push_back(i);
     }
-    for (std::unique_ptr<Stream>* stream : {&comm_, &d2h_stream_, &h2d_stream_}) {
+    for (std::unique_ptr<Stream>* stream :
+         {&comm_, &d2h_stream_, &h2d_stream_}) {
       absl::StatusOr<std::unique_ptr<Stream>> created = device_.CreateStream();
       if (!created.ok()) return created.status();
       *stream = *std::move(created);
     }
     const uint64_t buckets = partition_.num_buckets();
-    for (auto* events : {&ready_, &rs_done_, &h2d_done_, &weights_ready_}) {
+    std::vector<std::vector<std::unique_ptr<Event>>*> sets = {&applied_};
+    for (int p = 0; p < 2; ++p) {
+      for (auto* events :
+           {&ready_[p], &rs_done_[p], &h2d_done_[p], &weights_ready_[p]}) {
+        sets.push_back(events);
+      }
+    }
+    for (auto* events : sets) {
       for (uint64_t b = 0; b < buckets; ++b) {
         absl::StatusOr<std::unique_ptr<Event>> event = device_.CreateEvent();
         if (!event.ok()) return event.status();
         events->push_back(*std::move(event));
       }
     }
+    applied_step_.assign(buckets, 0);
     // This rank's chunks, dealt to its streams: per server, round-robin.
     const ShardPlan& plan = job_.plan();
     route_of_chunk_.assign(plan.num_chunks(), UINT32_MAX);
-    d2h_slot_of_chunk_.assign(plan.num_chunks(), -1);
     owned_in_bucket_.assign(buckets, 0);
     std::vector<std::vector<uint32_t>> server_routes(plan.num_servers());
     std::vector<uint64_t> dealt(plan.num_servers(), 0);
@@ -155,17 +199,32 @@ class TransferEngine::Impl : public WeightSink {
   }
 
   const NodePartition& partition() const { return partition_; }
-  void* grads() const { return grads_->data(); }
-  void* weights() const { return weights_->data(); }
+  void* grads() const {
+    return grads_[options_.delayed_update ? begun_ % 2 : 0]->data();
+  }
+  void* weights() const { return live_->data(); }
   uint64_t pinned_bytes() const {
     return d2h_.memory->bytes() + h2d_.memory->bytes();
   }
 
   absl::Status BeginStep(uint64_t step, const StepOptions& options) {
-    if (in_step_) {
+    const size_t most = options_.delayed_update ? 2 : 1;
+    if (runs_.size() >= most) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "BeginStep(", step, "): step ", step_,
-          " is in flight (call FinishStep first)"));
+          "BeginStep(", step, "): step ", runs_.front()->step,
+          " is in flight (call FinishStep first", 
+          options_.delayed_update ? "; with the delayed update, at most two "
+                                    "steps are in flight"
+                                  : "",
+          ")"));
+    }
+    if (step == 0) {
+      return absl::InvalidArgumentError("BeginStep: steps are numbered from 1");
+    }
+    if (!runs_.empty() && step != begun_ + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "BeginStep(", step, "): step ", begun_,
+          " is in flight; the next step is ", begun_ + 1));
     }
     if (!options.weight_overrides.empty()) {
       return absl::InvalidArgumentError(
@@ -174,49 +233,55 @@ class TransferEngine::Impl : public WeightSink {
           "servers' with Job::Step's overrides on a host step");
     }
     const uint64_t buckets = partition_.num_buckets();
-    {
-      absl::MutexLock lock(&mu_);
-      error_ = absl::OkStatus();
-      aborted_ = false;
-      ready_order_.clear();
-      d2h_order_.clear();
-      named_.assign(buckets, false);
-      weights_recorded_.assign(buckets, false);
-      h2d_waited_.assign(buckets, false);
-      h2d_pending_ = owned_in_bucket_;
-    }
-    step_ = step;
-    options_copy_ = options;
-    in_step_ = true;
-    queues_.clear();
+    auto run = std::make_unique<StepRun>();
+    run->engine = this;
+    run->step = step;
+    run->parity = static_cast<int>(step % 2);
+    run->grads = static_cast<char*>(
+        grads_[options_.delayed_update ? step % 2 : 0]->data());
+    run->options = options;
+    run->named.assign(buckets, false);
+    run->weights_recorded.assign(buckets, false);
+    run->h2d_waited.assign(buckets, false);
+    run->h2d_pending = owned_in_bucket_;
+    run->d2h_slot_of_chunk.assign(job_.plan().num_chunks(), -1);
+    StepRun* r = run.get();
     StreamedStep streamed;
     streamed.step = step;
-    streamed.options = &options_copy_;
+    streamed.options = &r->options;
     if (options_.local_ranks > 1) {
       streamed.local_ranks = options_.local_ranks;
       streamed.local_rank = options_.local_rank;
       streamed.bucket_chunks = partition_.bucket_chunks();
     }
-    streamed.sink = this;
+    streamed.sink = r;
     for (const StreamedStep::Route& route : routes_) {
-      queues_.push_back(std::make_unique<ChunkQueue>(
-          [this](uint64_t index) { ReleaseD2h(index); }));
+      r->queues.push_back(std::make_unique<ChunkQueue>(
+          [this, r](uint64_t index) { ReleaseD2h(*r, index); }));
       streamed.routes.push_back(route);
-      streamed.routes.back().feed = queues_.back().get();
+      streamed.routes.back().feed = r->queues.back().get();
     }
-    step_result_ = StepResult();
-    step_thread_ = std::thread([this, streamed = std::move(streamed)] {
+    StepRun* previous = runs_.empty() ? nullptr : runs_.back().get();
+    {
+      absl::MutexLock lock(&mu_);
+      runs_.push_back(std::move(run));
+    }
+    begun_ = step;
+    r->step_thread = std::thread([this, r, streamed = std::move(streamed)] {
       absl::Status status =
-          client_internal::RunStreamedStep(job_, streamed, &step_result_);
-      if (!status.ok()) Fail(status);
+          client_internal::RunStreamedStep(job_, streamed, &r->result);
+      if (!status.ok()) Fail(*r, status);
     });
-    comm_thread_ = std::thread([this] { RunCollectives(); });
-    d2h_thread_ = std::thread([this] { RunDeviceToHost(); });
+    r->comm_thread = std::thread([this, r, previous] {
+      RunCollectives(*r, previous);
+    });
+    r->d2h_thread = std::thread([this, r] { RunDeviceToHost(*r); });
     return absl::OkStatus();
   }
 
   absl::Status GradientsReady(uint64_t bucket, Stream& stream) {
-    if (!in_step_) {
+    StepRun* run = runs_.empty() ? nullptr : runs_.back().get();
+    if (run == nullptr || run->step != begun_) {
       return absl::FailedPreconditionError(
           "GradientsReady: no step in flight (call BeginStep first)");
     }
@@ -227,23 +292,24 @@ class TransferEngine::Impl : public WeightSink {
     }
     {
       absl::MutexLock lock(&mu_);
-      if (!error_.ok()) return error_;
-      if (named_[bucket]) {
+      if (!run->error.ok()) return run->error;
+      if (run->named[bucket]) {
         return absl::InvalidArgumentError(absl::StrCat(
             "GradientsReady: bucket ", bucket, " was named twice in step ",
-            step_));
+            run->step));
       }
     }
-    if (absl::Status s = device_.Record(*ready_[bucket], stream); !s.ok()) {
-      Fail(s);
+    Event& ready = *ready_[run->parity][bucket];
+    if (absl::Status s = device_.Record(ready, stream); !s.ok()) {
+      Fail(*run, s);
       return s;
     }
     if (options_.faults.wait_on_compute_stream) {
-      (void)device_.Wait(stream, *ready_[bucket]);
+      (void)device_.Wait(stream, ready);
     }
     absl::MutexLock lock(&mu_);
-    named_[bucket] = true;
-    ready_order_.push_back(bucket);
+    run->named[bucket] = true;
+    run->ready_order.push_back(bucket);
     return absl::OkStatus();
   }
 
@@ -252,77 +318,137 @@ class TransferEngine::Impl : public WeightSink {
       return absl::InvalidArgumentError(absl::StrCat(
           "WaitWeights: bucket ", bucket, " of ", partition_.num_buckets()));
     }
-    if (in_step_) {
+    // The step whose weights this forward reads: the last begun, or with
+    // the delayed update the one before it.
+    const uint64_t target =
+        options_.delayed_update ? (begun_ > 0 ? begun_ - 1 : 0) : begun_;
+    if (target == 0) return absl::OkStatus();  // the initial weights
+    int parity = static_cast<int>(target % 2);
+    {
       absl::MutexLock lock(&mu_);
-      if (!named_[bucket]) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "WaitWeights: bucket ", bucket, " of step ", step_,
-            " has not been named by GradientsReady"));
+      if (options_.delayed_update && applied_step_[bucket] >= target) {
+        return absl::OkStatus();  // applied by an earlier WaitWeights
       }
-      const auto recorded = [this, bucket]()
-                                ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return aborted_ || weights_recorded_[bucket];
-      };
-      mu_.Await(absl::Condition(&recorded));
-      if (!error_.ok()) return error_;
+      StepRun* run = nullptr;
+      for (std::unique_ptr<StepRun>& r : runs_) {
+        if (r->step == target) run = r.get();
+      }
+      if (run != nullptr) {
+        if (!run->named[bucket]) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "WaitWeights: bucket ", bucket, " of step ", target,
+              " has not been named by GradientsReady"));
+        }
+        const auto recorded = [run, bucket]()
+                                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return run->aborted || run->weights_recorded[bucket];
+        };
+        mu_.Await(absl::Condition(&recorded));
+        if (!run->error.ok()) return run->error;
+      }
     }
-    return device_.Wait(stream, *weights_ready_[bucket]);
+    Event& ready = *weights_ready_[parity][bucket];
+    if (absl::Status s = device_.Wait(stream, ready); !s.ok()) return s;
+    if (!options_.delayed_update) return absl::OkStatus();
+    // Delayed update: the step's weights arrived in the incoming buffer; the
+    // forward's stream copies the bucket into the live weights, and the next
+    // step's H2D copies of the bucket wait for that.
+    const ChunkSpan padded = partition_.padded_bucket(bucket);
+    const uint64_t begin = padded.first * partition_.chunk_elems() * weight_size_;
+    const uint64_t bytes = padded.size() * partition_.chunk_elems() * weight_size_;
+    absl::Status s = device_.CopyAsync(
+        stream, static_cast<char*>(live_->data()) + begin,
+        static_cast<char*>(incoming_->data()) + begin, bytes,
+        CopyKind::kDeviceToDevice);
+    if (s.ok()) s = device_.Record(*applied_[bucket], stream);
+    if (!s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    applied_step_[bucket] = target;
+    return absl::OkStatus();
   }
 
   absl::StatusOr<StepResult> FinishStep() {
-    if (!in_step_) {
+    if (runs_.empty()) {
       return absl::FailedPreconditionError("FinishStep: no step in flight");
     }
+    StepRun& run = *runs_.front();
     std::vector<uint64_t> missing;
     {
       absl::MutexLock lock(&mu_);
-      for (uint64_t b = 0; b < named_.size(); ++b) {
-        if (!named_[b]) missing.push_back(b);
+      for (uint64_t b = 0; b < run.named.size(); ++b) {
+        if (!run.named[b]) missing.push_back(b);
       }
     }
     if (!missing.empty()) {
-      Fail(absl::FailedPreconditionError(absl::StrCat(
-          "FinishStep: step ", step_, " ended before GradientsReady named ",
-          missing.size() == 1 ? "bucket " : "buckets ",
-          absl::StrJoin(missing, ", "))));
+      Fail(run, absl::FailedPreconditionError(absl::StrCat(
+                    "FinishStep: step ", run.step,
+                    " ended before GradientsReady named ",
+                    missing.size() == 1 ? "bucket " : "buckets ",
+                    absl::StrJoin(missing, ", "))));
     }
-    JoinStep();
-    in_step_ = false;
+    JoinRun(run);
     absl::Status error;
     {
       absl::MutexLock lock(&mu_);
-      error = error_;
+      error = run.error;
     }
     if (!error.ok()) {
+      // A later step in flight cannot go on without this one.
+      for (std::unique_ptr<StepRun>& later : runs_) {
+        Fail(*later, absl::AbortedError(absl::StrCat(
+                         "step ", run.step, " failed: ", error.message())));
+      }
+      for (std::unique_ptr<StepRun>& later : runs_) JoinRun(*later);
       Drain();
+      absl::MutexLock lock(&mu_);
+      runs_.clear();
       return error;
     }
-    return step_result_;
+    const StepResult result = run.result;
+    absl::MutexLock lock(&mu_);
+    runs_.pop_front();
+    return result;
   }
 
-  // WeightSink: a chunk's weights, on a stream's reader thread.
-  absl::Status Accept(uint64_t index, uint64_t bytes,
-                      const std::function<void(char*)>& copy) override {
-    const int slot = Acquire(h2d_);
-    if (slot < 0) return Aborted();
+  // StepRun::Accept: a chunk's weights, on a stream's reader thread.
+  absl::Status Accept(StepRun& run, uint64_t index, uint64_t bytes,
+                      const std::function<void(char*)>& copy) {
+    const int slot = Acquire(run, h2d_);
+    if (slot < 0) return Aborted(run);
     char* data = h2d_.slot(slot);
     const uint64_t bucket = partition_.BucketOfChunk(index);
-    char* dst = static_cast<char*>(weights_->data()) +
-                index * partition_.chunk_elems() * weight_size_;
+    char* target = static_cast<char*>(
+        (options_.delayed_update ? incoming_ : live_)->data());
+    char* dst = target + index * partition_.chunk_elems() * weight_size_;
     if (!options_.faults.h2d_before_fill) {
-      if (absl::Status s = Fill(data, bytes, copy); !s.ok()) return s;
+      if (absl::Status s = Fill(run, data, bytes, copy); !s.ok()) return s;
     }
     absl::Status status;
     {
       absl::MutexLock h2d_lock(&h2d_mu_);
-      bool wait_ready;
+      bool first;
       {
         absl::MutexLock lock(&mu_);
-        wait_ready = !h2d_waited_[bucket];
-        h2d_waited_[bucket] = true;
+        first = !run.h2d_waited[bucket];
+        run.h2d_waited[bucket] = true;
+        if (first && options_.delayed_update && run.step > 1) {
+          // The incoming buffer still holds the previous step's weights of
+          // this bucket until the forward applied them.
+          const auto applied = [this, &run, bucket]()
+                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return run.aborted || applied_step_[bucket] + 1 >= run.step;
+          };
+          mu_.Await(absl::Condition(&applied));
+          if (run.aborted) status = absl::AbortedError("the step was aborted");
+        }
       }
       // Backward may still read this bucket's weights until its ready point.
-      if (wait_ready) status = device_.Wait(*h2d_stream_, *ready_[bucket]);
+      if (status.ok() && first) {
+        status = device_.Wait(*h2d_stream_, *ready_[run.parity][bucket]);
+        if (status.ok() && options_.delayed_update && run.step > 1) {
+          status = device_.Wait(*h2d_stream_, *applied_[bucket]);
+        }
+      }
       if (status.ok()) {
         status = device_.CopyAsync(*h2d_stream_, dst, data, bytes,
                                    CopyKind::kHostToDevice);
@@ -340,58 +466,59 @@ class TransferEngine::Impl : public WeightSink {
       bool last = false;
       if (status.ok()) {
         absl::MutexLock lock(&mu_);
-        last = h2d_pending_[bucket] == 1;
+        last = run.h2d_pending[bucket] == 1;
       }
       if (status.ok() && last) {
-        status = device_.Record(*h2d_done_[bucket], *h2d_stream_);
+        status = device_.Record(*h2d_done_[run.parity][bucket], *h2d_stream_);
       }
       if (status.ok()) {
         absl::MutexLock lock(&mu_);
-        --h2d_pending_[bucket];
+        --run.h2d_pending[bucket];
       }
     }
     if (status.ok() && options_.faults.h2d_before_fill) {
-      status = Fill(data, bytes, copy);
+      status = Fill(run, data, bytes, copy);
     }
-    if (!status.ok()) Fail(status);
+    if (!status.ok()) Fail(run, status);
     return status;
   }
 
  private:
-  absl::Status Fill(char* data, uint64_t bytes,
+  absl::Status Fill(StepRun& run, char* data, uint64_t bytes,
                     const std::function<void(char*)>& copy) {
     if (absl::Status s = device_.CheckHostAccess(data, bytes, /*write=*/true);
         !s.ok()) {
-      Fail(s);
+      Fail(run, s);
       return s;
     }
     copy(data);
     return absl::OkStatus();
   }
 
-  absl::Status Aborted() {
+  absl::Status Aborted(StepRun& run) {
     absl::MutexLock lock(&mu_);
-    return error_.ok() ? absl::AbortedError("the step was aborted") : error_;
+    return run.error.ok() ? absl::AbortedError("the step was aborted")
+                          : run.error;
   }
 
   // The step's first error; stops every thread of the step.
-  void Fail(const absl::Status& status) {
+  void Fail(StepRun& run, const absl::Status& status) {
     {
       absl::MutexLock lock(&mu_);
-      if (error_.ok()) error_ = status;
-      aborted_ = true;
+      if (run.error.ok()) run.error = status;
+      run.aborted = true;
     }
-    for (const std::unique_ptr<ChunkQueue>& queue : queues_) queue->Abort();
+    for (const std::unique_ptr<ChunkQueue>& queue : run.queues) queue->Abort();
   }
 
   // A free slot of `ring`, or -1 once the step is aborted.
-  int Acquire(SlotRing& ring) {
+  int Acquire(StepRun& run, SlotRing& ring) {
     absl::MutexLock lock(&mu_);
-    const auto available = [this, &ring]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return aborted_ || !ring.free.empty();
+    const auto available = [&run, &ring]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return run.aborted || !ring.free.empty();
     };
     mu_.Await(absl::Condition(&available));
-    if (aborted_) return -1;
+    if (run.aborted) return -1;
     const int slot = ring.free.back();
     ring.free.pop_back();
     return slot;
@@ -403,12 +530,12 @@ class TransferEngine::Impl : public WeightSink {
   }
 
   // gRPC let go of chunk `index`'s D2H slot.
-  void ReleaseD2h(uint64_t index) {
+  void ReleaseD2h(StepRun& run, uint64_t index) {
     int slot;
     {
       absl::MutexLock lock(&mu_);
-      slot = d2h_slot_of_chunk_[index];
-      d2h_slot_of_chunk_[index] = -1;
+      slot = run.d2h_slot_of_chunk[index];
+      run.d2h_slot_of_chunk[index] = -1;
     }
     if (slot < 0) return;
     // gRPC read the slot until now: no copy may have been writing it.
@@ -416,143 +543,168 @@ class TransferEngine::Impl : public WeightSink {
             d2h_.slot(slot), job_.plan().chunk(index).size() * grad_size_,
             /*write=*/false);
         !s.ok()) {
-      Fail(s);
+      Fail(run, s);
     }
     if (!options_.faults.d2h_slot_free_at_handoff) Free(d2h_, slot);
   }
 
   // On the D2H stream's host thread, once chunk `index` is in slot `slot`.
-  void HandOff(uint64_t index, int slot) {
+  void HandOff(StepRun& run, uint64_t index, int slot) {
     const uint64_t bytes = job_.plan().chunk(index).size() * grad_size_;
     if (absl::Status s =
             device_.CheckHostAccess(d2h_.slot(slot), bytes, /*write=*/false);
         !s.ok()) {
-      Fail(s);
+      Fail(run, s);
       return;
     }
     {
       absl::MutexLock lock(&mu_);
-      d2h_slot_of_chunk_[index] = slot;
+      run.d2h_slot_of_chunk[index] = slot;
       if (options_.faults.d2h_slot_free_at_handoff) d2h_.free.push_back(slot);
     }
-    queues_[route_of_chunk_[index]]->Push(index, d2h_.slot(slot));
+    run.queues[route_of_chunk_[index]]->Push(index, d2h_.slot(slot));
   }
 
-  // Waits until `list` has more than `i` entries; nullopt once aborted.
-  std::optional<uint64_t> Nth(const std::vector<uint64_t>& list, size_t i) {
+  // Waits until `list` of `run` has more than `i` entries; nullopt once
+  // aborted.
+  std::optional<uint64_t> Nth(StepRun& run, const std::vector<uint64_t>& list,
+                              size_t i) {
     absl::MutexLock lock(&mu_);
-    const auto there = [this, &list, i]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return aborted_ || list.size() > i;
+    const auto there = [&run, &list, i]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return run.aborted || list.size() > i;
     };
     mu_.Await(absl::Condition(&there));
-    if (aborted_) return std::nullopt;
+    if (run.aborted) return std::nullopt;
     return list[i];
   }
 
-  // The comm stream's work: every bucket's reduce-scatter in the order
-  // GradientsReady named them, then every bucket's all-gather in that order.
-  void RunCollectives() {
+  // The comm stream's work for `run`: every bucket's reduce-scatter in the
+  // order GradientsReady named them, then every bucket's all-gather in that
+  // order. It starts once the previous step's are all queued, so that every
+  // rank's collectives come in one order, and so that a chunk is sent for
+  // this step only after the servers applied the previous step to it.
+  void RunCollectives(StepRun& run, StepRun* previous) {
+    if (previous != nullptr) {
+      absl::MutexLock lock(&mu_);
+      const auto done = [&run, previous]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return run.aborted || previous->aborted || previous->collectives_done;
+      };
+      mu_.Await(absl::Condition(&done));
+      if (run.aborted) return;
+      if (previous->aborted) {
+        mu_.Unlock();
+        Fail(run, absl::AbortedError(absl::StrCat(
+                      "step ", previous->step, " failed before step ",
+                      run.step, " could start its transfers")));
+        mu_.Lock();
+        return;
+      }
+    }
     const uint64_t buckets = partition_.num_buckets();
     const uint32_t rank = options_.local_rank;
     const uint64_t chunk_elems = partition_.chunk_elems();
     for (size_t i = 0; i < buckets; ++i) {
-      const std::optional<uint64_t> b = Nth(ready_order_, i);
+      const std::optional<uint64_t> b = Nth(run, run.ready_order, i);
       if (!b.has_value()) return;
       if (collective_ != nullptr) {
         const ChunkSpan padded = partition_.padded_bucket(*b);
         const ChunkSpan part = partition_.owned_padded(*b, rank);
-        char* base = static_cast<char*>(grads_->data());
-        absl::Status s = device_.Wait(*comm_, *ready_[*b]);
+        absl::Status s = device_.Wait(*comm_, *ready_[run.parity][*b]);
         if (s.ok()) {
           s = collective_->ReduceScatterSum(
-              base + padded.first * chunk_elems * grad_size_,
-              base + part.first * chunk_elems * grad_size_,
+              run.grads + padded.first * chunk_elems * grad_size_,
+              run.grads + part.first * chunk_elems * grad_size_,
               part.size() * chunk_elems, job_.config().grad_dtype, *comm_);
         }
-        if (s.ok()) s = device_.Record(*rs_done_[*b], *comm_);
-        if (!s.ok()) return Fail(s);
+        if (s.ok()) s = device_.Record(*rs_done_[run.parity][*b], *comm_);
+        if (!s.ok()) return Fail(run, s);
       }
       absl::MutexLock lock(&mu_);
-      d2h_order_.push_back(*b);
+      run.d2h_order.push_back(*b);
     }
+    char* target = static_cast<char*>(
+        (options_.delayed_update ? incoming_ : live_)->data());
     for (size_t i = 0; i < buckets; ++i) {
       uint64_t b;
       {
         absl::MutexLock lock(&mu_);
-        b = ready_order_[i];  // complete: the first loop read every entry
+        b = run.ready_order[i];  // complete: the first loop read every entry
       }
+      Event& weights_ready = *weights_ready_[run.parity][b];
       absl::Status s;
       if (options_.faults.weights_event_early) {
-        s = device_.Record(*weights_ready_[b], *comm_);
-        MarkWeightsRecorded(b);
+        s = device_.Record(weights_ready, *comm_);
+        MarkWeightsRecorded(run, b);
       }
       {
         absl::MutexLock lock(&mu_);
-        const auto queued = [this, b]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return aborted_ || h2d_pending_[b] == 0;
+        const auto queued = [&run, b]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return run.aborted || run.h2d_pending[b] == 0;
         };
         mu_.Await(absl::Condition(&queued));
-        if (aborted_) return;
+        if (run.aborted) return;
       }
       if (s.ok() && owned_in_bucket_[b] > 0) {
-        s = device_.Wait(*comm_, *h2d_done_[b]);
+        s = device_.Wait(*comm_, *h2d_done_[run.parity][b]);
       }
       if (s.ok() && collective_ != nullptr) {
         const ChunkSpan padded = partition_.padded_bucket(b);
         const ChunkSpan part = partition_.owned_padded(b, rank);
-        char* base = static_cast<char*>(weights_->data());
         s = collective_->AllGather(
-            base + part.first * chunk_elems * weight_size_,
-            base + padded.first * chunk_elems * weight_size_,
+            target + part.first * chunk_elems * weight_size_,
+            target + padded.first * chunk_elems * weight_size_,
             part.size() * chunk_elems, job_.config().weight_dtype, *comm_);
       }
       if (s.ok() && !options_.faults.weights_event_early) {
-        s = device_.Record(*weights_ready_[b], *comm_);
-        MarkWeightsRecorded(b);
+        s = device_.Record(weights_ready, *comm_);
+        MarkWeightsRecorded(run, b);
       }
-      if (!s.ok()) return Fail(s);
+      if (!s.ok()) return Fail(run, s);
     }
+    absl::MutexLock lock(&mu_);
+    run.collectives_done = true;
   }
 
-  void MarkWeightsRecorded(uint64_t bucket) {
+  void MarkWeightsRecorded(StepRun& run, uint64_t bucket) {
     absl::MutexLock lock(&mu_);
-    weights_recorded_[bucket] = true;
+    run.weights_recorded[bucket] = true;
   }
 
   // The D2H stream's work: each bucket's owned chunks into free slots, in the
   // order the reduce-scatters were queued.
-  void RunDeviceToHost() {
+  void RunDeviceToHost(StepRun& run) {
     const uint64_t buckets = partition_.num_buckets();
-    const char* grads = static_cast<const char*>(grads_->data());
     for (size_t i = 0; i < buckets; ++i) {
-      const std::optional<uint64_t> b = Nth(d2h_order_, i);
+      const std::optional<uint64_t> b = Nth(run, run.d2h_order, i);
       if (!b.has_value()) return;
       const ChunkSpan owned = partition_.owned(*b, options_.local_rank);
       if (owned.empty()) continue;
       absl::Status s;
       if (!options_.faults.d2h_skip_ready_wait) {
-        s = device_.Wait(*d2h_stream_, collective_ != nullptr ? *rs_done_[*b]
-                                                              : *ready_[*b]);
+        s = device_.Wait(*d2h_stream_, collective_ != nullptr
+                                           ? *rs_done_[run.parity][*b]
+                                           : *ready_[run.parity][*b]);
       }
       for (uint64_t c = owned.first; s.ok() && c < owned.end; ++c) {
-        const int slot = Acquire(d2h_);
+        const int slot = Acquire(run, d2h_);
         if (slot < 0) return;
         const uint64_t bytes = job_.plan().chunk(c).size() * grad_size_;
         s = device_.CopyAsync(
             *d2h_stream_, d2h_.slot(slot),
-            grads + c * partition_.chunk_elems() * grad_size_, bytes,
+            run.grads + c * partition_.chunk_elems() * grad_size_, bytes,
             CopyKind::kDeviceToHost);
         if (s.ok()) {
-          s = device_.LaunchHostFunc(*d2h_stream_,
-                                     [this, c, slot] { HandOff(c, slot); });
+          s = device_.LaunchHostFunc(
+              *d2h_stream_, [this, &run, c, slot] { HandOff(run, c, slot); });
         }
       }
-      if (!s.ok()) return Fail(s);
+      if (!s.ok()) return Fail(run, s);
     }
   }
 
-  void JoinStep() {
-    for (std::thread* thread : {&step_thread_, &comm_thread_, &d2h_thread_}) {
+  void JoinRun(StepRun& run) {
+    for (std::thread* thread :
+         {&run.step_thread, &run.comm_thread, &run.d2h_thread}) {
       if (thread->joinable()) thread->join();
     }
   }
@@ -561,7 +713,8 @@ class TransferEngine::Impl : public WeightSink {
   // every slot (none is in use once the streams are idle and gRPC has
   // released every slice, which the step's end waited for).
   void Drain() {
-    for (Stream* stream : {comm_.get(), d2h_stream_.get(), h2d_stream_.get()}) {
+    for (Stream* stream :
+         {comm_.get(), d2h_stream_.get(), h2d_stream_.get()}) {
       (void)device_.SynchronizeStream(*stream);
     }
     absl::MutexLock lock(&mu_);
@@ -569,7 +722,6 @@ class TransferEngine::Impl : public WeightSink {
       ring->free.clear();
       for (int i = ring->slots - 1; i >= 0; --i) ring->free.push_back(i);
     }
-    std::fill(d2h_slot_of_chunk_.begin(), d2h_slot_of_chunk_.end(), -1);
   }
 
   Job& job_;
@@ -580,34 +732,30 @@ class TransferEngine::Impl : public WeightSink {
   const size_t grad_size_;
   const size_t weight_size_;
 
-  std::unique_ptr<Buffer> grads_, weights_;
+  // grads_[1], incoming_: only with the delayed update.
+  std::unique_ptr<Buffer> grads_[2], live_, incoming_;
   SlotRing d2h_, h2d_;
   std::unique_ptr<Stream> comm_, d2h_stream_, h2d_stream_;
-  std::vector<std::unique_ptr<Event>> ready_, rs_done_, h2d_done_,
-      weights_ready_;
+  // Per step parity and bucket.
+  std::vector<std::unique_ptr<Event>> ready_[2], rs_done_[2], h2d_done_[2],
+      weights_ready_[2];
+  // Per bucket (delayed update): recorded on the forward's stream when it
+  // copied the bucket's incoming weights into the live ones.
+  std::vector<std::unique_ptr<Event>> applied_;
   std::vector<StreamedStep::Route> routes_;  // feeds unset
   std::vector<uint32_t> route_of_chunk_;
   std::vector<uint64_t> owned_in_bucket_;
 
-  // The trainer thread's.
-  bool in_step_ = false;
-  uint64_t step_ = 0;
-  StepOptions options_copy_;
-  std::vector<std::unique_ptr<ChunkQueue>> queues_;
-  StepResult step_result_;  // the step thread's until joined
-  std::thread step_thread_, comm_thread_, d2h_thread_;
+  uint64_t begun_ = 0;  // the trainer thread's: the last step begun
 
   absl::Mutex h2d_mu_;  // orders each chunk's H2D work on the stream
   absl::Mutex mu_;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);
-  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<uint64_t> ready_order_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> d2h_order_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> named_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> weights_recorded_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> h2d_waited_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> h2d_pending_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> d2h_slot_of_chunk_ ABSL_GUARDED_BY(mu_);
+  // Oldest first; the trainer thread adds and removes (under mu_), the
+  // engine's threads use the runs they were started for.
+  std::deque<std::unique_ptr<StepRun>> runs_;
+  // Per bucket: the last step whose weights the forward applied (delayed
+  // update).
+  std::vector<uint64_t> applied_step_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(

@@ -83,6 +83,13 @@ struct TransferEngineOptions {
   // Step streams per server this rank runs (its chunks on a server dealt
   // round-robin between them), <= ClientOptions::connections_per_server.
   int streams_per_server = 1;
+  // The delayed parameter update (ZeRO-Offload's DPU): step s's weights are
+  // applied before step s + 2's forward instead of s + 1's, so that step s's
+  // round trip to the servers runs during step s + 1's forward and backward.
+  // Two steps may then be in flight, and the engine holds a second gradient
+  // buffer and a second weights buffer on the device (see BeginStep and
+  // WaitWeights).
+  bool delayed_update = false;
   EngineFaults faults;
 };
 
@@ -103,7 +110,10 @@ class TransferEngine {
   const NodePartition& partition() const;
   // The flat device buffers: partition().padded_elems() elements each, of
   // the job's grad dtype and weight dtype. Tensor i lives at
-  // job.layout().offset(i) in both.
+  // job.layout().offset(i) in both. weights() is the one forward reads.
+  // grads() is the one backward of the step begun last writes: with the
+  // delayed update, it alternates between two buffers from step to step
+  // (re-point gradient views after each BeginStep).
   void* grads() const;
   void* weights() const;
   // The pinned memory the engine holds, in bytes.
@@ -111,7 +121,13 @@ class TransferEngine {
 
   // Starts step `step` (one phase: options as Job::Step, without
   // weight_overrides; a config that needs two phases needs a known_commit).
-  // FAILED_PRECONDITION: a step is in flight.
+  // While a step is in flight the next one is step + 1 (INVALID_ARGUMENT
+  // otherwise); with none in flight any step may begin (a failed step's
+  // retry).
+  // FAILED_PRECONDITION: a step is in flight (with the delayed update: two
+  // are). With the delayed update the loop is: forward s (WaitWeights of
+  // every bucket: they apply step s - 2's weights), BeginStep(s), backward s
+  // (GradientsReady), FinishStep() (step s - 1's).
   absl::Status BeginStep(uint64_t step, const StepOptions& options);
   // Bucket `bucket`'s gradients are complete in grads() once `stream`'s work
   // queued so far has run. Returns at once; `stream` never waits for the
@@ -119,14 +135,21 @@ class TransferEngine {
   // FAILED_PRECONDITION: no step in flight; the step's error once it failed.
   absl::Status GradientsReady(uint64_t bucket, Stream& stream);
   // Makes `stream`'s later work wait until bucket `bucket`'s updated weights
-  // are in weights(). During a step, blocks the host until the engine has
+  // are in weights(): those of the last step begun, or with the delayed
+  // update of the one before it (before that: the initial weights, no wait).
+  // While that step is in flight, blocks the host until the engine has
   // queued that bucket's weights (the first bucket's may take a round trip
-  // to the servers); after FinishStep, at once.
+  // to the servers). With the delayed update it also queues, on `stream`,
+  // the copy of the bucket from the buffer the weights arrived in into
+  // weights(), once per step and bucket; call it for every bucket in every
+  // forward, since the next step's weights of a bucket are held back until
+  // then.
   absl::Status WaitWeights(uint64_t bucket, Stream& stream);
-  // Waits until the step's streams have ended and every weight copy is
-  // queued (not run: WaitWeights orders the device); returns the step's
-  // result (summed over this rank's streams) or its first error. After an
-  // error the engine's streams are drained and the next step may begin.
+  // Finishes the oldest step in flight: waits until its streams have ended
+  // and every weight copy is queued (not run: WaitWeights orders the
+  // device); returns its result (summed over this rank's streams) or its
+  // first error. After an error every step in flight is aborted, the
+  // engine's streams are drained, and a step may begin again.
   absl::StatusOr<StepResult> FinishStep();
 
  private:
