@@ -781,6 +781,14 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
         "TransferEngine: d2h_slots, h2d_slots and streams_per_server must be "
         ">= 1");
   }
+  if (options.delayed_update) {
+    // The per-step state below is ready for two steps in flight, but the
+    // update is not finished (docs/gpu.md, "What is next"): refuse rather
+    // than run a schedule that is not tested.
+    return absl::UnimplementedError(
+        "TransferEngine: the delayed parameter update is not implemented "
+        "yet (docs/gpu.md)");
+  }
   if (options.bucket_chunks == 0) {
     options.bucket_chunks = uint64_t{4} * options.local_ranks;
   }

@@ -88,7 +88,7 @@ struct TransferEngineOptions {
   // round trip to the servers runs during step s + 1's forward and backward.
   // Two steps may then be in flight, and the engine holds a second gradient
   // buffer and a second weights buffer on the device (see BeginStep and
-  // WaitWeights).
+  // WaitWeights). Not finished: Create returns UNIMPLEMENTED when set.
   bool delayed_update = false;
   EngineFaults faults;
 };
