@@ -224,7 +224,7 @@ absl::Status ShardState::BeginStep(
     uint64_t step, uint32_t worker_rank,
     std::vector<GroupHyperParams> group_hparams, const StepNumerics& numerics,
     const std::shared_ptr<WeightsSink>& stats_sink,
-    std::string no_grad_tensors) {
+    std::string no_grad_tensors, NodeShape node_shape) {
   if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
   const uint32_t workers = shape_.config().num_workers;
   if (worker_rank >= workers) {
@@ -266,6 +266,7 @@ absl::Status ShardState::BeginStep(
       progress.group_hparams = std::move(group_hparams);
       progress.numerics = numerics;
       progress.no_grad.resize(workers);
+      progress.node_shapes.resize(workers);
       progress.header_seen.resize(workers, false);
       if (numerics.two_phase) {
         progress.two_phase =
@@ -284,6 +285,14 @@ absl::Status ShardState::BeginStep(
     if (!progress.header_seen[worker_rank]) {
       progress.header_seen[worker_rank] = true;
       progress.no_grad[worker_rank] = std::move(no_grad_tensors);
+      progress.node_shapes[worker_rank] = node_shape;
+    } else if (progress.node_shapes[worker_rank] != node_shape) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker ", worker_rank, " in step ", step, " declares itself ",
+          DescribeNodeShape(node_shape), " but its earlier Step stream of the "
+          "step declared ", DescribeNodeShape(progress.node_shapes[worker_rank]),
+          ": every stream of a worker's step must send the same local_ranks "
+          "and bucket_chunks"));
     } else if (progress.no_grad[worker_rank] != no_grad_tensors) {
       return absl::FailedPreconditionError(absl::StrCat(
           "no_grad_tensors of worker ", worker_rank, " in step ", step,
@@ -319,7 +328,8 @@ absl::Status ShardState::ValidateNoGradTensors(
 
 absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
                                          uint64_t chunk_index,
-                                         WeightsPiece piece) {
+                                         WeightsPiece piece,
+                                         const NodeSender& sender) {
   if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
   const ShardRange& shard = shape_.shard();
   if (chunk_index < shard.first_chunk || chunk_index >= shard.end_chunk) {
@@ -333,6 +343,11 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
     return absl::InvalidArgumentError(
         absl::StrCat("worker_rank ", worker_rank,
                      " is out of range: the job has ", workers, " workers"));
+  }
+  if (absl::Status s = sender.CheckOwns("weights override: chunk", chunk_index,
+                                        step, worker_rank);
+      !s.ok()) {
+    return s;
   }
   if (piece.payload.empty() || piece.payload.size() % sizeof(float) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -386,6 +401,11 @@ absl::Status ShardState::Contribute(Contribution contribution) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker_rank ", worker, " is out of range: the job has ",
                      config.num_workers, " workers"));
+  }
+  if (absl::Status s =
+          contribution.sender.CheckOwns("chunk", index, step, worker);
+      !s.ok()) {
+    return s;
   }
   // Looked up before the chunk's lock, which is never held while taking
   // steps_mu_.

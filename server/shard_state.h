@@ -27,6 +27,10 @@
 //   some workers lack takes their parts as zero.
 // - A worker may send new master weights for part of a chunk before the
 //   chunk's gradient (OverrideWeights): the update writes them first.
+// - A worker may be a node of several local ranks, each on its own streams
+//   (server/node_sender.h): a local rank's chunks and overrides must be its
+//   own, and every stream of a worker's step declares the same node shape;
+//   the node still counts as one contribution per chunk.
 // - Every request is validated in full before any state changes: a rejected
 //   request leaves the state exactly as it was.
 //
@@ -56,6 +60,7 @@
 #include "server/aligned_buffer.h"
 #include "server/job_shape.h"
 #include "server/metrics.h"
+#include "server/node_sender.h"
 #include "server/optimizer/optimizer_kernel.h"
 #include "server/payload_pool.h"
 #include "server/step_numerics.h"
@@ -75,6 +80,9 @@ struct Contribution {
   std::string payload;
   // Receives the chunk's weights once updated (or at once for a replay).
   std::shared_ptr<WeightsSink> sink;
+  // The part of the worker that sent it (its stream's header): a node
+  // worker's local rank may send only the chunks it owns.
+  NodeSender sender;
 };
 
 // New master weights for elements [offset, offset + values) of a chunk
@@ -168,11 +176,17 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // INVALID_ARGUMENT unless it is empty or ceil(T / 8) bytes with the bits
   // past T clear; FAILED_PRECONDITION when another stream of the same worker
   // and step sent another bitmap.
+  //
+  // `node_shape` is how the header says the worker is split into processes
+  // (NodeSender::FromHeader checked it): FAILED_PRECONDITION when another
+  // stream of the same worker and step declared another shape (docs/
+  // protocol.md, "Node workers").
   absl::Status BeginStep(uint64_t step, uint32_t worker_rank,
                          std::vector<GroupHyperParams> group_hparams,
                          const StepNumerics& numerics = {},
                          const std::shared_ptr<WeightsSink>& stats_sink = {},
-                         std::string no_grad_tensors = {});
+                         std::string no_grad_tensors = {},
+                         NodeShape node_shape = {});
 
   // New master weights for part of chunk `chunk_index` from worker
   // `worker_rank` in step `step`, sent before the worker's gradient for that
@@ -185,13 +199,17 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // INVALID_ARGUMENT: payload empty or not a whole number of floats,
   // worker_rank out of range. FAILED_PRECONDITION: the worker already sent
   // its gradient for the chunk in this step. ABORTED: step out of order for
-  // the chunk, or the job was deleted.
+  // the chunk, or the job was deleted. INVALID_ARGUMENT also when `sender`,
+  // a node worker's local rank, does not own the chunk (as Contribute).
   absl::Status OverrideWeights(uint64_t step, uint32_t worker_rank,
-                               uint64_t chunk_index, WeightsPiece piece);
+                               uint64_t chunk_index, WeightsPiece piece,
+                               const NodeSender& sender = {});
 
   // Accepts one contribution (see the class comment). REQUIRES: BeginStep(step,
   // worker_rank, ...) succeeded. OUT_OF_RANGE: chunk outside the shard.
-  // INVALID_ARGUMENT: wrong payload size. ALREADY_EXISTS: this worker already
+  // INVALID_ARGUMENT: wrong payload size, worker_rank out of range, or the
+  // contribution's sender is a local rank of a node worker that does not own
+  // the chunk (NodeSender::CheckOwns). ALREADY_EXISTS: this worker already
   // contributed the chunk for this step from a stream that is still open.
   // ABORTED: step out of order for the chunk, or the job was deleted.
   absl::Status Contribute(Contribution contribution);
@@ -256,6 +274,8 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
     // Each worker's no_grad_tensors bitmap, from its first header (empty:
     // every tensor has a gradient, or no header yet).
     std::vector<std::string> no_grad;
+    // Each worker's NodeShape, from its first header.
+    std::vector<NodeShape> node_shapes;
     std::vector<bool> header_seen;
     StepNumerics numerics;
     std::shared_ptr<TwoPhaseStep> two_phase;  // set in a two-phase step

@@ -48,7 +48,7 @@ void StallMonitor::Check(std::chrono::steady_clock::time_point now) {
     log_(absl::StrFormat(
         "job %d \"%s\": step %d is stalled: it has waited %.1f s for %s to "
         "send their gradients (is every worker running, each with its own "
-        "rank?)",
+        "rank? A worker that is a node needs every one of its local ranks)",
         shard->job_id(), config.name, pending.step, waited,
         DescribeWorkerRanks(pending.missing_workers, config.num_workers)));
     // After the log: whoever sees the count can find the line.

@@ -15,6 +15,7 @@
 #include "depot/v1/depot.pb.h"
 #include "grpcpp/support/server_callback.h"
 #include "server/depot_service.h"
+#include "server/node_sender.h"
 #include "server/shard_state.h"
 #include "server/step_numerics.h"
 #include "server/step_stream.h"
@@ -165,13 +166,18 @@ class DepotService::StepReactor final
     numerics_.two_phase = header_.two_phase();
     if (header_.has_commit())
       numerics_.commit = CommitFromProto(header_.commit());
+    absl::StatusOr<NodeSender> sender = NodeSender::FromHeader(
+        (*shard)->shape().plan(), header_.local_ranks(), header_.local_rank(),
+        header_.bucket_chunks());
+    if (!sender.ok()) return sender.status();
     if (absl::Status s = (*shard)->BeginStep(
             header_.step(), header_.worker_rank(),
             GroupHyperParamsFromProto(header_), numerics_, stream_,
-            header_.no_grad_tensors());
+            header_.no_grad_tensors(), sender->shape());
         !s.ok()) {
       return s;
     }
+    sender_ = *std::move(sender);
     shard_ = *std::move(shard);
     stream_->set_step(header_.step());
     service_->TrackStepStream(stream_.get(), header_.job_id());
@@ -201,6 +207,7 @@ class DepotService::StepReactor final
     contribution.payload = TakePayloadBuffer(bytes);
     copy_payload(contribution.payload.data());
     contribution.sink = stream_;
+    contribution.sender = sender_;
     if (absl::Status s = shard_->Contribute(std::move(contribution)); !s.ok()) {
       return s;
     }
@@ -218,7 +225,8 @@ class DepotService::StepReactor final
     }
     return shard_->OverrideWeights(
         header_.step(), header_.worker_rank(), proto.chunk_index(),
-        WeightsPiece{proto.offset(), std::move(*proto.mutable_payload())});
+        WeightsPiece{proto.offset(), std::move(*proto.mutable_payload())},
+        sender_);
   }
 
   absl::Status AcceptCommit(const v1::StepCommit& proto) {
@@ -249,6 +257,8 @@ class DepotService::StepReactor final
   wire::ReceivedMessage received_;
   v1::StepHeader header_;
   StepNumerics numerics_;
+  // Which local rank of a node worker the header says this stream is from.
+  NodeSender sender_;
   bool committed_ = false;
   std::shared_ptr<ShardState> shard_;
 };
