@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "depot/client.h"
 #include "depot/dtype.h"
 #include "depot/job_config.h"
@@ -63,6 +64,11 @@ ABSL_FLAG(int32_t, pipeline_connections, 0,
           "(ClientOptions::connections_per_server; 0: the client's default, "
           "at least --pipeline_streams). The plain Job::Step of the wire "
           "stage uses them all.");
+ABSL_FLAG(bool, pipeline_trace, false,
+          "pipeline: time every host<->device copy of the engine on rank 0 "
+          "(a host function before and after each) and print where the step's "
+          "time goes: trace_* fields, medians over the steps, in seconds from "
+          "the step's start.");
 ABSL_FLAG(int32_t, pipeline_steps, 10,
           "pipeline: rounds of (engine step, wire alone, D2H alone, H2D "
           "alone) timed after one warm-up round; medians are reported.");
@@ -83,14 +89,31 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// One host<->device copy the engine queued: when its stream reached it and
+// when it finished.
+struct CopySpan {
+  CopyKind kind;
+  Clock::time_point start, end;
+};
+
 // A Device that forwards to another and counts the pinned memory allocated
-// through it: what the engine really holds, not what it says it holds.
-class PinnedCountingDevice : public Device {
+// through it: what the engine really holds, not what it says it holds. With
+// tracing on, it also times every host<->device copy queued through it.
+class ObservingDevice : public Device {
  public:
-  explicit PinnedCountingDevice(Device& inner) : inner_(inner) {}
+  explicit ObservingDevice(Device& inner, bool trace = false)
+      : inner_(inner), trace_(trace) {}
 
   uint64_t pinned_live() const { return live_.load(); }
   uint64_t pinned_peak() const { return peak_.load(); }
+
+  // The copies traced since the last call. REQUIRES: the streams are idle.
+  std::vector<CopySpan> TakeSpans() {
+    absl::MutexLock lock(&mu_);
+    std::vector<CopySpan> spans;
+    spans.swap(spans_);
+    return spans;
+  }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
     return inner_.Allocate(bytes);
@@ -115,7 +138,26 @@ class PinnedCountingDevice : public Device {
   }
   absl::Status CopyAsync(Stream& stream, void* dst, const void* src,
                          size_t bytes, CopyKind kind) override {
-    return inner_.CopyAsync(stream, dst, src, bytes, kind);
+    if (!trace_ || kind == CopyKind::kDeviceToDevice)
+      return inner_.CopyAsync(stream, dst, src, bytes, kind);
+    size_t index;
+    {
+      absl::MutexLock lock(&mu_);
+      index = spans_.size();
+      spans_.push_back(CopySpan{kind, {}, {}});
+    }
+    absl::Status s = inner_.LaunchHostFunc(stream, [this, index] {
+      absl::MutexLock lock(&mu_);
+      spans_[index].start = Clock::now();
+    });
+    if (s.ok()) s = inner_.CopyAsync(stream, dst, src, bytes, kind);
+    if (s.ok()) {
+      s = inner_.LaunchHostFunc(stream, [this, index] {
+        absl::MutexLock lock(&mu_);
+        spans_[index].end = Clock::now();
+      });
+    }
+    return s;
   }
   absl::Status Record(Event& event, Stream& stream) override {
     return inner_.Record(event, stream);
@@ -157,8 +199,11 @@ class PinnedCountingDevice : public Device {
   };
 
   Device& inner_;
+  const bool trace_;
   std::atomic<uint64_t> live_{0};
   std::atomic<uint64_t> peak_{0};
+  absl::Mutex mu_;
+  std::vector<CopySpan> spans_ ABSL_GUARDED_BY(mu_);
 };
 
 // Small nonzero values of both signs, as `dtype`, different per `seed`.
@@ -187,7 +232,7 @@ std::string MakeValues(uint64_t n, DType dtype, uint32_t seed) {
 struct Rank {
   uint32_t index = 0;
   std::unique_ptr<HostDevice> host;
-  std::unique_ptr<PinnedCountingDevice> device;  // the engine's view of host
+  std::unique_ptr<ObservingDevice> device;  // the engine's view of host
   std::unique_ptr<gpu::Collective> collective;
   std::unique_ptr<Client> client;
   std::unique_ptr<Job> job;
@@ -357,7 +402,8 @@ absl::Status SetUpRank(const PipelineBenchOptions& options,
   HostDevice::Options device_options;
   device_options.copy_bytes_per_second = options.link_gb_per_s * 1e9;
   rank.host = std::make_unique<HostDevice>(device_options);
-  rank.device = std::make_unique<PinnedCountingDevice>(*rank.host);
+  rank.device = std::make_unique<ObservingDevice>(
+      *rank.host, options.trace && rank.index == 0);
   if (group != nullptr) {
     rank.collective = group->Join(static_cast<int>(rank.index), *rank.device);
   }
@@ -448,7 +494,7 @@ absl::StatusOr<uint64_t> PinnedForJob(const PipelineBenchOptions& options,
   if (!job.ok()) return job.status();
   uint64_t pinned = 0;
   {
-    PinnedCountingDevice counting(*rank.host);
+    ObservingDevice counting(*rank.host);
     absl::StatusOr<std::unique_ptr<gpu::TransferEngine>> engine =
         gpu::TransferEngine::Create(**job, counting, rank.collective.get(),
                                     EngineOptions(options, rank.index));
@@ -463,6 +509,54 @@ absl::StatusOr<uint64_t> PinnedForJob(const PipelineBenchOptions& options,
   if (absl::Status s = (*job)->Delete(); !s.ok()) return s;
   return pinned;
 }
+
+// Where one engine step's time went on rank 0, in seconds from its start:
+// each direction's first copy start, last copy end, time copying, and time
+// idle between its first and last copy (waiting for a slot, for the wire,
+// for an event); and the step's end.
+struct StepTrace {
+  std::vector<double> d2h_start, d2h_end, d2h_busy, d2h_gaps;
+  std::vector<double> h2d_start, h2d_end, h2d_busy, h2d_gaps;
+  std::vector<double> tail;  // step end - last H2D end
+
+  void Add(const std::vector<CopySpan>& spans, Clock::time_point begin,
+           Clock::time_point end) {
+    const auto since = [begin](Clock::time_point t) {
+      return std::chrono::duration<double>(t - begin).count();
+    };
+    for (const CopyKind kind :
+         {CopyKind::kDeviceToHost, CopyKind::kHostToDevice}) {
+      double first = 1e30, last = 0, busy = 0;
+      for (const CopySpan& span : spans) {
+        if (span.kind != kind) continue;
+        first = std::min(first, since(span.start));
+        last = std::max(last, since(span.end));
+        busy += std::chrono::duration<double>(span.end - span.start).count();
+      }
+      if (first > last) continue;  // no copies that way
+      const bool d2h = kind == CopyKind::kDeviceToHost;
+      (d2h ? d2h_start : h2d_start).push_back(first);
+      (d2h ? d2h_end : h2d_end).push_back(last);
+      (d2h ? d2h_busy : h2d_busy).push_back(busy);
+      (d2h ? d2h_gaps : h2d_gaps).push_back(last - first - busy);
+      if (!d2h) tail.push_back(since(end) - last);
+    }
+  }
+
+  void AppendTo(ResultLine& line) const {
+    if (d2h_start.empty() || h2d_start.empty()) return;
+    line.numbers.insert(line.numbers.end(),
+                        {{"trace_d2h_start_s", Median(d2h_start)},
+                         {"trace_d2h_end_s", Median(d2h_end)},
+                         {"trace_d2h_busy_s", Median(d2h_busy)},
+                         {"trace_d2h_gaps_s", Median(d2h_gaps)},
+                         {"trace_h2d_start_s", Median(h2d_start)},
+                         {"trace_h2d_end_s", Median(h2d_end)},
+                         {"trace_h2d_busy_s", Median(h2d_busy)},
+                         {"trace_h2d_gaps_s", Median(h2d_gaps)},
+                         {"trace_tail_s", Median(tail)}});
+  }
+};
 
 absl::Status Measure(const PipelineBenchOptions& options, DType dtype) {
   std::vector<std::unique_ptr<testing::ServerProcess>> servers;
@@ -523,6 +617,7 @@ absl::Status Measure(const PipelineBenchOptions& options, DType dtype) {
   StepResult wire_result;
 
   Stage step(pids), wire(pids), d2h(pids), h2d(pids);
+  StepTrace trace;
   uint64_t next_step = 1;
   // Round 0 is the warm-up (first touch of buffers and connections); the
   // rounds interleave the four so that the machine's noise falls on all.
@@ -534,11 +629,15 @@ absl::Status Measure(const PipelineBenchOptions& options, DType dtype) {
       }
     }
     const uint64_t engine_step = next_step++;
+    const Clock::time_point begin = Clock::now();
     absl::Status status = step.Time(keep, [&] {
       return OnEveryRank(ranks,
                          [&](Rank& rank) { return EngineStep(rank, engine_step); });
     });
     if (!status.ok()) return status;
+    const Clock::time_point end = Clock::now();
+    if (keep && options.trace) trace.Add(first.device->TakeSpans(), begin, end);
+    if (!keep) first.device->TakeSpans();
     const uint64_t wire_step = next_step++;
     status = wire.Time(keep, [&] {
       return first.job->Step(wire_step, first.host_grads.data(),
@@ -639,6 +738,7 @@ absl::Status Measure(const PipelineBenchOptions& options, DType dtype) {
       {"pinned_quarter_model_bytes", static_cast<double>(*quarter_pinned)},
       {"ratio", step.wall() / slowest},
   };
+  trace.AppendTo(line);
   line.Print(options.json);
   return absl::OkStatus();
 }
@@ -687,6 +787,7 @@ absl::Status RunPipelineCommand(bool json) {
   options.streams_per_server = absl::GetFlag(FLAGS_pipeline_streams);
   options.connections = absl::GetFlag(FLAGS_pipeline_connections);
   options.steps = absl::GetFlag(FLAGS_pipeline_steps);
+  options.trace = absl::GetFlag(FLAGS_pipeline_trace);
   options.json = json;
   return RunPipelineBench(options);
 }

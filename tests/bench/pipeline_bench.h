@@ -54,6 +54,8 @@ struct PipelineBenchOptions {
   int connections = 0;
   // Timed steps after one warm-up step; medians are reported.
   int steps = 10;
+  // Time rank 0's engine copies and print trace_* fields (see the flag).
+  bool trace = false;
   bool json = false;
 };
 
