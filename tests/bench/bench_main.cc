@@ -4,6 +4,7 @@
 //   depot-bench memory [--params=N --server=PATH] [--json]
 //   depot-bench transport [...] [--json]   (flags in transport_bench.cc)
 //   depot-bench step [...] [--json]        (flags in step_bench.cc)
+//   depot-bench pipeline [...] [--json]    (flags in pipeline_bench.cc)
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -15,6 +16,7 @@
 #include "depot/flags_usage.h"
 #include "tests/bench/kernel_bench.h"
 #include "tests/bench/memory_bench.h"
+#include "tests/bench/pipeline_bench.h"
 #include "tests/bench/step_bench.h"
 #include "tests/bench/transport_bench.h"
 
@@ -47,13 +49,15 @@ ABSL_FLAG(bool, json, false,
 int main(int argc, char** argv) {
   depot::SetFlagsUsage(
       "tests/bench/",
-      "Depot benchmarks. Usage: depot-bench kernel|memory|transport|step "
+      "Depot benchmarks. Usage: depot-bench "
+      "kernel|memory|transport|step|pipeline "
       "[flags]; each measures its limit in the same run and prints a ratio "
       "(docs/performance.md).");
   const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    std::fprintf(stderr, "usage: depot-bench kernel|memory|transport|step [flags] "
-                 "(--help)\n");
+    std::fprintf(stderr,
+                 "usage: depot-bench kernel|memory|transport|step|pipeline "
+                 "[flags] (--help)\n");
     return 2;
   }
   const std::string command = args[1];
@@ -84,10 +88,12 @@ int main(int argc, char** argv) {
     status = depot::bench::RunTransportCommand(json);
   } else if (command == "step") {
     status = depot::bench::RunStepCommand(json);
+  } else if (command == "pipeline") {
+    status = depot::bench::RunPipelineCommand(json);
   } else {
     std::fprintf(stderr,
-                 "unknown subcommand '%s': use kernel, memory, transport or "
-                 "step\n",
+                 "unknown subcommand '%s': use kernel, memory, transport, "
+                 "step or pipeline\n",
                  command.c_str());
     return 2;
   }

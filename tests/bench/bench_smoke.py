@@ -17,8 +17,14 @@ KEYS = {
                   "raw_gb_per_s"},
     "step": {"bench", "ratio", "speedup", "link", "params", "step_s",
              "xfer_s", "update_s", "serial_s"},
+    "pipeline": {"bench", "ratio", "slowest", "elems", "local_ranks",
+                 "link_gb_per_s", "d2h_s", "h2d_s", "wire_s", "step_s",
+                 "link_d2h_s", "pinned_stated_bytes", "pinned_bytes",
+                 "pinned_allocated_bytes", "pinned_peak_bytes",
+                 "pinned_quarter_model_bytes"},
 }
-EXPECTED_LINES = {"kernel": 1, "memory": 4, "transport": 1, "step": 1}
+EXPECTED_LINES = {"kernel": 1, "memory": 4, "transport": 1, "step": 1,
+                  "pipeline": 1}
 
 
 def run(binary, command, args):
@@ -57,6 +63,20 @@ def main():
     [line] = run(binary, "step", step + ["--step_link=veth"])
     if line["link"] != "veth" and not line.get("note"):
         sys.exit(f"step: fell back to {line['link']} without a note: {line}")
+    # The transfer engine on throttled host devices: one rank, then a node of
+    # two (HostCollective). Pinned memory is checked, not timed: what the
+    # engine says it holds, what it allocated (peak too), slots x chunk bytes,
+    # and the same for a job a quarter the size must all be equal.
+    pipeline = ["--pipeline_elems=262144", "--pipeline_chunk_elems=16384",
+                "--pipeline_steps=1", "--pipeline_link_gb_per_s=2"]
+    for ranks in ("1", "2"):
+        [line] = run(binary, "pipeline", pipeline + [f"--pipeline_ranks={ranks}"])
+        pinned = {line[k] for k in ("pinned_stated_bytes", "pinned_bytes",
+                                    "pinned_allocated_bytes",
+                                    "pinned_peak_bytes",
+                                    "pinned_quarter_model_bytes")}
+        if len(pinned) != 1:
+            sys.exit(f"pipeline: pinned memory not as stated: {line}")
     print("depot-bench smoke OK")
 
 
