@@ -23,7 +23,8 @@ namespace depot::gpu {
 absl::Status CheckKernelDType(DType dtype, absl::string_view what);
 
 // OK for a pointer that is not null and is a multiple of `alignment`;
-// INVALID_ARGUMENT naming `what` otherwise.
+// INVALID_ARGUMENT naming `what` otherwise. REQUIRES: alignment > 0 (check a
+// dtype before passing its DTypeSize).
 absl::Status CheckKernelArray(const void* data, size_t alignment,
                               absl::string_view what);
 

@@ -29,6 +29,24 @@ absl::Status LaunchStatus(cudaError_t error, const char* what) {
   }
 }
 
+// A cast's checks: the dtypes, then the arrays (not null, aligned).
+absl::Status CheckCast(DType src_dtype, const void* src, DType dst_dtype,
+                       const void* dst) {
+  if (absl::Status s = CheckKernelDType(src_dtype, "the source"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckKernelDType(dst_dtype, "the destination");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckKernelArray(src, DTypeSize(src_dtype), "the source");
+      !s.ok()) {
+    return s;
+  }
+  return CheckKernelArray(dst, DTypeSize(dst_dtype), "the destination");
+}
+
 cudaStream_t AsStream(void* stream) {
   return static_cast<cudaStream_t>(stream);
 }
@@ -80,17 +98,9 @@ absl::Status GradientCheck(const DeviceGradientRange& grad,
 
 absl::Status CastFromFloat(const float* device_src, DType dtype,
                            void* device_dst, size_t n, void* stream) {
-  if (absl::Status s = CheckKernelDType(dtype, "the destination"); !s.ok()) {
-    return s;
-  }
-  if (n == 0) return absl::OkStatus();
+  if (n == 0) return CheckKernelDType(dtype, "the destination");
   if (absl::Status s =
-          CheckKernelArray(device_src, sizeof(float), "the source");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s =
-          CheckKernelArray(device_dst, DTypeSize(dtype), "the destination");
+          CheckCast(DType::kFloat32, device_src, dtype, device_dst);
       !s.ok()) {
     return s;
   }
@@ -101,17 +111,9 @@ absl::Status CastFromFloat(const float* device_src, DType dtype,
 
 absl::Status CastToFloat(DType dtype, const void* device_src, float* device_dst,
                          size_t n, void* stream) {
-  if (absl::Status s = CheckKernelDType(dtype, "the source"); !s.ok()) {
-    return s;
-  }
-  if (n == 0) return absl::OkStatus();
+  if (n == 0) return CheckKernelDType(dtype, "the source");
   if (absl::Status s =
-          CheckKernelArray(device_src, DTypeSize(dtype), "the source");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s =
-          CheckKernelArray(device_dst, sizeof(float), "the destination");
+          CheckCast(dtype, device_src, DType::kFloat32, device_dst);
       !s.ok()) {
     return s;
   }
