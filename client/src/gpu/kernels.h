@@ -55,6 +55,10 @@ struct GradientCheckResult {
 // The scratch device memory GradientCheck needs for n elements.
 size_t GradientCheckWorkspaceBytes(size_t n);
 
+// The shape of GradientCheck's sum: threads per tile, elements per tile.
+inline constexpr int kGradientCheckThreads = 256;
+inline constexpr int kGradientCheckTile = kGradientCheckThreads * 16;
+
 // Writes the sum of squares and the non-finite flag of `grad` to
 // *device_result. The order of the sum depends only on grad.n, so the result
 // is the same bits on every run and every GPU: the range is cut into tiles of
@@ -68,8 +72,6 @@ size_t GradientCheckWorkspaceBytes(size_t n);
 // REQUIRES: device_workspace holds GradientCheckWorkspaceBytes(grad.n) bytes
 // (8-byte aligned) that no other queued work uses; device_result is 8-byte
 // aligned. n == 0 writes zeros.
-inline constexpr int kGradientCheckThreads = 256;
-inline constexpr int kGradientCheckTile = kGradientCheckThreads * 16;
 absl::Status GradientCheck(const DeviceGradientRange& grad,
                            void* device_workspace, size_t workspace_bytes,
                            GradientCheckResult* device_result, void* stream);
