@@ -64,6 +64,11 @@ void OptimizerKernel::Update(const float* grad, const ParamRun& run,
   FusedUpdate(input, run, hparams, WeightsOutput(), isa);
 }
 
+fused::OptimizerStep OptimizerKernel::PrepareStep(
+    const UpdateHyperParams& hparams) const {
+  return Prepare(hparams);
+}
+
 void SumGradientInput(const GradientInput& grad, float* out, size_t n,
                       KernelIsa isa) {
   if (n == 0) return;

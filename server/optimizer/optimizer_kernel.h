@@ -79,6 +79,13 @@ class OptimizerKernel {
               const UpdateHyperParams& hparams,
               KernelIsa isa = ActiveKernelIsa()) const;
 
+  // What FusedUpdate runs for these hyperparameters: the update's variant and
+  // its scalars, derived in double and rounded to float once. For the other
+  // implementations of the same update (the GPU kernels,
+  // client/src/gpu/kernels.h), so that they use the server's scalars, not a
+  // second derivation of them.
+  fused::OptimizerStep PrepareStep(const UpdateHyperParams& hparams) const;
+
  protected:
   // What the kernel runs for these hyperparameters (fused_update.h).
   virtual fused::OptimizerStep Prepare(

@@ -13,10 +13,16 @@
 // their storage dtype) in place from the final gradient g. With maximize, g
 // arrives negated (the gradient stage, fused_loops.h, negates it), so the math
 // is the same for both directions.
+//
+// The GPU kernels (client/src/gpu/kernels.h) run this same source on the
+// device with a one-lane CUDA vector-ops type (client/src/gpu/device_ops.h):
+// constructors, operator() and helpers are DEPOT_HOST_DEVICE, which is empty
+// outside nvcc. So V's operations must be callable wherever the math runs.
 #ifndef DEPOT_SERVER_OPTIMIZER_OPTIMIZER_MATH_H_
 #define DEPOT_SERVER_OPTIMIZER_OPTIMIZER_MATH_H_
 
 #include "server/optimizer/fused_update.h"
+#include "server/optimizer/host_device.h"
 
 namespace depot::fused {
 
@@ -34,7 +40,7 @@ class AdamMath {
   using F = typename V::F;
   static constexpr int kSlots = kAmsgrad ? 3 : 2;
 
-  explicit AdamMath(const AdamScalars& s)
+  DEPOT_HOST_DEVICE explicit AdamMath(const AdamScalars& s)
       : beta1_(V::Set(s.beta1)),
         one_minus_beta1_(V::Set(s.one_minus_beta1)),
         beta2_(V::Set(s.beta2)),
@@ -45,8 +51,8 @@ class AdamMath {
         bias_correction2_sqrt_(V::Set(s.bias_correction2_sqrt)),
         eps_(V::Set(s.eps)) {}
 
-  void operator()(F g, F& p, F& exp_avg, F& exp_avg_sq,
-                  F& max_exp_avg_sq) const {
+  DEPOT_HOST_DEVICE void operator()(F g, F& p, F& exp_avg, F& exp_avg_sq,
+                                    F& max_exp_avg_sq) const {
     if constexpr (kHasWeightDecay) {
       if constexpr (kDecoupled) {
         p = V::Mul(p, decay_factor_);
@@ -84,14 +90,14 @@ class SgdMath {
   using F = typename V::F;
   static constexpr int kSlots = kMomentum ? 1 : 0;
 
-  explicit SgdMath(const SgdScalars& s)
+  DEPOT_HOST_DEVICE explicit SgdMath(const SgdScalars& s)
       : weight_decay_(V::Set(s.weight_decay)),
         momentum_(V::Set(s.momentum)),
         one_minus_dampening_(V::Set(s.one_minus_dampening)),
         neg_lr_(V::Set(s.neg_lr)) {}
 
-  void operator()(F g, F& p, F& momentum_buffer, F& /*unused*/,
-                  F& /*unused*/) const {
+  DEPOT_HOST_DEVICE void operator()(F g, F& p, F& momentum_buffer,
+                                    F& /*unused*/, F& /*unused*/) const {
     if constexpr (kHasWeightDecay) g = V::Add(g, V::Mul(weight_decay_, p));
     if constexpr (kMomentum) {
       F buf;
@@ -125,12 +131,13 @@ class AdagradMath {
   using F = typename V::F;
   static constexpr int kSlots = 1;
 
-  explicit AdagradMath(const AdagradScalars& s)
+  DEPOT_HOST_DEVICE explicit AdagradMath(const AdagradScalars& s)
       : weight_decay_(V::Set(s.weight_decay)),
         clr_(V::Set(s.clr)),
         eps_(V::Set(s.eps)) {}
 
-  void operator()(F g, F& p, F& state_sum, F& /*unused*/, F& /*unused*/) const {
+  DEPOT_HOST_DEVICE void operator()(F g, F& p, F& state_sum, F& /*unused*/,
+                                    F& /*unused*/) const {
     if constexpr (kHasWeightDecay) g = V::Add(g, V::Mul(weight_decay_, p));
     const F sum = V::Add(state_sum, V::Mul(g, g));
     const F std_dev = V::Add(V::Sqrt(sum), eps_);
@@ -153,7 +160,7 @@ class LionMath {
   using F = typename V::F;
   static constexpr int kSlots = 1;
 
-  explicit LionMath(const LionScalars& s)
+  DEPOT_HOST_DEVICE explicit LionMath(const LionScalars& s)
       : beta1_(V::Set(s.beta1)),
         one_minus_beta1_(V::Set(s.one_minus_beta1)),
         beta2_(V::Set(s.beta2)),
@@ -164,7 +171,8 @@ class LionMath {
         one_(V::Set(1.0f)),
         minus_one_(V::Set(-1.0f)) {}
 
-  void operator()(F g, F& p, F& exp_avg, F& /*unused*/, F& /*unused*/) const {
+  DEPOT_HOST_DEVICE void operator()(F g, F& p, F& exp_avg, F& /*unused*/,
+                                    F& /*unused*/) const {
     const F m = exp_avg;
     const F c = V::Add(V::Mul(m, beta1_), V::Mul(one_minus_beta1_, g));
     if constexpr (kHasWeightDecay) p = V::Mul(p, decay_factor_);
@@ -174,7 +182,7 @@ class LionMath {
 
  private:
   // Both compares are false for zero and for NaN.
-  F Sign(F x) const {
+  DEPOT_HOST_DEVICE F Sign(F x) const {
     return V::Select(V::Greater(x, zero_), one_,
                      V::Select(V::Less(x, zero_), minus_one_, zero_));
   }

@@ -15,6 +15,7 @@
 
 #include "depot/dtype.h"
 #include "depot/job_config.h"
+#include "server/optimizer/host_device.h"
 
 namespace depot {
 
@@ -45,21 +46,25 @@ decltype(auto) WithTypedSlot(DType dtype, void* slot, F&& f) {
   return std::forward<F>(f)(static_cast<float*>(slot));
 }
 
-inline float LoadSlot(float value) { return value; }
+// LoadSlot and StoreSlot are DEPOT_HOST_DEVICE: the GPU kernels
+// (client/src/gpu/device_ops.h) read and write bf16 with this same code.
+DEPOT_HOST_DEVICE inline float LoadSlot(float value) { return value; }
 
 // Exact: every bf16 value is an fp32 value.
-inline float LoadSlot(uint16_t bf16) {
+DEPOT_HOST_DEVICE inline float LoadSlot(uint16_t bf16) {
   return std::bit_cast<float>(static_cast<uint32_t>(bf16) << 16);
 }
 
-inline void StoreSlot(float& slot, float value) { slot = value; }
+DEPOT_HOST_DEVICE inline void StoreSlot(float& slot, float value) {
+  slot = value;
+}
 
 // Rounds to nearest, ties to even; NaN stays a (quiet) NaN with its sign and
 // the top of its payload; values beyond bf16's range become Inf. Bit for bit
 // FloatToBFloat16 (depot/dtype.h), written here so that it inlines into the
 // kernels' loops and vectorises (bf16_moments_test.cc checks every bf16 value
 // and every rounding case against it).
-inline void StoreSlot(uint16_t& slot, float value) {
+DEPOT_HOST_DEVICE inline void StoreSlot(uint16_t& slot, float value) {
   const uint32_t bits = std::bit_cast<uint32_t>(value);
   // Adding 0x7fff plus the kept half's lowest bit carries into the kept half
   // exactly when the dropped half is above 0x8000, or equal to it with an odd
