@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -304,6 +305,200 @@ TEST_F(TransferEngineTest, OneRankNodesWithOneSlotPerRing) {
     for (uint64_t s = 0; s < kSteps; ++s) {
       EXPECT_EQ(FirstDifference(run.weights[s], reference[s]), "")
           << "step " << s + 1;
+    }
+  }
+}
+
+// The delayed update: the gradient of step s depends on the weights forward
+// s read (g = local gradient + 0.5 * w), which are step s - 2's (the initial
+// weights for s = 1, 2). The reference runs the same one-step-stale schedule
+// through Job::Step; the weights every forward read, and so every gradient,
+// must be equal bit for bit.
+class DelayedUpdateTest : public TransferEngineTest {
+ protected:
+  static constexpr uint64_t kDpuSteps = 5;
+
+  // Local rank g of node n's gradient at step s from the weights `seen`.
+  static std::vector<float> StaleGradient(const Layout& layout, uint64_t step,
+                                          uint32_t node, uint32_t g,
+                                          uint32_t local_ranks,
+                                          const std::vector<float>& seen) {
+    std::vector<float> grad = LocalGradient(layout, step, node, g, local_ranks);
+    for (size_t i = 0; i < grad.size(); ++i) grad[i] = grad[i] + 0.5f * seen[i];
+    return grad;
+  }
+
+  static std::vector<float> Widen(const std::string& bytes, DType dtype) {
+    std::vector<float> out(bytes.size() / DTypeSize(dtype));
+    ConvertToFloat(dtype, bytes.data(), out.data(), out.size());
+    return out;
+  }
+
+  // Per step, the weights forward s read (node 0's).
+  std::vector<std::string> Reference(JobConfig config, uint32_t local_ranks) {
+    config.name += "-reference";
+    std::vector<std::string> seen(kDpuSteps);
+    if (!InitJob(config)) return seen;
+    std::vector<std::thread> nodes;
+    std::vector<absl::Status> statuses(config.num_workers);
+    for (uint32_t n = 0; n < config.num_workers; ++n) {
+      nodes.emplace_back([&, n] {
+        statuses[n] = [&]() -> absl::Status {
+          ClientOptions options;
+          options.servers = Addresses();
+          auto client = Client::Connect(options);
+          if (!client.ok()) return client.status();
+          auto job = (*client)->OpenJob(config, n);
+          if (!job.ok()) return job.status();
+          const Layout& layout = (*job)->layout();
+          const DType wdtype = config.weight_dtype;
+          const std::string init = InitialWeights(layout, wdtype);
+          std::vector<std::string> out(kDpuSteps + 1);
+          for (uint64_t step = 1; step <= kDpuSteps; ++step) {
+            const std::string& forward = step <= 2 ? init : out[step - 2];
+            if (n == 0) seen[step - 1] = forward;
+            const std::vector<float> w = Widen(forward, wdtype);
+            std::vector<float> grads =
+                StaleGradient(layout, step, n, 0, local_ranks, w);
+            for (uint32_t g = 1; g < local_ranks; ++g) {
+              const std::vector<float> part =
+                  StaleGradient(layout, step, n, g, local_ranks, w);
+              for (size_t i = 0; i < grads.size(); ++i) {
+                grads[i] = grads[i] + part[i];
+              }
+            }
+            out[step].assign(layout.total_elems() * DTypeSize(wdtype), '\0');
+            if (absl::Status s = (*job)->Step(step, grads.data(),
+                                              out[step].data(), nullptr);
+                !s.ok()) {
+              return s;
+            }
+          }
+          return absl::OkStatus();
+        }();
+      });
+    }
+    for (std::thread& t : nodes) t.join();
+    for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+    return seen;
+  }
+
+  // The initial weights as the trainer holds them: weight dtype, padding
+  // garbage included.
+  static std::string InitialWeights(const Layout& layout, DType dtype) {
+    return MakeInitialWeights(layout, dtype, kSeed);
+  }
+
+  // One rank's run; returns the weights each forward read.
+  absl::Status Rank(const JobConfig& config, uint32_t node, uint32_t g,
+                    uint32_t local_ranks, HostDevice& device,
+                    gpu::Collective* collective,
+                    std::vector<std::string>* seen) {
+    ClientOptions options;
+    options.servers = Addresses();
+    auto client = Client::Connect(options);
+    if (!client.ok()) return client.status();
+    auto job = (*client)->OpenJob(config, node);
+    if (!job.ok()) return job.status();
+    TransferEngineOptions engine_options;
+    engine_options.local_rank = g;
+    engine_options.local_ranks = local_ranks;
+    engine_options.bucket_chunks = 2 * local_ranks;
+    engine_options.d2h_slots = 2;
+    engine_options.h2d_slots = 2;
+    engine_options.delayed_update = true;
+    auto engine =
+        TransferEngine::Create(**job, device, collective, engine_options);
+    if (!engine.ok()) return engine.status();
+    auto compute = device.CreateStream();
+    if (!compute.ok()) return compute.status();
+    const Layout& layout = (*job)->layout();
+    const uint64_t n = layout.total_elems();
+    const DType wdtype = config.weight_dtype;
+    const size_t wsize = DTypeSize(wdtype);
+    const uint64_t buckets = (*engine)->partition().num_buckets();
+    const std::string init = InitialWeights(layout, wdtype);
+    std::deque<std::vector<float>> held;
+    absl::Status s = device.CopyAsync(**compute, (*engine)->weights(),
+                                      init.data(), init.size(),
+                                      gpu::CopyKind::kHostToDevice);
+    for (uint64_t step = 1; s.ok() && step <= kDpuSteps; ++step) {
+      // Forward: every bucket's wait (which applies step - 2's weights).
+      for (uint64_t b = 0; s.ok() && b < buckets; ++b) {
+        s = (*engine)->WaitWeights(b, **compute);
+      }
+      std::string forward(n * wsize, '\0');
+      if (s.ok()) {
+        s = device.CopyAsync(**compute, forward.data(), (*engine)->weights(),
+                             forward.size(), gpu::CopyKind::kDeviceToHost);
+      }
+      if (s.ok()) s = device.SynchronizeStream(**compute);
+      if (!s.ok()) break;
+      // Kept until the end: the copy reads it whenever the stream gets to it.
+      const std::vector<float>& grads = held.emplace_back(StaleGradient(
+          layout, step, node, g, local_ranks, Widen(forward, wdtype)));
+      seen->push_back(std::move(forward));
+      s = (*engine)->BeginStep(step, StepOptions());
+      if (s.ok()) {
+        s = device.CopyAsync(**compute, (*engine)->grads(), grads.data(),
+                             n * sizeof(float), gpu::CopyKind::kHostToDevice);
+      }
+      for (uint64_t b = buckets; s.ok() && b-- > 0;) {
+        s = (*engine)->GradientsReady(b, **compute);
+      }
+      if (s.ok() && step > 1) s = (*engine)->FinishStep().status();
+    }
+    if (s.ok()) s = (*engine)->FinishStep().status();
+    if (s.ok()) s = device.SynchronizeStream(**compute);
+    return s;
+  }
+};
+
+TEST_F(DelayedUpdateTest, TwoNodesOfTwoRanksReadTheOneStepStaleWeights) {
+  for (const DType weight_dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(std::string(DTypeName(weight_dtype)));
+    JobConfig config = SmallJobConfig(
+        absl::StrCat("dpu-", std::string(DTypeName(weight_dtype))), 2, 2);
+    config.weight_dtype = weight_dtype;
+    const std::vector<std::string> reference = Reference(config, 2);
+    config.name += "-engine";
+    ASSERT_TRUE(InitJob(config));
+    std::vector<std::vector<std::string>> seen(4);
+    std::vector<absl::Status> statuses(4);
+    std::vector<std::vector<std::string>> violations(4);
+    std::vector<std::shared_ptr<HostCollectiveGroup>> groups = {
+        HostCollectiveGroup::Create(2), HostCollectiveGroup::Create(2)};
+    std::vector<std::thread> threads;
+    for (uint32_t r = 0; r < 4; ++r) {
+      threads.emplace_back([&, r] {
+        HostDevice device;
+        std::unique_ptr<gpu::Collective> collective =
+            groups[r / 2]->Join(r % 2, device);
+        statuses[r] = Rank(config, r / 2, r % 2, 2, device, collective.get(),
+                           &seen[r]);
+        violations[r] = device.violations();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (uint32_t r = 0; r < 4; ++r) {
+      SCOPED_TRACE(absl::StrCat("node ", r / 2, " local rank ", r % 2));
+      ASSERT_TRUE(statuses[r].ok()) << statuses[r];
+      EXPECT_TRUE(violations[r].empty()) << absl::StrJoin(violations[r], "\n");
+      ASSERT_EQ(seen[r].size(), kDpuSteps);
+      for (uint64_t s = 0; s < kDpuSteps; ++s) {
+        EXPECT_EQ(FirstDifference(seen[r][s], reference[s]), "")
+            << "forward " << s + 1 << " (equal to the reference's forward "
+            << [&] {
+                 std::string equal;
+                 for (uint64_t t = 0; t < kDpuSteps; ++t) {
+                   if (seen[r][s] == reference[t]) {
+                     absl::StrAppend(&equal, t + 1, " ");
+                   }
+                 }
+                 return equal.empty() ? std::string("none") : equal;
+               }()
+            << ")";
+      }
     }
   }
 }

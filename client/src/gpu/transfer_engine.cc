@@ -90,8 +90,7 @@ class TransferEngine::Impl {
     // Guarded by the engine's mu_.
     absl::Status error;
     bool aborted = false;
-    bool collectives_done = false;  // every all-gather (G = 1: record) queued
-    std::vector<uint64_t> ready_order, d2h_order;
+      std::vector<uint64_t> ready_order, d2h_order;
     std::vector<bool> named, weights_recorded, h2d_waited;
     std::vector<uint64_t> h2d_pending;
     std::vector<int> d2h_slot_of_chunk;
@@ -131,11 +130,11 @@ class TransferEngine::Impl {
       if (!buffer.ok()) return buffer.status();
       grads_[i] = *std::move(buffer);
     }
-    for (int i = 0; i < (dpu ? 2 : 1); ++i) {
+    for (int i = 0; i < (dpu ? 3 : 1); ++i) {
       absl::StatusOr<std::unique_ptr<Buffer>> buffer =
           device_.Allocate(padded * weight_size_);
       if (!buffer.ok()) return buffer.status();
-      (i == 0 ? live_ : incoming_) = *std::move(buffer);
+      (i == 0 ? live_ : incoming_[i - 1]) = *std::move(buffer);
     }
     for (auto [ring, slots, size] :
          {std::tuple{&d2h_, options_.d2h_slots, grad_size_},
@@ -155,7 +154,7 @@ class TransferEngine::Impl {
       *stream = *std::move(created);
     }
     const uint64_t buckets = partition_.num_buckets();
-    std::vector<std::vector<std::unique_ptr<Event>>*> sets = {&applied_};
+    std::vector<std::vector<std::unique_ptr<Event>>*> sets;
     for (int p = 0; p < 2; ++p) {
       for (auto* events :
            {&ready_[p], &rs_done_[p], &h2d_done_[p], &weights_ready_[p]}) {
@@ -261,9 +260,11 @@ class TransferEngine::Impl {
       streamed.routes.push_back(route);
       streamed.routes.back().feed = r->queues.back().get();
     }
-    StepRun* previous = runs_.empty() ? nullptr : runs_.back().get();
     {
       absl::MutexLock lock(&mu_);
+      // With no step in flight, none is waited for (the first step, or a
+      // retry after a failure).
+      if (runs_.empty()) collectives_through_ = step - 1;
       runs_.push_back(std::move(run));
     }
     begun_ = step;
@@ -272,9 +273,7 @@ class TransferEngine::Impl {
           client_internal::RunStreamedStep(job_, streamed, &r->result);
       if (!status.ok()) Fail(*r, status);
     });
-    r->comm_thread = std::thread([this, r, previous] {
-      RunCollectives(*r, previous);
-    });
+    r->comm_thread = std::thread([this, r] { RunCollectives(*r); });
     r->d2h_thread = std::thread([this, r] { RunDeviceToHost(*r); });
     return absl::OkStatus();
   }
@@ -350,17 +349,18 @@ class TransferEngine::Impl {
     Event& ready = *weights_ready_[parity][bucket];
     if (absl::Status s = device_.Wait(stream, ready); !s.ok()) return s;
     if (!options_.delayed_update) return absl::OkStatus();
-    // Delayed update: the step's weights arrived in the incoming buffer; the
-    // forward's stream copies the bucket into the live weights, and the next
-    // step's H2D copies of the bucket wait for that.
+    // Delayed update: the step's weights arrived in its incoming buffer
+    // (one per step parity); the forward's stream copies the bucket into the
+    // live weights. Step target + 2, the next to write that incoming buffer,
+    // does so only after its own ready event of the bucket, which its
+    // backward records after this forward.
     const ChunkSpan padded = partition_.padded_bucket(bucket);
     const uint64_t begin = padded.first * partition_.chunk_elems() * weight_size_;
     const uint64_t bytes = padded.size() * partition_.chunk_elems() * weight_size_;
     absl::Status s = device_.CopyAsync(
         stream, static_cast<char*>(live_->data()) + begin,
-        static_cast<char*>(incoming_->data()) + begin, bytes,
+        static_cast<char*>(incoming_[parity]->data()) + begin, bytes,
         CopyKind::kDeviceToDevice);
-    if (s.ok()) s = device_.Record(*applied_[bucket], stream);
     if (!s.ok()) return s;
     absl::MutexLock lock(&mu_);
     applied_step_[bucket] = target;
@@ -417,9 +417,7 @@ class TransferEngine::Impl {
     if (slot < 0) return Aborted(run);
     char* data = h2d_.slot(slot);
     const uint64_t bucket = partition_.BucketOfChunk(index);
-    char* target = static_cast<char*>(
-        (options_.delayed_update ? incoming_ : live_)->data());
-    char* dst = target + index * partition_.chunk_elems() * weight_size_;
+    char* dst = WeightsTarget(run) + index * partition_.chunk_elems() * weight_size_;
     if (!options_.faults.h2d_before_fill) {
       if (absl::Status s = Fill(run, data, bytes, copy); !s.ok()) return s;
     }
@@ -431,23 +429,12 @@ class TransferEngine::Impl {
         absl::MutexLock lock(&mu_);
         first = !run.h2d_waited[bucket];
         run.h2d_waited[bucket] = true;
-        if (first && options_.delayed_update && run.step > 1) {
-          // The incoming buffer still holds the previous step's weights of
-          // this bucket until the forward applied them.
-          const auto applied = [this, &run, bucket]()
-                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-            return run.aborted || applied_step_[bucket] + 1 >= run.step;
-          };
-          mu_.Await(absl::Condition(&applied));
-          if (run.aborted) status = absl::AbortedError("the step was aborted");
-        }
       }
-      // Backward may still read this bucket's weights until its ready point.
-      if (status.ok() && first) {
+      // Backward may still read this bucket's weights until its ready point
+      // (with the delayed update: the forward before it applied step - 2's
+      // weights out of the buffer this step writes).
+      if (first) {
         status = device_.Wait(*h2d_stream_, *ready_[run.parity][bucket]);
-        if (status.ok() && options_.delayed_update && run.step > 1) {
-          status = device_.Wait(*h2d_stream_, *applied_[bucket]);
-        }
       }
       if (status.ok()) {
         status = device_.CopyAsync(*h2d_stream_, dst, data, bytes,
@@ -583,22 +570,14 @@ class TransferEngine::Impl {
   // order. It starts once the previous step's are all queued, so that every
   // rank's collectives come in one order, and so that a chunk is sent for
   // this step only after the servers applied the previous step to it.
-  void RunCollectives(StepRun& run, StepRun* previous) {
-    if (previous != nullptr) {
+  void RunCollectives(StepRun& run) {
+    {
       absl::MutexLock lock(&mu_);
-      const auto done = [&run, previous]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return run.aborted || previous->aborted || previous->collectives_done;
+      const auto done = [this, &run]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return run.aborted || collectives_through_ + 1 >= run.step;
       };
       mu_.Await(absl::Condition(&done));
       if (run.aborted) return;
-      if (previous->aborted) {
-        mu_.Unlock();
-        Fail(run, absl::AbortedError(absl::StrCat(
-                      "step ", previous->step, " failed before step ",
-                      run.step, " could start its transfers")));
-        mu_.Lock();
-        return;
-      }
     }
     const uint64_t buckets = partition_.num_buckets();
     const uint32_t rank = options_.local_rank;
@@ -622,8 +601,7 @@ class TransferEngine::Impl {
       absl::MutexLock lock(&mu_);
       run.d2h_order.push_back(*b);
     }
-    char* target = static_cast<char*>(
-        (options_.delayed_update ? incoming_ : live_)->data());
+    char* target = WeightsTarget(run);
     for (size_t i = 0; i < buckets; ++i) {
       uint64_t b;
       {
@@ -662,7 +640,14 @@ class TransferEngine::Impl {
       if (!s.ok()) return Fail(run, s);
     }
     absl::MutexLock lock(&mu_);
-    run.collectives_done = true;
+    collectives_through_ = run.step;
+  }
+
+  // Where `run`'s weights arrive: the live weights, or with the delayed
+  // update the incoming buffer of its parity.
+  char* WeightsTarget(const StepRun& run) const {
+    return static_cast<char*>(
+        (options_.delayed_update ? incoming_[run.parity] : live_)->data());
   }
 
   void MarkWeightsRecorded(StepRun& run, uint64_t bucket) {
@@ -732,16 +717,13 @@ class TransferEngine::Impl {
   const size_t grad_size_;
   const size_t weight_size_;
 
-  // grads_[1], incoming_: only with the delayed update.
-  std::unique_ptr<Buffer> grads_[2], live_, incoming_;
+  // grads_[1] and incoming_: only with the delayed update.
+  std::unique_ptr<Buffer> grads_[2], live_, incoming_[2];
   SlotRing d2h_, h2d_;
   std::unique_ptr<Stream> comm_, d2h_stream_, h2d_stream_;
   // Per step parity and bucket.
   std::vector<std::unique_ptr<Event>> ready_[2], rs_done_[2], h2d_done_[2],
       weights_ready_[2];
-  // Per bucket (delayed update): recorded on the forward's stream when it
-  // copied the bucket's incoming weights into the live ones.
-  std::vector<std::unique_ptr<Event>> applied_;
   std::vector<StreamedStep::Route> routes_;  // feeds unset
   std::vector<uint32_t> route_of_chunk_;
   std::vector<uint64_t> owned_in_bucket_;
@@ -756,6 +738,9 @@ class TransferEngine::Impl {
   // Per bucket: the last step whose weights the forward applied (delayed
   // update).
   std::vector<uint64_t> applied_step_ ABSL_GUARDED_BY(mu_);
+  // The last step whose collectives (every all-gather; G = 1: every
+  // weights-ready record) are queued: the next step's wait for them.
+  uint64_t collectives_through_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
@@ -780,14 +765,6 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
     return absl::InvalidArgumentError(
         "TransferEngine: d2h_slots, h2d_slots and streams_per_server must be "
         ">= 1");
-  }
-  if (options.delayed_update) {
-    // The per-step state below is ready for two steps in flight, but the
-    // update is not finished (docs/gpu.md, "What is next"): refuse rather
-    // than run a schedule that is not tested.
-    return absl::UnimplementedError(
-        "TransferEngine: the delayed parameter update is not implemented "
-        "yet (docs/gpu.md)");
   }
   if (options.bucket_chunks == 0) {
     options.bucket_chunks = uint64_t{4} * options.local_ranks;

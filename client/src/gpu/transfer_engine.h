@@ -87,8 +87,8 @@ struct TransferEngineOptions {
   // applied before step s + 2's forward instead of s + 1's, so that step s's
   // round trip to the servers runs during step s + 1's forward and backward.
   // Two steps may then be in flight, and the engine holds a second gradient
-  // buffer and a second weights buffer on the device (see BeginStep and
-  // WaitWeights). Not finished: Create returns UNIMPLEMENTED when set.
+  // buffer and two more weights buffers on the device (where the weights of
+  // odd and even steps arrive; see BeginStep and WaitWeights).
   bool delayed_update = false;
   EngineFaults faults;
 };
@@ -141,9 +141,7 @@ class TransferEngine {
   // queued that bucket's weights (the first bucket's may take a round trip
   // to the servers). With the delayed update it also queues, on `stream`,
   // the copy of the bucket from the buffer the weights arrived in into
-  // weights(), once per step and bucket; call it for every bucket in every
-  // forward, since the next step's weights of a bucket are held back until
-  // then.
+  // weights(), once per step and bucket.
   absl::Status WaitWeights(uint64_t bucket, Stream& stream);
   // Finishes the oldest step in flight: waits until its streams have ended
   // and every weight copy is queued (not run: WaitWeights orders the
