@@ -192,7 +192,7 @@ int depot_job_open(depot_client_t* client, const depot_job_config_t* config,
     absl::StatusOr<std::unique_ptr<depot::Job>> job =
         client->client->OpenJob(*std::move(converted), worker_rank);
     if (!job.ok()) return job.status();
-    *out = new depot_job{*std::move(job), {}};
+    *out = new depot_job{*std::move(job), {}, {}};
     return absl::OkStatus();
   });
 }

@@ -287,33 +287,42 @@ absl::Status JobImpl::StepStreamed(const StreamedStep& step,
     return absl::InvalidArgumentError(
         "StepStreamed: weight_overrides are not supported on a streamed step");
   }
-  if (NeedsTwoPhases(options)) {
-    return absl::FailedPreconditionError(
-        "a streamed (GPU) step runs in one phase: the job's config clips, "
-        "has a grad_norm_skip_threshold or scales the loss dynamically, so "
-        "pass StepOptions::known_commit (the two-phase exchange is not "
-        "implemented for node workers yet)");
-  }
+  const bool two_phase = NeedsTwoPhases(options);
   std::vector<uint32_t> servers;
   for (const StreamedStep::Route& route : step.routes) {
     const ShardRange* shard =
         route.server < plan().num_servers() ? &plan().shard(route.server)
                                             : nullptr;
-    if (shard == nullptr || route.feed == nullptr || route.chunks == 0 ||
+    if (shard == nullptr || route.feed == nullptr ||
+        (route.chunks == 0 && !two_phase) ||
         route.first_chunk < shard->first_chunk ||
         route.end_chunk > shard->end_chunk ||
         route.chunks > route.end_chunk - route.first_chunk) {
       return absl::InvalidArgumentError(absl::StrCat(
           "StepStreamed: a route to server ", route.server,
-          " is not inside its shard or has no chunks or no feed"));
+          " is not inside its shard, has no feed, or has no chunks in a "
+          "one-phase step"));
     }
     if (servers.empty() || servers.back() != route.server) {
       servers.push_back(route.server);
     }
   }
+  std::optional<CommitBarrier> barrier;
+  if (two_phase) {
+    // Every server's GradStats decide the step: one stream to each server
+    // with chunks, whether or not this process sends any of them.
+    if (servers != ServersWithChunks() ||
+        servers.size() != step.routes.size()) {
+      return absl::InvalidArgumentError(
+          "StepStreamed: a two-phase step needs exactly one route to every "
+          "server that holds chunks, in server order");
+    }
+    barrier.emplace(config().optimizer, servers);
+  }
   const absl::Time start = absl::Now();
   StepStreamParams params = StreamParams(step.step, options, *no_grad, start);
   params.sink = step.sink;
+  params.barrier = barrier.has_value() ? &*barrier : nullptr;
   params.local_ranks = step.local_ranks;
   params.local_rank = step.local_rank;
   params.bucket_chunks = step.bucket_chunks;
@@ -338,6 +347,8 @@ absl::Status JobImpl::StepStreamed(const StreamedStep& step,
         route_params, group);
     if (!result.ok()) {
       statuses[r] = WithServer(result.status(), connection.address);
+      // Streams waiting for this server's GradStats must not wait on.
+      if (barrier.has_value()) barrier->Abort(statuses[r]);
       group.Fail(statuses[r]);
       return;
     }
@@ -352,9 +363,15 @@ absl::Status JobImpl::StepStreamed(const StreamedStep& step,
                                std::move(status));
   }
   if (result != nullptr) {
-    FillResult(step.step, options, stats, nullptr, start, result);
+    FillResult(step.step, options, stats,
+               barrier.has_value() ? &*barrier : nullptr, start, result);
   }
   return absl::OkStatus();
+}
+
+bool StreamedStepIsTwoPhase(Job& job, const StepOptions& options) {
+  JobImpl* impl = dynamic_cast<JobImpl*>(&job);
+  return impl != nullptr && impl->NeedsTwoPhases(options);
 }
 
 absl::Status RunStreamedStep(Job& job, const StreamedStep& step,

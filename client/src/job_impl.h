@@ -44,10 +44,15 @@ class JobImpl : public Job {
   absl::StatusOr<std::string> EncodeState(
       const FlatState& state) const override;
 
-  // A streamed step (step_stream.h). One phase only: FAILED_PRECONDITION when
-  // the step would need two (the config clips, has a skip threshold or
-  // scales the loss dynamically, and options has no known_commit).
+  // A streamed step (step_stream.h). When it runs in two phases
+  // (NeedsTwoPhases), its routes are exactly one per server with chunks, in
+  // server order, each possibly without chunks: every process of a node
+  // commits the decision of every server's GradStats.
   absl::Status StepStreamed(const StreamedStep& step, StepResult* result);
+
+  // Whether a Step with `options` runs in two phases: no known commit, and the
+  // config clips, has a skip threshold or scales the loss dynamically.
+  bool NeedsTwoPhases(const StepOptions& options) const;
 
  private:
   // The servers whose shard holds at least one chunk: the only ones that take
@@ -67,9 +72,6 @@ class JobImpl : public Job {
                   const CommitBarrier* barrier, absl::Time start,
                   StepResult* result) const;
 
-  // Whether a Step with `options` runs in two phases: no known commit, and the
-  // config clips, has a skip threshold or scales the loss dynamically.
-  bool NeedsTwoPhases(const StepOptions& options) const;
   // A SaveState blob of this job's config, decoded. DATA_LOSS: corrupt;
   // FAILED_PRECONDITION: of another config or server count.
   absl::StatusOr<StateBlob> DecodeOwnStateBlob(const std::string& bytes) const;
@@ -119,6 +121,10 @@ class JobImpl : public Job {
   ClientOptions options_;
   std::vector<uint64_t> job_ids_;
 };
+
+// Whether a streamed step of `job` with `options` runs in two phases (false
+// for a Job that is not a JobImpl).
+bool StreamedStepIsTwoPhase(Job& job, const StepOptions& options);
 
 // job.StepStreamed when `job` is a JobImpl (a Job from Client::OpenJob of
 // this library), else FAILED_PRECONDITION.

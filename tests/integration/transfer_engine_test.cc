@@ -69,6 +69,7 @@ struct RankRun {
   uint64_t wait_weights_calls = 0;
   uint64_t pinned_bytes = 0;
   uint64_t chunk_bytes = 0;
+  std::vector<StepResult> results;  // FinishStep's, per step
 };
 
 class TransferEngineTest : public TwoServers {
@@ -234,6 +235,7 @@ class TransferEngineTest : public TwoServers {
       }
       absl::StatusOr<StepResult> result = (*engine)->FinishStep();
       if (!result.ok()) return result.status();
+      run.results.push_back(*result);
       if (absl::Status s = device.SynchronizeStream(**compute); !s.ok()) {
         return s;
       }
@@ -285,6 +287,39 @@ TEST_F(TransferEngineTest, TwoNodesOfTwoRanksEqualTheOneProcessRunBitForBit) {
       EXPECT_EQ(runs[r].pinned_bytes,
                 2 * config.chunk_elems * 4 +
                     2 * config.chunk_elems * DTypeSize(weight_dtype));
+    }
+  }
+}
+
+// A config that clips runs two phases: every rank opens a stream to every
+// server, also where it owns no chunk (bucket_chunks 16 gives local rank 1
+// no chunk of server 0), receives each server's GradStats and commits; the
+// weights equal the one-process run's bit for bit.
+TEST_F(TransferEngineTest, TwoPhaseClippedStepsEqualTheOneProcessRunBitForBit) {
+  for (const uint64_t bucket_chunks : {uint64_t{4}, uint64_t{16}}) {
+    SCOPED_TRACE(absl::StrCat("bucket_chunks ", bucket_chunks));
+    JobConfig config =
+        SmallJobConfig(absl::StrCat("clip-", bucket_chunks), 2, 2);
+    config.optimizer.clip_grad = 0.5;  // the summed gradients' norm is ~4
+    const std::vector<std::string> reference = ReferenceRun(config, 2);
+    TransferEngineOptions options;
+    options.bucket_chunks = bucket_chunks;
+    const std::vector<RankRun> runs = EngineRun(config, 2, options);
+    for (size_t r = 0; r < runs.size(); ++r) {
+      SCOPED_TRACE(absl::StrCat("node ", r / 2, " local rank ", r % 2));
+      ASSERT_TRUE(runs[r].status.ok()) << runs[r].status;
+      EXPECT_TRUE(runs[r].violations.empty())
+          << absl::StrJoin(runs[r].violations, "\n");
+      ASSERT_EQ(runs[r].weights.size(), kSteps);
+      for (uint64_t s = 0; s < kSteps; ++s) {
+        EXPECT_EQ(FirstDifference(runs[r].weights[s], reference[s]), "")
+            << "step " << s + 1;
+      }
+      for (const StepResult& result : runs[r].results) {
+        EXPECT_TRUE(result.two_phase);
+        EXPECT_LT(result.clip_coef, 1.0);  // the step did clip
+        EXPECT_GT(result.grad_norm, 0.5);
+      }
     }
   }
 }

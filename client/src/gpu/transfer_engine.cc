@@ -83,6 +83,7 @@ class TransferEngine::Impl {
     int parity = 0;       // which set of per-bucket events
     char* grads = nullptr;  // the gradient buffer this step reads
     StepOptions options;
+    bool two_phase = false;  // its routes are routes_two_phase_
     std::vector<std::unique_ptr<ChunkQueue>> queues;
     StepResult result;  // the step thread's until joined
     std::thread step_thread, comm_thread, d2h_thread;
@@ -194,6 +195,24 @@ class TransferEngine::Impl {
         ++routes_[mine[k]].chunks;
       }
     }
+    // A two-phase step: one stream to every server with chunks, also where
+    // this rank owns none (it still receives the GradStats and commits).
+    route_two_phase_of_chunk_.assign(plan.num_chunks(), UINT32_MAX);
+    for (uint32_t server = 0; server < plan.num_servers(); ++server) {
+      const ShardRange& shard = plan.shard(server);
+      if (shard.num_chunks() == 0) continue;
+      StreamedStep::Route route;
+      route.server = server;
+      route.first_chunk = shard.first_chunk;
+      route.end_chunk = shard.end_chunk;
+      for (uint64_t c = shard.first_chunk; c < shard.end_chunk; ++c) {
+        if (partition_.OwnerOfChunk(c) != options_.local_rank) continue;
+        route_two_phase_of_chunk_[c] =
+            static_cast<uint32_t>(routes_two_phase_.size());
+        ++route.chunks;
+      }
+      routes_two_phase_.push_back(route);
+    }
     return absl::OkStatus();
   }
 
@@ -254,7 +273,9 @@ class TransferEngine::Impl {
       streamed.bucket_chunks = partition_.bucket_chunks();
     }
     streamed.sink = r;
-    for (const StreamedStep::Route& route : routes_) {
+    r->two_phase = client_internal::StreamedStepIsTwoPhase(job_, options);
+    for (const StreamedStep::Route& route :
+         r->two_phase ? routes_two_phase_ : routes_) {
       r->queues.push_back(std::make_unique<ChunkQueue>(
           [this, r](uint64_t index) { ReleaseD2h(*r, index); }));
       streamed.routes.push_back(route);
@@ -549,7 +570,9 @@ class TransferEngine::Impl {
       run.d2h_slot_of_chunk[index] = slot;
       if (options_.faults.d2h_slot_free_at_handoff) d2h_.free.push_back(slot);
     }
-    run.queues[route_of_chunk_[index]]->Push(index, d2h_.slot(slot));
+    const std::vector<uint32_t>& routes =
+        run.two_phase ? route_two_phase_of_chunk_ : route_of_chunk_;
+    run.queues[routes[index]]->Push(index, d2h_.slot(slot));
   }
 
   // Waits until `list` of `run` has more than `i` entries; nullopt once
@@ -724,8 +747,10 @@ class TransferEngine::Impl {
   // Per step parity and bucket.
   std::vector<std::unique_ptr<Event>> ready_[2], rs_done_[2], h2d_done_[2],
       weights_ready_[2];
-  std::vector<StreamedStep::Route> routes_;  // feeds unset
-  std::vector<uint32_t> route_of_chunk_;
+  // This rank's streams (feeds unset) and each chunk's, in a one-phase and
+  // in a two-phase step.
+  std::vector<StreamedStep::Route> routes_, routes_two_phase_;
+  std::vector<uint32_t> route_of_chunk_, route_two_phase_of_chunk_;
   std::vector<uint64_t> owned_in_bucket_;
 
   uint64_t begun_ = 0;  // the trainer thread's: the last step begun

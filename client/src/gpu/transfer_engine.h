@@ -119,8 +119,13 @@ class TransferEngine {
   // The pinned memory the engine holds, in bytes.
   uint64_t pinned_bytes() const;
 
-  // Starts step `step` (one phase: options as Job::Step, without
-  // weight_overrides; a config that needs two phases needs a known_commit).
+  // Starts step `step` (options as Job::Step, without weight_overrides). A
+  // step that needs two phases (the config clips, has a skip threshold or
+  // scales the loss dynamically, without a known_commit) opens one stream to
+  // every server with chunks, also those where this rank owns none: each
+  // receives the server's GradStats, and every rank of every node commits
+  // the same decision; FinishStep's result carries it (grad_norm, found_inf,
+  // skipped, clip_coef).
   // While a step is in flight the next one is step + 1 (INVALID_ARGUMENT
   // otherwise); with none in flight any step may begin (a failed step's
   // retry).
