@@ -545,7 +545,8 @@ TEST_F(DelayedUpdateTest, TwoNodesOfTwoRanksReadTheOneStepStaleWeights) {
 class TransferEngineFaultTest : public TransferEngineTest {
  protected:
   // Whether the run with `faults` shows the bug somewhere.
-  std::string Caught(const EngineFaults& faults) {
+  std::string Caught(const EngineFaults& faults,
+                     double host_to_device_bytes_per_second = 0) {
     JobConfig config = LargeJobConfig("faults", DType::kFloat32,
                                       DType::kFloat32, 1);
     const std::vector<std::string> reference = ReferenceRun(config, 1);
@@ -556,6 +557,7 @@ class TransferEngineFaultTest : public TransferEngineTest {
     options.faults = faults;
     HostDevice::Options device;
     device.copy_bytes_per_second = 200e6;
+    device.host_to_device_bytes_per_second = host_to_device_bytes_per_second;
     config.name += absl::StrCat("-", ++run_);
     const std::vector<RankRun> runs = EngineRun(config, 1, options, device);
     std::vector<std::string> signs;
@@ -588,7 +590,9 @@ TEST_F(TransferEngineFaultTest, ACorrectEngineShowsNothing) {
 TEST_F(TransferEngineFaultTest, H2dSlotReusedBeforeItsCopyRanIsCaught) {
   EngineFaults faults;
   faults.h2d_slot_free_at_enqueue = true;
-  EXPECT_NE(Caught(faults), "");
+  // Host-to-device copies at 20 MB/s (13 ms a chunk), far slower than the
+  // chunks arrive, so the next fill finds the freed slot's copy still queued.
+  EXPECT_NE(Caught(faults, 20e6), "");
 }
 
 TEST_F(TransferEngineFaultTest, H2dCopyStartedBeforeItsWeightsArrivedIsCaught) {

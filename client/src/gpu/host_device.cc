@@ -253,10 +253,13 @@ absl::Status HostDevice::CopyAsync(Stream& stream, void* dst, const void* src,
     id = next_copy_++;
     pending_[id] = PendingCopy{d, s, bytes, kind};
   }
-  const double seconds =
-      options_.copy_bytes_per_second > 0 && kind != CopyKind::kDeviceToDevice
-          ? static_cast<double>(bytes) / options_.copy_bytes_per_second
-          : 0.0;
+  const double rate = kind == CopyKind::kHostToDevice &&
+                             options_.host_to_device_bytes_per_second > 0
+                         ? options_.host_to_device_bytes_per_second
+                         : options_.copy_bytes_per_second;
+  const double seconds = rate > 0 && kind != CopyKind::kDeviceToDevice
+                             ? static_cast<double>(bytes) / rate
+                             : 0.0;
   (*host)->Enqueue([this, dst, src, bytes, id, seconds] {
     // The link's time first, then the bytes: a reader that does not wait
     // for the copy sees the old contents for as long as the copy takes.

@@ -31,6 +31,9 @@ class HostDevice : public Device {
     // over a PCIe link of that bandwidth (each stream is one copy engine);
     // device-to-device copies are not slowed. 0: memcpy speed.
     double copy_bytes_per_second = 0;
+    // > 0: host-to-device copies at this rate instead (a link slower one way,
+    // or a test that needs weights to arrive faster than they are copied).
+    double host_to_device_bytes_per_second = 0;
   };
 
   HostDevice();
