@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "depot/client.h"
+#include "gpu/device_optimizer.h"
 #include "gpu/host_collective.h"
 #include "gpu/host_device.h"
 #include "gtest/gtest.h"
@@ -70,12 +72,18 @@ struct RankRun {
   uint64_t pinned_bytes = 0;
   uint64_t chunk_bytes = 0;
   std::vector<StepResult> results;  // FinishStep's, per step
+  std::vector<uint32_t> gpu_tensors;
+  uint64_t gpu_state_bytes = 0;
 };
 
 class TransferEngineTest : public TwoServers {
  protected:
   // The reference: every node one process calling Job::Step with the node's
   // summed gradient. Returns node 0's weights after each step.
+  // Every step's options, for both runs (none by default).
+  std::function<StepOptions(uint64_t step)> step_options_ =
+      [](uint64_t) { return StepOptions(); };
+
   std::vector<std::string> ReferenceRun(JobConfig config, uint32_t local_ranks) {
     config.name += "-reference";
     std::vector<std::string> weights(kSteps);
@@ -97,8 +105,8 @@ class TransferEngineTest : public TwoServers {
             const std::vector<float> grads =
                 NodeGradient(layout, step, n, local_ranks);
             std::string out(layout.total_elems() * wsize, '\0');
-            if (absl::Status s =
-                    (*job)->Step(step, grads.data(), out.data(), nullptr);
+            if (absl::Status s = (*job)->Step(step, grads.data(), out.data(),
+                                              nullptr, step_options_(step));
                 !s.ok()) {
               return s;
             }
@@ -173,10 +181,19 @@ class TransferEngineTest : public TwoServers {
     if (!job.ok()) return job.status();
     engine_options.local_rank = local_rank;
     engine_options.local_ranks = local_ranks;
+    std::unique_ptr<gpu::DeviceOptimizer> optimizer;
+    if (engine_options.offload_fraction < 1.0) {
+      auto made = gpu::MakeHostDeviceOptimizer(config, device);
+      if (!made.ok()) return made.status();
+      optimizer = *std::move(made);
+      engine_options.device_optimizer = optimizer.get();
+    }
     auto engine =
         TransferEngine::Create(**job, device, collective, engine_options);
     if (!engine.ok()) return engine.status();
     run.pinned_bytes = (*engine)->pinned_bytes();
+    run.gpu_tensors = (*engine)->gpu_tensors();
+    run.gpu_state_bytes = (*engine)->gpu_state_bytes();
     run.chunk_bytes = config.chunk_elems;
     auto compute = device.CreateStream();
     if (!compute.ok()) return compute.status();
@@ -187,7 +204,7 @@ class TransferEngineTest : public TwoServers {
     auto snapshot = device.Allocate(n * wsize);
     if (!snapshot.ok()) return snapshot.status();
     for (uint64_t step = 1; step <= kSteps; ++step) {
-      if (absl::Status s = (*engine)->BeginStep(step, StepOptions());
+      if (absl::Status s = (*engine)->BeginStep(step, step_options_(step));
           !s.ok()) {
         return s;
       }
@@ -322,6 +339,69 @@ TEST_F(TransferEngineTest, TwoPhaseClippedStepsEqualTheOneProcessRunBitForBit) {
       }
     }
   }
+}
+
+// The offload fraction: half the parameters' optimizer stays on the GPU
+// (tensors chosen from the last), one node of 1 and of 2 local ranks, a
+// per-group lr and weight decay schedule, and at step 2 a kept tensor
+// without a gradient: every step's weights equal bit for bit those of the
+// same job with everything on the servers.
+TEST_F(TransferEngineTest, OffloadFractionEqualsTheFullyOffloadedRunBitForBit) {
+  for (const uint32_t local_ranks : {1u, 2u}) {
+    SCOPED_TRACE(absl::StrCat(local_ranks, " local ranks"));
+    JobConfig config =
+        SmallJobConfig(absl::StrCat("offload-", local_ranks), 1, 2);
+    const Layout layout = Layout::Create(config.tensors,
+                                         config.alignment_elems).value();
+    const std::vector<uint32_t> kept = gpu::ChooseGpuTensors(layout, 0.5);
+    ASSERT_FALSE(kept.empty());
+    step_options_ = [kept](uint64_t step) {
+      StepOptions options;
+      options.group_hparams = StepHyperParams(step);
+      if (step == 2) options.no_grad_tensors = {kept.back()};
+      return options;
+    };
+    const std::vector<std::string> reference =
+        ReferenceRun(config, local_ranks);
+    TransferEngineOptions options;
+    options.bucket_chunks = 2 * local_ranks;
+    options.offload_fraction = 0.5;
+    const std::vector<RankRun> runs = EngineRun(config, local_ranks, options);
+    for (size_t r = 0; r < runs.size(); ++r) {
+      SCOPED_TRACE(absl::StrCat("local rank ", r));
+      ASSERT_TRUE(runs[r].status.ok()) << runs[r].status;
+      EXPECT_TRUE(runs[r].violations.empty())
+          << absl::StrJoin(runs[r].violations, "\n");
+      EXPECT_EQ(runs[r].gpu_tensors, kept);
+      EXPECT_GT(runs[r].gpu_state_bytes, 0u);
+      ASSERT_EQ(runs[r].weights.size(), kSteps);
+      for (uint64_t s = 0; s < kSteps; ++s) {
+        EXPECT_EQ(FirstDifference(runs[r].weights[s], reference[s]), "")
+            << "step " << s + 1;
+      }
+    }
+  }
+}
+
+// Its rule: the largest set of whole tensors, from the last, within the
+// GPU's share; 1 keeps none, 0 keeps all.
+TEST(ChooseGpuTensorsTest, KeepsWholeTensorsFromTheLastWithinTheShare) {
+  const Layout layout =
+      Layout::Create({{"a", 100, 0}, {"b", 50, 0}, {"c", 30, 1}, {"d", 20, 1}},
+                     1)
+          .value();
+  EXPECT_TRUE(gpu::ChooseGpuTensors(layout, 1.0).empty());
+  EXPECT_EQ(gpu::ChooseGpuTensors(layout, 0.0),
+            (std::vector<uint32_t>{0, 1, 2, 3}));
+  // 25% of 200 = 50 elements: d (20) and c (30).
+  EXPECT_EQ(gpu::ChooseGpuTensors(layout, 0.75),
+            (std::vector<uint32_t>{2, 3}));
+  // 40% = 80: d, c, then b (50) does not fit; a does not either.
+  EXPECT_EQ(gpu::ChooseGpuTensors(layout, 0.6),
+            (std::vector<uint32_t>{2, 3}));
+  // 60% = 120: d, c, b (100 in all), not a.
+  EXPECT_EQ(gpu::ChooseGpuTensors(layout, 0.4),
+            (std::vector<uint32_t>{1, 2, 3}));
 }
 
 // One process per node (local_ranks 1, no collective), one slot per ring:

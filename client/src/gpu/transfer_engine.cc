@@ -13,6 +13,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "job_impl.h"
+#include "server/step_hparams.h"
+#include "server/step_numerics.h"
 #include "step_stream.h"
 
 namespace depot::gpu {
@@ -74,6 +76,15 @@ struct SlotRing {
 
 class TransferEngine::Impl {
  public:
+  // A kept tensor's elements in a run of this rank's chunks (offload
+  // fraction), and where their state lives.
+  struct KeptSegment {
+    uint64_t begin = 0, end = 0;  // flat range
+    uint32_t tensor = 0;
+    uint32_t group = 0;
+    uint64_t state_offset = 0;  // element offset in the state arrays
+  };
+
   // One step's transfers: its streams, threads and progress. With the delayed
   // update two are in flight: the older one's round trip while the newer
   // one's backward runs.
@@ -84,6 +95,10 @@ class TransferEngine::Impl {
     char* grads = nullptr;  // the gradient buffer this step reads
     StepOptions options;
     bool two_phase = false;  // its routes are routes_two_phase_
+    // Offload fraction: per kept tensor, the update's hyperparameters, or
+    // nullopt when it is not updated this step (no gradient, or skipped).
+    std::vector<std::optional<UpdateHyperParams>> gpu_hparams;
+    GradientInput gpu_grad;  // dtype, unscale and clip of the kept updates
     std::vector<std::unique_ptr<ChunkQueue>> queues;
     StepResult result;  // the step thread's until joined
     std::thread step_thread, comm_thread, d2h_thread;
@@ -195,6 +210,7 @@ class TransferEngine::Impl {
         ++routes_[mine[k]].chunks;
       }
     }
+    if (absl::Status s = InitGpuTensors(); !s.ok()) return s;
     // A two-phase step: one stream to every server with chunks, also where
     // this rank owns none (it still receives the GradStats and commits).
     route_two_phase_of_chunk_.assign(plan.num_chunks(), UINT32_MAX);
@@ -214,6 +230,88 @@ class TransferEngine::Impl {
       routes_two_phase_.push_back(route);
     }
     return absl::OkStatus();
+  }
+
+  // The offload fraction's tensors: which, their segments in this rank's
+  // chunks, and their state in device memory, read from the servers.
+  absl::Status InitGpuTensors() {
+    if (options_.offload_fraction >= 1.0) return absl::OkStatus();
+    const JobConfig& config = job_.config();
+    const Layout& layout = job_.layout();
+    gpu_tensors_ = ChooseGpuTensors(layout, options_.offload_fraction);
+    kept_tensor_.assign(layout.tensors().size(), false);
+    for (uint32_t t : gpu_tensors_) kept_tensor_[t] = true;
+    kept_steps_.assign(layout.tensors().size(), 0);
+    const ShardPlan& plan = job_.plan();
+    kept_in_bucket_.assign(partition_.num_buckets(), {});
+    uint64_t elems = 0;
+    for (uint64_t b = 0; b < partition_.num_buckets(); ++b) {
+      const ChunkSpan owned = partition_.owned(b, options_.local_rank);
+      if (owned.empty()) continue;
+      const uint64_t begin = plan.chunk(owned.first).begin;
+      const uint64_t end = plan.chunk(owned.end - 1).end;
+      for (const Segment& segment : layout.SegmentsIn(begin, end)) {
+        if (!kept_tensor_[segment.tensor_index]) continue;
+        kept_in_bucket_[b].push_back(
+            KeptSegment{segment.begin, segment.end,
+                        static_cast<uint32_t>(segment.tensor_index),
+                        segment.param_group, elems});
+        elems += segment.end - segment.begin;
+      }
+    }
+    kept_elems_ = elems;
+    if (elems == 0) return absl::OkStatus();
+    // master (fp32), then each slot's array, each 256-byte aligned.
+    const OptimizerConfig slot_config = JobSlotConfig(config);
+    const int slots = OptimizerStateSlots(slot_config);
+    const auto aligned = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+    uint64_t bytes = aligned(elems * sizeof(float));
+    for (int k = 0; k < slots; ++k) {
+      slot_offset_[k] = bytes;
+      slot_dtype_[k] = OptimizerSlotDType(slot_config, k);
+      bytes += aligned(elems * DTypeSize(slot_dtype_[k]));
+    }
+    absl::StatusOr<std::unique_ptr<Buffer>> state = device_.Allocate(bytes);
+    if (!state.ok()) return state.status();
+    kept_state_ = *std::move(state);
+    // The initial state on the host: the servers' master weights, the
+    // slots' initial values; then one copy to the device.
+    std::string host(bytes, '\0');
+    float* master = reinterpret_cast<float*>(host.data());
+    for (const std::vector<KeptSegment>& segments : kept_in_bucket_) {
+      for (const KeptSegment& k : segments) {
+        if (absl::Status s = job_.Pull(k.begin, k.end, DType::kFloat32,
+                                       master + k.state_offset);
+            !s.ok()) {
+          return s;
+        }
+        ParamRun run = KeptRun(k, host.data());
+        InitOptimizerSlots(GroupOptimizer(config, k.group), run);
+      }
+    }
+    absl::Status s = device_.CopyAsync(*comm_, kept_state_->data(),
+                                       host.data(), bytes,
+                                       CopyKind::kHostToDevice);
+    if (s.ok()) s = device_.SynchronizeStream(*comm_);
+    return s;
+  }
+
+  // Segment k's master and slots inside the state block at `base`.
+  ParamRun KeptRun(const KeptSegment& k, char* base) const {
+    ParamRun run;
+    run.master = reinterpret_cast<float*>(base) + k.state_offset;
+    for (int slot = 0; slot < kMaxStateSlots; ++slot) {
+      if (slot_offset_[slot] == 0) continue;
+      run.slots[slot] = base + slot_offset_[slot] +
+                        k.state_offset * DTypeSize(slot_dtype_[slot]);
+    }
+    run.n = k.end - k.begin;
+    return run;
+  }
+
+  const std::vector<uint32_t>& gpu_tensors() const { return gpu_tensors_; }
+  uint64_t gpu_state_bytes() const {
+    return kept_state_ == nullptr ? 0 : kept_state_->bytes();
   }
 
   const NodePartition& partition() const { return partition_; }
@@ -239,6 +337,12 @@ class TransferEngine::Impl {
     if (step == 0) {
       return absl::InvalidArgumentError("BeginStep: steps are numbered from 1");
     }
+    if (kept_state_lost_) {
+      return absl::FailedPreconditionError(
+          "BeginStep: a step failed while the optimizer state of the tensors "
+          "kept on the GPU (offload_fraction < 1) took part in it; that state "
+          "cannot replay a step: create a new engine from a checkpoint");
+    }
     if (!runs_.empty() && step != begun_ + 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "BeginStep(", step, "): step ", begun_,
@@ -250,6 +354,15 @@ class TransferEngine::Impl {
           "write the new weights into the engine's weights() and the "
           "servers' with Job::Step's overrides on a host step");
     }
+    const bool two_phase =
+        client_internal::StreamedStepIsTwoPhase(job_, options);
+    if (!gpu_tensors_.empty() && two_phase) {
+      return absl::FailedPreconditionError(
+          "BeginStep: with an offload fraction below 1 a step runs in one "
+          "phase (the servers' gradient norm would miss the tensors kept on "
+          "the GPU): pass StepOptions::known_commit, or do not clip, skip on "
+          "a norm threshold or scale the loss dynamically");
+    }
     const uint64_t buckets = partition_.num_buckets();
     auto run = std::make_unique<StepRun>();
     run->engine = this;
@@ -258,6 +371,9 @@ class TransferEngine::Impl {
     run->grads = static_cast<char*>(
         grads_[options_.delayed_update ? step % 2 : 0]->data());
     run->options = options;
+    if (!gpu_tensors_.empty()) {
+      if (absl::Status s = PlanGpuUpdates(options, *run); !s.ok()) return s;
+    }
     run->named.assign(buckets, false);
     run->weights_recorded.assign(buckets, false);
     run->h2d_waited.assign(buckets, false);
@@ -273,7 +389,7 @@ class TransferEngine::Impl {
       streamed.bucket_chunks = partition_.bucket_chunks();
     }
     streamed.sink = r;
-    r->two_phase = client_internal::StreamedStepIsTwoPhase(job_, options);
+    r->two_phase = two_phase;
     for (const StreamedStep::Route& route :
          r->two_phase ? routes_two_phase_ : routes_) {
       r->queues.push_back(std::make_unique<ChunkQueue>(
@@ -414,6 +530,7 @@ class TransferEngine::Impl {
       error = run.error;
     }
     if (!error.ok()) {
+      if (!gpu_tensors_.empty()) kept_state_lost_ = true;
       // A later step in flight cannot go on without this one.
       for (std::unique_ptr<StepRun>& later : runs_) {
         Fail(*later, absl::AbortedError(absl::StrCat(
@@ -648,6 +765,8 @@ class TransferEngine::Impl {
       if (s.ok() && owned_in_bucket_[b] > 0) {
         s = device_.Wait(*comm_, *h2d_done_[run.parity][b]);
       }
+      // The kept tensors' weights replace what the servers sent for them.
+      if (s.ok() && !gpu_tensors_.empty()) s = UpdateGpuTensors(run, b, target);
       if (s.ok() && collective_ != nullptr) {
         const ChunkSpan padded = partition_.padded_bucket(b);
         const ChunkSpan part = partition_.owned_padded(b, rank);
@@ -664,6 +783,65 @@ class TransferEngine::Impl {
     }
     absl::MutexLock lock(&mu_);
     collectives_through_ = run.step;
+  }
+
+  // The offload fraction's part of BeginStep: the kept tensors join the
+  // step's tensors without a gradient (the servers skip them), and each gets
+  // its update's hyperparameters, as the servers would resolve them.
+  absl::Status PlanGpuUpdates(const StepOptions& options, StepRun& run) {
+    const JobConfig& config = job_.config();
+    const Layout& layout = job_.layout();
+    std::vector<bool> no_grad(layout.tensors().size(), false);
+    for (uint32_t t : options.no_grad_tensors) {
+      if (t < no_grad.size()) no_grad[t] = true;
+    }
+    const StepCommit commit = options.known_commit.value_or(StepCommit());
+    run.gpu_hparams.assign(layout.tensors().size(), std::nullopt);
+    for (uint32_t t : gpu_tensors_) {
+      if (!no_grad[t]) run.options.no_grad_tensors.push_back(t);
+      if (no_grad[t] || commit.skip) continue;
+      const uint32_t group = layout.tensors()[t].param_group;
+      run.gpu_hparams[t] =
+          ResolveHyperParams(GroupOptimizer(config, group),
+                             options.group_hparams, group, kept_steps_[t] + 1);
+    }
+    run.gpu_grad.dtype = config.grad_dtype;
+    run.gpu_grad.unscale_factor = UnscaleFactor(options.loss_scale);
+    run.gpu_grad.unscale = run.gpu_grad.unscale_factor != 1.0f;
+    run.gpu_grad.clip = commit.clip_coef < 1.0;
+    run.gpu_grad.clip_coef = static_cast<float>(commit.clip_coef);
+    // The step counts move now (the servers' move when they apply the
+    // step); a failed step leaves the engine unusable (FinishStep).
+    for (uint32_t t : gpu_tensors_) {
+      if (run.gpu_hparams[t].has_value()) ++kept_steps_[t];
+    }
+    return absl::OkStatus();
+  }
+
+  // Bucket b's kept segments on the comm stream, after the weights of this
+  // rank's chunks landed in `target`: an update, or just the weights.
+  absl::Status UpdateGpuTensors(StepRun& run, uint64_t b, char* target) {
+    for (const KeptSegment& k : kept_in_bucket_[b]) {
+      const ParamRun state =
+          KeptRun(k, static_cast<char*>(kept_state_->data()));
+      const WeightsOutput weights{job_.config().weight_dtype,
+                                  target + k.begin * weight_size_};
+      absl::Status s;
+      if (run.gpu_hparams[k.tensor].has_value()) {
+        const void* part = run.grads + k.begin * grad_size_;
+        GradientInput grad = run.gpu_grad;
+        grad.parts = &part;
+        grad.num_parts = 1;
+        s = options_.device_optimizer->Update(k.group, grad, state,
+                                              *run.gpu_hparams[k.tensor],
+                                              weights, *comm_);
+      } else {
+        s = options_.device_optimizer->WriteWeights(state.master, state.n,
+                                                    weights, *comm_);
+      }
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
   }
 
   // Where `run`'s weights arrive: the live weights, or with the delayed
@@ -755,6 +933,21 @@ class TransferEngine::Impl {
 
   uint64_t begun_ = 0;  // the trainer thread's: the last step begun
 
+  // Offload fraction (empty / null when everything is offloaded).
+  std::vector<uint32_t> gpu_tensors_;
+  std::vector<bool> kept_tensor_;
+  std::vector<std::vector<KeptSegment>> kept_in_bucket_;
+  uint64_t kept_elems_ = 0;
+  uint64_t slot_offset_[kMaxStateSlots] = {0, 0, 0};  // 0: unused slot
+  DType slot_dtype_[kMaxStateSlots] = {DType::kFloat32, DType::kFloat32,
+                                       DType::kFloat32};
+  std::unique_ptr<Buffer> kept_state_;
+  // Per tensor, the kept tensors' optimizer step counts (trainer thread).
+  std::vector<uint64_t> kept_steps_;
+  // A step failed after the kept tensors' state may have taken part of it:
+  // unlike the servers' state, it cannot replay a step (trainer thread).
+  bool kept_state_lost_ = false;
+
   absl::Mutex h2d_mu_;  // orders each chunk's H2D work on the stream
   absl::Mutex mu_;
   // Oldest first; the trainer thread adds and removes (under mu_), the
@@ -791,6 +984,35 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
         "TransferEngine: d2h_slots, h2d_slots and streams_per_server must be "
         ">= 1");
   }
+  if (!(options.offload_fraction >= 0.0 && options.offload_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TransferEngine: offload_fraction must be in [0, 1], got ",
+        options.offload_fraction));
+  }
+  if (options.offload_fraction < 1.0) {
+    if (options.device_optimizer == nullptr) {
+      return absl::InvalidArgumentError(
+          "TransferEngine: offload_fraction < 1 needs a device_optimizer");
+    }
+    if (job.config().num_workers != 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "TransferEngine: offload_fraction < 1 needs the whole gradient on "
+          "the GPU, which only a job of one worker (node) has; this job has ",
+          job.config().num_workers,
+          " (its nodes meet only at the servers)"));
+    }
+    absl::StatusOr<std::vector<ServerJobStatus>> statuses =
+        job.Status(/*with_checksum=*/false);
+    if (!statuses.ok()) return statuses.status();
+    for (const ServerJobStatus& status : *statuses) {
+      if (status.step != 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "TransferEngine: offload_fraction < 1 starts the kept tensors' "
+            "optimizer state from the servers' initial weights, but server ",
+            status.server, " has applied step ", status.step));
+      }
+    }
+  }
   if (options.bucket_chunks == 0) {
     options.bucket_chunks = uint64_t{4} * options.local_ranks;
   }
@@ -804,6 +1026,25 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
   return std::unique_ptr<TransferEngine>(new TransferEngine(std::move(impl)));
 }
 
+std::vector<uint32_t> ChooseGpuTensors(const Layout& layout,
+                                       double offload_fraction) {
+  std::vector<uint32_t> kept;
+  if (!(offload_fraction < 1.0)) return kept;
+  const double budget =
+      (1.0 - std::max(0.0, offload_fraction)) *
+      static_cast<double>(layout.param_elems());
+  uint64_t used = 0;
+  for (size_t t = layout.tensors().size(); t-- > 0;) {
+    const uint64_t numel = layout.tensors()[t].numel;
+    if (static_cast<double>(used + numel) <= budget) {
+      used += numel;
+      kept.push_back(static_cast<uint32_t>(t));
+    }
+  }
+  std::reverse(kept.begin(), kept.end());
+  return kept;
+}
+
 TransferEngine::TransferEngine(std::unique_ptr<Impl> impl)
     : impl_(std::move(impl)) {}
 TransferEngine::~TransferEngine() = default;
@@ -814,6 +1055,12 @@ const NodePartition& TransferEngine::partition() const {
 void* TransferEngine::grads() const { return impl_->grads(); }
 void* TransferEngine::weights() const { return impl_->weights(); }
 uint64_t TransferEngine::pinned_bytes() const { return impl_->pinned_bytes(); }
+const std::vector<uint32_t>& TransferEngine::gpu_tensors() const {
+  return impl_->gpu_tensors();
+}
+uint64_t TransferEngine::gpu_state_bytes() const {
+  return impl_->gpu_state_bytes();
+}
 absl::Status TransferEngine::BeginStep(uint64_t step,
                                        const StepOptions& options) {
   return impl_->BeginStep(step, options);

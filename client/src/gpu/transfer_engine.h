@@ -46,8 +46,10 @@
 #include "absl/status/statusor.h"
 #include "depot/client.h"
 #include "depot/node_partition.h"
+#include "depot/layout.h"
 #include "gpu/collective.h"
 #include "gpu/device.h"
+#include "gpu/device_optimizer.h"
 
 namespace depot::gpu {
 
@@ -90,8 +92,28 @@ struct TransferEngineOptions {
   // buffer and two more weights buffers on the device (where the weights of
   // odd and even steps arrive; see BeginStep and WaitWeights).
   bool delayed_update = false;
+  // Megatron's --optimizer-offload-fraction: the share of the model's
+  // parameters whose optimizer runs on the servers, in [0, 1]. Below 1, the
+  // tensors ChooseGpuTensors picks keep their optimizer on the GPU: their
+  // fp32 master weights and state live in device memory (each local rank
+  // holds those of its own chunks), `device_optimizer` updates them after
+  // the reduce-scatter, and the servers skip them (sent as tensors without
+  // a gradient). Needs a job of one worker (the node's sum is then the whole
+  // gradient), one-phase steps, and a job with no step applied yet (Create
+  // reads the kept tensors' initial master weights from the servers). The
+  // servers' checkpoints do not hold the kept tensors' state.
+  double offload_fraction = 1.0;
+  DeviceOptimizer* device_optimizer = nullptr;
   EngineFaults faults;
 };
+
+// The tensors (layout indices, ascending) an offload fraction keeps on the
+// GPU: walking from the last tensor to the first (backward's order), each
+// tensor whose elements still fit within (1 - offload_fraction) of the
+// model's parameter elements, so that the kept share is the largest that does
+// not exceed it with whole tensors.
+std::vector<uint32_t> ChooseGpuTensors(const Layout& layout,
+                                       double offload_fraction);
 
 class TransferEngine {
  public:
@@ -118,6 +140,10 @@ class TransferEngine {
   void* weights() const;
   // The pinned memory the engine holds, in bytes.
   uint64_t pinned_bytes() const;
+  // The tensors whose optimizer runs on this GPU (ChooseGpuTensors), and the
+  // device memory their state takes on this rank, in bytes.
+  const std::vector<uint32_t>& gpu_tensors() const;
+  uint64_t gpu_state_bytes() const;
 
   // Starts step `step` (options as Job::Step, without weight_overrides). A
   // step that needs two phases (the config clips, has a skip threshold or
