@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "call_group.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/sync_stream.h"
@@ -329,6 +330,8 @@ absl::Status JobImpl::StepStreamed(const StreamedStep& step,
   std::vector<StepStreamStats> stats(step.routes.size());
   std::vector<absl::Status> statuses(step.routes.size());
   CallGroup group;
+  absl::Mutex failure_mu;
+  bool failure_reported = false;
   auto run = [&](size_t r) {
     const StreamedStep::Route& route = step.routes[r];
     const ServerConnection& connection = *(*connections_)[route.server];
@@ -347,9 +350,15 @@ absl::Status JobImpl::StepStreamed(const StreamedStep& step,
         route_params, group);
     if (!result.ok()) {
       statuses[r] = WithServer(result.status(), connection.address);
-      // Streams waiting for this server's GradStats must not wait on.
+      // Streams waiting for this server's GradStats must not wait on, nor
+      // those waiting for chunks or weight slots.
       if (barrier.has_value()) barrier->Abort(statuses[r]);
       group.Fail(statuses[r]);
+      if (step.on_failure) {
+        absl::MutexLock lock(&failure_mu);
+        if (!failure_reported) step.on_failure(group.status());
+        failure_reported = true;
+      }
       return;
     }
     stats[r] = *result;

@@ -139,6 +139,10 @@ struct StreamedStep {
   };
   std::vector<Route> routes;
   WeightSink* sink = nullptr;
+  // Called once, at the step's first failure (another thread may still be
+  // blocked in a feed's Next or the sink's Accept, which gRPC's cancellation
+  // does not reach): the feeds and the sink must then stop waiting.
+  std::function<void(const absl::Status&)> on_failure;
 };
 
 // What one server reported for its shard.

@@ -618,6 +618,191 @@ TEST_F(DelayedUpdateTest, TwoNodesOfTwoRanksReadTheOneStepStaleWeights) {
   }
 }
 
+// The engine's error paths: misuse is refused with the right code and the
+// engine goes on; a server that dies mid-step fails the step, not the
+// process, and nothing hangs.
+class TransferEngineErrorTest : public TransferEngineTest {
+ protected:
+  struct Open {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<Job> job;
+    std::unique_ptr<HostDevice> device;
+    std::unique_ptr<TransferEngine> engine;
+    std::unique_ptr<gpu::Stream> compute;
+  };
+
+  // One worker, one rank, on a fresh job `name`.
+  Open OpenEngine(const std::string& name, TransferEngineOptions options = {},
+                  absl::Duration step_timeout = absl::Seconds(60)) {
+    Open open;
+    JobConfig config = SmallJobConfig(name, 1, 2);
+    EXPECT_TRUE(InitJob(config));
+    ClientOptions client_options;
+    client_options.servers = Addresses();
+    client_options.step_timeout = step_timeout;
+    open.client = Client::Connect(client_options).value();
+    open.job = open.client->OpenJob(config, 0).value();
+    open.device = std::make_unique<HostDevice>();
+    options.bucket_chunks = options.bucket_chunks == 0 ? 3 : options.bucket_chunks;
+    open.engine =
+        TransferEngine::Create(*open.job, *open.device, nullptr, options)
+            .value();
+    open.compute = open.device->CreateStream().value();
+    return open;
+  }
+
+  static absl::Status NameAll(Open& open) {
+    const uint64_t buckets = open.engine->partition().num_buckets();
+    for (uint64_t b = buckets; b-- > 0;) {
+      if (absl::Status s = open.engine->GradientsReady(b, *open.compute);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+};
+
+TEST_F(TransferEngineErrorTest, MisuseIsRefusedAndTheEngineGoesOn) {
+  Open open = OpenEngine("misuse");
+  TransferEngine& engine = *open.engine;
+  gpu::Stream& compute = *open.compute;
+  const uint64_t buckets = engine.partition().num_buckets();
+  ASSERT_GE(buckets, 2u);
+  EXPECT_EQ(engine.GradientsReady(0, compute).code(),
+            absl::StatusCode::kFailedPrecondition);  // no step
+  EXPECT_EQ(engine.FinishStep().status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(engine.BeginStep(0, StepOptions()).code(),
+            absl::StatusCode::kInvalidArgument);
+  StepOptions overrides;
+  const float one = 1.0f;
+  overrides.weight_overrides = {{0, &one}};
+  EXPECT_EQ(engine.BeginStep(1, overrides).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(engine.BeginStep(1, StepOptions()).ok());
+  EXPECT_EQ(engine.BeginStep(2, StepOptions()).code(),
+            absl::StatusCode::kFailedPrecondition);  // 1 is in flight
+  EXPECT_EQ(engine.GradientsReady(buckets, compute).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(engine.GradientsReady(1, compute).ok());
+  EXPECT_EQ(engine.GradientsReady(1, compute).code(),
+            absl::StatusCode::kInvalidArgument);  // named twice
+  EXPECT_EQ(engine.WaitWeights(0, compute).code(),
+            absl::StatusCode::kFailedPrecondition);  // not named
+  // Finishing before every bucket is named fails the step, naming them.
+  absl::StatusOr<StepResult> early = engine.FinishStep();
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.status().message().find("named buckets 0, 2"),
+            absl::string_view::npos)
+      << early.status();
+  // The same step again, whole: it completes (the servers never applied it).
+  ASSERT_TRUE(engine.BeginStep(1, StepOptions()).ok());
+  ASSERT_TRUE(NameAll(open).ok());
+  absl::StatusOr<StepResult> done = engine.FinishStep();
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->chunks, open.job->plan().num_chunks());
+  EXPECT_TRUE(open.device->violations().empty());
+}
+
+TEST_F(TransferEngineErrorTest, BadOptionsAreInvalidArgument) {
+  JobConfig config = SmallJobConfig("options", 2, 2);
+  ASSERT_TRUE(InitJob(config));
+  ClientOptions client_options;
+  client_options.servers = Addresses();
+  auto client = Client::Connect(client_options).value();
+  auto job = client->OpenJob(config, 0).value();
+  HostDevice device;
+  const auto create = [&](TransferEngineOptions options) {
+    return TransferEngine::Create(*job, device, nullptr, options).status();
+  };
+  TransferEngineOptions o;
+  o.local_rank = 2;
+  o.local_ranks = 2;
+  EXPECT_EQ(create(o).code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.local_ranks = 2;  // no collective
+  EXPECT_EQ(create(o).code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.d2h_slots = 0;
+  EXPECT_EQ(create(o).code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.bucket_chunks = 3;
+  o.local_ranks = 1;
+  EXPECT_TRUE(create(o).ok());
+  o.offload_fraction = 1.5;
+  EXPECT_EQ(create(o).code(), absl::StatusCode::kInvalidArgument);
+  o.offload_fraction = 0.5;  // no device optimizer
+  EXPECT_EQ(create(o).code(), absl::StatusCode::kInvalidArgument);
+  auto optimizer = gpu::MakeHostDeviceOptimizer(config, device).value();
+  o.device_optimizer = optimizer.get();
+  // Two workers: the GPU would not have the whole gradient.
+  const absl::Status two = create(o);
+  EXPECT_EQ(two.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(two.message().find("one worker"), absl::string_view::npos) << two;
+}
+
+TEST_F(TransferEngineErrorTest, AServerThatDiesFailsTheStepWithoutAHang) {
+  Open open = OpenEngine("dies", {}, absl::Seconds(20));
+  TransferEngine& engine = *open.engine;
+  ASSERT_TRUE(engine.BeginStep(1, StepOptions()).ok());
+  ASSERT_TRUE(NameAll(open).ok());
+  ASSERT_TRUE(engine.FinishStep().ok());
+  ASSERT_TRUE(server(1).Kill().ok());
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(engine.BeginStep(2, StepOptions()).ok());
+  // Naming may already see the failure; either way FinishStep reports it.
+  (void)NameAll(open);
+  absl::StatusOr<StepResult> failed = engine.FinishStep();
+  EXPECT_FALSE(failed.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15)) << failed.status();
+  EXPECT_NE(failed.status().message().find(server(1).grpc_address()),
+            absl::string_view::npos)
+      << failed.status();
+  // The engine is usable again (the step fails again for the same reason).
+  ASSERT_TRUE(engine.BeginStep(2, StepOptions()).ok());
+  (void)NameAll(open);
+  EXPECT_FALSE(engine.FinishStep().ok());
+}
+
+TEST_F(TransferEngineErrorTest, AFailedStepWithGpuTensorsLeavesTheEngineUnusable) {
+  JobConfig config = SmallJobConfig("kept-fail", 1, 2);
+  ASSERT_TRUE(InitJob(config));
+  ClientOptions client_options;
+  client_options.servers = Addresses();
+  auto client = Client::Connect(client_options).value();
+  auto job = client->OpenJob(config, 0).value();
+  HostDevice device;
+  auto optimizer = gpu::MakeHostDeviceOptimizer(config, device).value();
+  TransferEngineOptions options;
+  options.bucket_chunks = 3;
+  options.offload_fraction = 0.5;
+  options.device_optimizer = optimizer.get();
+  auto engine = TransferEngine::Create(*job, device, nullptr, options).value();
+  auto compute = device.CreateStream().value();
+  ASSERT_TRUE(engine->BeginStep(1, StepOptions()).ok());
+  ASSERT_TRUE(engine->GradientsReady(0, *compute).ok());
+  EXPECT_FALSE(engine->FinishStep().ok());  // not every bucket named
+  const absl::Status again = engine->BeginStep(1, StepOptions());
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.message().find("cannot replay"), absl::string_view::npos)
+      << again;
+  // And a config that clips is refused at BeginStep, not run with a norm
+  // that misses the kept tensors.
+  JobConfig clipped = SmallJobConfig("kept-clip", 1, 2);
+  clipped.optimizer.clip_grad = 1.0;
+  ASSERT_TRUE(InitJob(clipped));
+  auto clipped_job = client->OpenJob(clipped, 0).value();
+  auto clipped_optimizer =
+      gpu::MakeHostDeviceOptimizer(clipped, device).value();
+  options.device_optimizer = clipped_optimizer.get();
+  auto clipped_engine =
+      TransferEngine::Create(*clipped_job, device, nullptr, options).value();
+  EXPECT_EQ(clipped_engine->BeginStep(1, StepOptions()).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 // Each deliberate engine bug is caught: by the HostDevice's host-access
 // checks (an engine error), by a weights mismatch with the reference, or by
 // a wait queued on the compute stream. Copies are throttled to 200 MB/s so

@@ -389,6 +389,9 @@ class TransferEngine::Impl {
       streamed.bucket_chunks = partition_.bucket_chunks();
     }
     streamed.sink = r;
+    streamed.on_failure = [this, r](const absl::Status& status) {
+      Fail(*r, status);
+    };
     r->two_phase = two_phase;
     for (const StreamedStep::Route& route :
          r->two_phase ? routes_two_phase_ : routes_) {
