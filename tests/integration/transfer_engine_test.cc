@@ -78,46 +78,57 @@ struct RankRun {
 
 class TransferEngineTest : public TwoServers {
  protected:
-  // The reference: every node one process calling Job::Step with the node's
-  // summed gradient. Returns node 0's weights after each step.
   // Every step's options, for both runs (none by default).
   std::function<StepOptions(uint64_t step)> step_options_ =
       [](uint64_t) { return StepOptions(); };
 
-  std::vector<std::string> ReferenceRun(JobConfig config, uint32_t local_ranks) {
-    config.name += "-reference";
-    std::vector<std::string> weights(kSteps);
-    if (!InitJob(config)) return weights;
+  // Initialises job `config`, then runs body(job, node) for every node of
+  // it at once, each on its own thread with its own client; expects every
+  // one to succeed.
+  void RunNodes(const JobConfig& config,
+                const std::function<absl::Status(Job& job, uint32_t node)>&
+                    body) {
+    if (!InitJob(config)) return;
     std::vector<std::thread> nodes;
     std::vector<absl::Status> statuses(config.num_workers);
     for (uint32_t n = 0; n < config.num_workers; ++n) {
       nodes.emplace_back([&, n] {
-        statuses[n] = [&]() -> absl::Status {
-          ClientOptions options;
-          options.servers = Addresses();
-          auto client = Client::Connect(options);
-          if (!client.ok()) return client.status();
-          auto job = (*client)->OpenJob(config, n);
-          if (!job.ok()) return job.status();
-          const Layout& layout = (*job)->layout();
-          const size_t wsize = DTypeSize(config.weight_dtype);
-          for (uint64_t step = 1; step <= kSteps; ++step) {
-            const std::vector<float> grads =
-                NodeGradient(layout, step, n, local_ranks);
-            std::string out(layout.total_elems() * wsize, '\0');
-            if (absl::Status s = (*job)->Step(step, grads.data(), out.data(),
-                                              nullptr, step_options_(step));
-                !s.ok()) {
-              return s;
-            }
-            if (n == 0) weights[step - 1] = std::move(out);
-          }
-          return absl::OkStatus();
-        }();
+        ClientOptions options;
+        options.servers = Addresses();
+        auto client = Client::Connect(options);
+        if (!client.ok()) {
+          statuses[n] = client.status();
+          return;
+        }
+        auto job = (*client)->OpenJob(config, n);
+        statuses[n] = job.ok() ? body(**job, n) : job.status();
       });
     }
     for (std::thread& t : nodes) t.join();
     for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+  }
+
+  // The reference: every node one process calling Job::Step with the node's
+  // summed gradient. Returns node 0's weights after each step.
+  std::vector<std::string> ReferenceRun(JobConfig config, uint32_t local_ranks) {
+    config.name += "-reference";
+    std::vector<std::string> weights(kSteps);
+    RunNodes(config, [&](Job& job, uint32_t n) -> absl::Status {
+      const Layout& layout = job.layout();
+      const size_t wsize = DTypeSize(config.weight_dtype);
+      for (uint64_t step = 1; step <= kSteps; ++step) {
+        const std::vector<float> grads =
+            NodeGradient(layout, step, n, local_ranks);
+        std::string out(layout.total_elems() * wsize, '\0');
+        if (absl::Status s = job.Step(step, grads.data(), out.data(), nullptr,
+                                      step_options_(step));
+            !s.ok()) {
+          return s;
+        }
+        if (n == 0) weights[step - 1] = std::move(out);
+      }
+      return absl::OkStatus();
+    });
     return weights;
   }
 
@@ -453,48 +464,31 @@ class DelayedUpdateTest : public TransferEngineTest {
   std::vector<std::string> Reference(JobConfig config, uint32_t local_ranks) {
     config.name += "-reference";
     std::vector<std::string> seen(kDpuSteps);
-    if (!InitJob(config)) return seen;
-    std::vector<std::thread> nodes;
-    std::vector<absl::Status> statuses(config.num_workers);
-    for (uint32_t n = 0; n < config.num_workers; ++n) {
-      nodes.emplace_back([&, n] {
-        statuses[n] = [&]() -> absl::Status {
-          ClientOptions options;
-          options.servers = Addresses();
-          auto client = Client::Connect(options);
-          if (!client.ok()) return client.status();
-          auto job = (*client)->OpenJob(config, n);
-          if (!job.ok()) return job.status();
-          const Layout& layout = (*job)->layout();
-          const DType wdtype = config.weight_dtype;
-          const std::string init = InitialWeights(layout, wdtype);
-          std::vector<std::string> out(kDpuSteps + 1);
-          for (uint64_t step = 1; step <= kDpuSteps; ++step) {
-            const std::string& forward = step <= 2 ? init : out[step - 2];
-            if (n == 0) seen[step - 1] = forward;
-            const std::vector<float> w = Widen(forward, wdtype);
-            std::vector<float> grads =
-                StaleGradient(layout, step, n, 0, local_ranks, w);
-            for (uint32_t g = 1; g < local_ranks; ++g) {
-              const std::vector<float> part =
-                  StaleGradient(layout, step, n, g, local_ranks, w);
-              for (size_t i = 0; i < grads.size(); ++i) {
-                grads[i] = grads[i] + part[i];
-              }
-            }
-            out[step].assign(layout.total_elems() * DTypeSize(wdtype), '\0');
-            if (absl::Status s = (*job)->Step(step, grads.data(),
-                                              out[step].data(), nullptr);
-                !s.ok()) {
-              return s;
-            }
-          }
-          return absl::OkStatus();
-        }();
-      });
-    }
-    for (std::thread& t : nodes) t.join();
-    for (const absl::Status& s : statuses) EXPECT_TRUE(s.ok()) << s;
+    RunNodes(config, [&](Job& job, uint32_t n) -> absl::Status {
+      const Layout& layout = job.layout();
+      const DType wdtype = config.weight_dtype;
+      const std::string init = InitialWeights(layout, wdtype);
+      std::vector<std::string> out(kDpuSteps + 1);
+      for (uint64_t step = 1; step <= kDpuSteps; ++step) {
+        const std::string& forward = step <= 2 ? init : out[step - 2];
+        if (n == 0) seen[step - 1] = forward;
+        const std::vector<float> w = Widen(forward, wdtype);
+        std::vector<float> grads =
+            StaleGradient(layout, step, n, 0, local_ranks, w);
+        for (uint32_t g = 1; g < local_ranks; ++g) {
+          const std::vector<float> part =
+              StaleGradient(layout, step, n, g, local_ranks, w);
+          for (size_t i = 0; i < grads.size(); ++i) grads[i] = grads[i] + part[i];
+        }
+        out[step].assign(layout.total_elems() * DTypeSize(wdtype), '\0');
+        if (absl::Status s =
+                job.Step(step, grads.data(), out[step].data(), nullptr);
+            !s.ok()) {
+          return s;
+        }
+      }
+      return absl::OkStatus();
+    });
     return seen;
   }
 

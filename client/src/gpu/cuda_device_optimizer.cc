@@ -21,10 +21,9 @@ class CudaDeviceOptimizer : public DeviceOptimizer {
   absl::Status Update(uint32_t param_group, const GradientInput& grad,
                       const ParamRun& run, const UpdateHyperParams& hparams,
                       const WeightsOutput& weights, Stream& stream) override {
-    if (param_group >= kernels_.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("DeviceOptimizer: param group ", param_group, " of ",
-                       kernels_.size()));
+    if (absl::Status s = CheckParamGroup(param_group, kernels_.size());
+        !s.ok()) {
+      return s;
     }
     absl::StatusOr<void*> handle = CudaStreamHandle(stream);
     if (!handle.ok()) return handle.status();

@@ -17,10 +17,9 @@ class HostDeviceOptimizer : public DeviceOptimizer {
   absl::Status Update(uint32_t param_group, const GradientInput& grad,
                       const ParamRun& run, const UpdateHyperParams& hparams,
                       const WeightsOutput& weights, Stream& stream) override {
-    if (param_group >= kernels_.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("DeviceOptimizer: param group ", param_group, " of ",
-                       kernels_.size()));
+    if (absl::Status s = CheckParamGroup(param_group, kernels_.size());
+        !s.ok()) {
+      return s;
     }
     if (grad.parts == nullptr || grad.num_parts == 0 || grad.num_parts > 8) {
       return absl::InvalidArgumentError(
@@ -54,6 +53,12 @@ class HostDeviceOptimizer : public DeviceOptimizer {
 };
 
 }  // namespace
+
+absl::Status CheckParamGroup(uint32_t param_group, size_t groups) {
+  if (param_group < groups) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "DeviceOptimizer: param group ", param_group, " of ", groups));
+}
 
 uint32_t ParamGroupCount(const JobConfig& config) {
   uint32_t groups = 1;

@@ -43,6 +43,9 @@ class DeviceOptimizer {
 // 1 + the largest param group of config's tensors.
 uint32_t ParamGroupCount(const JobConfig& config);
 
+// INVALID_ARGUMENT unless param_group < groups.
+absl::Status CheckParamGroup(uint32_t param_group, size_t groups);
+
 // The server's kernels, one per param group of `config`, run by host
 // functions on `device`'s streams. `device` must outlive it.
 absl::StatusOr<std::unique_ptr<DeviceOptimizer>> MakeHostDeviceOptimizer(
