@@ -40,6 +40,8 @@ lib_path=""
 if [[ -d "$bundle/bin" ]]; then
   bin="$bundle/bin"
   lib_path="$bundle/lib"
+  # A copy that lost its modes (an archive, a sync) still runs.
+  chmod +x "$bin"/* 2> /dev/null
   say "binaries: bundle $bundle ($(grep -m1 '^commit:' "$bundle/MANIFEST" 2>/dev/null || echo 'no MANIFEST'))"
 elif [[ -x "$build/tests/bench/depot-bench" ]]; then
   bin=""
