@@ -5,6 +5,7 @@
 //   depot-bench transport [...] [--json]   (flags in transport_bench.cc)
 //   depot-bench step [...] [--json]        (flags in step_bench.cc)
 //   depot-bench pipeline [...] [--json]    (flags in pipeline_bench.cc)
+//   depot-bench gpu [...] [--json]         (flags in gpu_bench.cc; CUDA)
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -14,6 +15,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "depot/flags_usage.h"
+#include "tests/bench/gpu_bench.h"
 #include "tests/bench/kernel_bench.h"
 #include "tests/bench/memory_bench.h"
 #include "tests/bench/pipeline_bench.h"
@@ -50,13 +52,13 @@ int main(int argc, char** argv) {
   depot::SetFlagsUsage(
       "tests/bench/",
       "Depot benchmarks. Usage: depot-bench "
-      "kernel|memory|transport|step|pipeline "
+      "kernel|memory|transport|step|pipeline|gpu "
       "[flags]; each measures its limit in the same run and prints a ratio "
       "(docs/performance.md).");
   const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::fprintf(stderr,
-                 "usage: depot-bench kernel|memory|transport|step|pipeline "
+                 "usage: depot-bench kernel|memory|transport|step|pipeline|gpu "
                  "[flags] (--help)\n");
     return 2;
   }
@@ -90,10 +92,12 @@ int main(int argc, char** argv) {
     status = depot::bench::RunStepCommand(json);
   } else if (command == "pipeline") {
     status = depot::bench::RunPipelineCommand(json);
+  } else if (command == "gpu") {
+    status = depot::bench::RunGpuCommand(json);
   } else {
     std::fprintf(stderr,
                  "unknown subcommand '%s': use kernel, memory, transport, "
-                 "step or pipeline\n",
+                 "step, pipeline or gpu\n",
                  command.c_str());
     return 2;
   }

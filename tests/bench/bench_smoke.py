@@ -22,9 +22,17 @@ KEYS = {
                  "link_d2h_s", "pinned_stated_bytes", "pinned_bytes",
                  "pinned_allocated_bytes", "pinned_peak_bytes",
                  "pinned_quarter_model_bytes"},
+    "gpu": {"bench", "ratio", "part", "device"},
+}
+GPU_KEYS = {
+    "pipeline": {"memcpy_d2h_gb_per_s", "memcpy_h2d_gb_per_s",
+                 "memcpy_bidir_gb_per_s", "pipeline_gb_per_s", "step_s",
+                 "wire_s", "ratio_wire", "ratio_stages", "limited_by",
+                 "pinned_bytes", "pinned_stated_bytes"},
+    "kernel": {"update_gb_per_s", "copy_gb_per_s", "bytes_per_param"},
 }
 EXPECTED_LINES = {"kernel": 1, "memory": 4, "transport": 1, "step": 1,
-                  "pipeline": 1}
+                  "pipeline": 1, "gpu": 2}
 
 
 def run(binary, command, args):
@@ -77,6 +85,22 @@ def main():
                                     "pinned_quarter_model_bytes")}
         if len(pinned) != 1:
             sys.exit(f"pipeline: pinned memory not as stated: {line}")
+    # The GPU bench: where there is no CUDA device (CI), or no CUDA in the
+    # build, it must fail with the reason, not crash or print figures.
+    gpu = [binary, "gpu", "--json", "--gpu_memcpy_bytes=1048576",
+           "--gpu_memcpy_repeats=1", "--gpu_elems=262144",
+           "--gpu_chunk_elems=16384", "--gpu_steps=1",
+           "--gpu_kernel_elems=65536", "--gpu_kernel_repeats=1"]
+    out = subprocess.run(gpu, capture_output=True, text=True, timeout=150)
+    if out.returncode == 0:
+        for line in run(binary, "gpu", gpu[3:]):
+            missing = GPU_KEYS[line["part"]] - line.keys()
+            if missing:
+                sys.exit(f"gpu: {line} lacks {sorted(missing)}")
+    elif out.returncode != 1 or not (
+            "no CUDA device" in out.stderr or "without CUDA" in out.stderr):
+        sys.exit(f"depot-bench gpu without a device exited {out.returncode} "
+                 f"without the reason:\n{out.stderr}")
     print("depot-bench smoke OK")
 
 

@@ -231,7 +231,10 @@ std::string MakeValues(uint64_t n, DType dtype, uint32_t seed) {
 // what the stages alone copy with.
 struct Rank {
   uint32_t index = 0;
-  std::unique_ptr<HostDevice> host;
+  // The rank's device (a throttled HostDevice, or a GPU), and the same as a
+  // HostDevice when it is one (its checks are read at the end).
+  std::unique_ptr<Device> host;
+  HostDevice* host_device = nullptr;
   std::unique_ptr<ObservingDevice> device;  // the engine's view of host
   std::unique_ptr<gpu::Collective> collective;
   std::unique_ptr<Client> client;
@@ -398,10 +401,13 @@ JobConfig PipelineJob(const std::string& name, uint64_t elems,
 absl::Status SetUpRank(const PipelineBenchOptions& options,
                        const ClientOptions& client_options,
                        const JobConfig& config,
-                       gpu::HostCollectiveGroup* group, Rank& rank) {
-  HostDevice::Options device_options;
-  device_options.copy_bytes_per_second = options.link_gb_per_s * 1e9;
-  rank.host = std::make_unique<HostDevice>(device_options);
+                       gpu::HostCollectiveGroup* group,
+                       const DeviceFactory& make_device, Rank& rank) {
+  absl::StatusOr<std::unique_ptr<Device>> device =
+      make_device(static_cast<int>(rank.index));
+  if (!device.ok()) return device.status();
+  rank.host = *std::move(device);
+  rank.host_device = dynamic_cast<HostDevice*>(rank.host.get());
   rank.device = std::make_unique<ObservingDevice>(
       *rank.host, options.trace && rank.index == 0);
   if (group != nullptr) {
@@ -558,7 +564,10 @@ struct StepTrace {
   }
 };
 
-absl::Status Measure(const PipelineBenchOptions& options, DType dtype) {
+absl::StatusOr<PipelineFigures> Measure(const PipelineBenchOptions& options,
+                                        DType dtype,
+                                        const DeviceFactory& make_device,
+                                        const std::string& device_name) {
   std::vector<std::unique_ptr<testing::ServerProcess>> servers;
   std::vector<pid_t> pids;
   ClientOptions client_options;
@@ -590,7 +599,8 @@ absl::Status Measure(const PipelineBenchOptions& options, DType dtype) {
   }
   for (std::unique_ptr<Rank>& rank : ranks) {
     if (absl::Status s =
-            SetUpRank(options, client_options, config, group.get(), *rank);
+            SetUpRank(options, client_options, config, group.get(),
+                      make_device, *rank);
         !s.ok()) {
       return s;
     }
@@ -669,7 +679,9 @@ absl::Status Measure(const PipelineBenchOptions& options, DType dtype) {
   // engine that reuses a slot too early measures nothing.
   uint64_t pinned_peak = 0;
   for (std::unique_ptr<Rank>& rank : ranks) {
-    const std::vector<std::string> violations = rank->host->violations();
+    const std::vector<std::string> violations =
+        rank->host_device != nullptr ? rank->host_device->violations()
+                                     : std::vector<std::string>();
     if (!violations.empty()) {
       return absl::InternalError(
           absl::StrCat("rank ", rank->index, ": ", violations.size(),
@@ -687,7 +699,6 @@ absl::Status Measure(const PipelineBenchOptions& options, DType dtype) {
         "collective mismatch: ", absl::StrJoin(group->errors(), "; ")));
   }
 
-  const double link = options.link_gb_per_s * 1e9;
   const double slowest = std::max({d2h.wall(), h2d.wall(), wire.wall()});
   const char* slowest_name = slowest == wire.wall()  ? "wire"
                              : slowest == d2h.wall() ? "d2h"
@@ -696,7 +707,7 @@ absl::Status Measure(const PipelineBenchOptions& options, DType dtype) {
       static_cast<double>(first.job->total_elems()) * size;
   ResultLine line;
   line.bench = "pipeline";
-  line.text = {{"device", "host (HostDevice, host<->device copies throttled)"},
+  line.text = {{"device", device_name},
                {"dtype", options.dtype},
                {"slowest", slowest_name}};
   line.numbers = {
@@ -712,13 +723,24 @@ absl::Status Measure(const PipelineBenchOptions& options, DType dtype) {
       {"connections",
        static_cast<double>(client_options.connections_per_server)},
       {"steps", static_cast<double>(options.steps)},
-      {"cores", static_cast<double>(UsableCores())},
-      {"link_gb_per_s", options.link_gb_per_s},
-      {"rank_grad_bytes", static_cast<double>(first.grad_bytes)},
-      {"rank_weight_bytes", static_cast<double>(first.weight_bytes)},
-      // The nominal link times beside the measured ones.
-      {"link_d2h_s", first.grad_bytes / link},
-      {"link_h2d_s", first.weight_bytes / link},
+      {"cores", static_cast<double>(UsableCores())}};
+  if (first.host_device != nullptr) {
+    // The throttled link, and its nominal times beside the measured ones.
+    const double link = options.link_gb_per_s * 1e9;
+    line.numbers.insert(line.numbers.end(),
+                        {{"link_gb_per_s", options.link_gb_per_s},
+                         {"rank_grad_bytes", static_cast<double>(first.grad_bytes)},
+                         {"rank_weight_bytes",
+                          static_cast<double>(first.weight_bytes)},
+                         {"link_d2h_s", first.grad_bytes / link},
+                         {"link_h2d_s", first.weight_bytes / link}});
+  } else {
+    line.numbers.insert(
+        line.numbers.end(),
+        {{"rank_grad_bytes", static_cast<double>(first.grad_bytes)},
+         {"rank_weight_bytes", static_cast<double>(first.weight_bytes)}});
+  }
+  line.numbers.insert(line.numbers.end(), {
       {"d2h_s", d2h.wall()},
       {"h2d_s", h2d.wall()},
       {"wire_s", wire.wall()},
@@ -737,17 +759,22 @@ absl::Status Measure(const PipelineBenchOptions& options, DType dtype) {
       {"quarter_model_elems", static_cast<double>(quarter_elems)},
       {"pinned_quarter_model_bytes", static_cast<double>(*quarter_pinned)},
       {"ratio", step.wall() / slowest},
-  };
+  });
   trace.AppendTo(line);
-  line.Print(options.json);
-  return absl::OkStatus();
+  PipelineFigures figures;
+  figures.line = std::move(line);
+  figures.step_s = step.wall();
+  figures.d2h_s = d2h.wall();
+  figures.h2d_s = h2d.wall();
+  figures.wire_s = wire.wall();
+  figures.rank_grad_bytes = first.grad_bytes;
+  figures.rank_weight_bytes = first.weight_bytes;
+  return figures;
 }
 
-}  // namespace
-
-absl::Status RunPipelineBench(const PipelineBenchOptions& options) {
-  absl::StatusOr<DType> dtype = ParseDType(options.dtype);
-  if (!dtype.ok()) return dtype.status();
+absl::Status ValidateOptions(const PipelineBenchOptions& options) {
+  if (absl::StatusOr<DType> dtype = ParseDType(options.dtype); !dtype.ok())
+    return dtype.status();
   if (options.elems == 0 || options.chunk_elems == 0 || options.servers < 1 ||
       options.server_threads < 1 || options.local_ranks < 1 ||
       !(options.link_gb_per_s > 0) || options.slots < 1 ||
@@ -770,7 +797,32 @@ absl::Status RunPipelineBench(const PipelineBenchOptions& options) {
         "--pipeline_connections=", options.connections,
         " is fewer than --pipeline_streams=", options.streams_per_server));
   }
-  return Measure(options, *dtype);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PipelineFigures> MeasurePipeline(
+    const PipelineBenchOptions& options, const DeviceFactory& make_device,
+    const std::string& device_name) {
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  return Measure(options, *ParseDType(options.dtype), make_device,
+                 device_name);
+}
+
+absl::Status RunPipelineBench(const PipelineBenchOptions& options) {
+  const double link = options.link_gb_per_s * 1e9;
+  absl::StatusOr<PipelineFigures> figures = MeasurePipeline(
+      options,
+      [link](int) -> absl::StatusOr<std::unique_ptr<Device>> {
+        HostDevice::Options device_options;
+        device_options.copy_bytes_per_second = link;
+        return std::make_unique<HostDevice>(device_options);
+      },
+      "host (HostDevice, host<->device copies throttled)");
+  if (!figures.ok()) return figures.status();
+  figures->line.Print(options.json);
+  return absl::OkStatus();
 }
 
 absl::Status RunPipelineCommand(bool json) {

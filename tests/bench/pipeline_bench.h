@@ -24,9 +24,14 @@
 #define DEPOT_TESTS_BENCH_PIPELINE_BENCH_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpu/device.h"
+#include "tests/bench/bench_output.h"
 
 namespace depot::bench {
 
@@ -60,6 +65,27 @@ struct PipelineBenchOptions {
 };
 
 absl::Status RunPipelineBench(const PipelineBenchOptions& options);
+
+// Makes local rank `local_rank`'s device: the engine's and the stages'.
+using DeviceFactory = std::function<absl::StatusOr<std::unique_ptr<gpu::Device>>(
+    int local_rank)>;
+
+// What one pipeline measurement found: the result line (bench "pipeline",
+// the keys of docs/performance.md; link_* only on a HostDevice) and its
+// medians.
+struct PipelineFigures {
+  ResultLine line;
+  double step_s = 0, d2h_s = 0, h2d_s = 0, wire_s = 0;
+  uint64_t rank_grad_bytes = 0, rank_weight_bytes = 0;
+};
+
+// The measurement of RunPipelineBench on devices from `make_device` (one per
+// local rank), named `device_name` in the line; prints nothing. On a device
+// that is not a HostDevice, link_gb_per_s is unused and no host-access
+// checks are read. The GPU bench (gpu_bench.h) runs it on a CudaDevice.
+absl::StatusOr<PipelineFigures> MeasurePipeline(
+    const PipelineBenchOptions& options, const DeviceFactory& make_device,
+    const std::string& device_name);
 
 // RunPipelineBench with the --pipeline_* flags (pipeline_bench.cc).
 absl::Status RunPipelineCommand(bool json);

@@ -60,7 +60,12 @@ std::string TempRoot() {
 
 }  // namespace
 
-std::string ServerProcess::DefaultBinary() { return DEPOT_SERVER_PATH; }
+std::string ServerProcess::DefaultBinary() {
+  // A relocated build (tests/gpu/bundle.sh's bundle, run on another machine)
+  // names its server; otherwise the one of this build tree.
+  const char* binary = std::getenv("DEPOT_SERVER_BINARY");
+  return binary != nullptr && *binary != '\0' ? binary : DEPOT_SERVER_PATH;
+}
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Spawn(
     const std::string& binary, const std::vector<std::string>& args) {

@@ -38,7 +38,8 @@ struct ProcessExit {
 
 class ServerProcess {
  public:
-  // The depot-server binary the tests were built against.
+  // The depot-server binary the tests were built against, or
+  // $DEPOT_SERVER_BINARY when it is set and not empty.
   static std::string DefaultBinary();
 
   // Starts the server and waits until it is SERVING, or `timeout` passes
