@@ -9,6 +9,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "wire/channel_args.h"
+#include "wire/connect_errno.h"
 
 namespace depot::client_internal {
 
@@ -43,6 +44,9 @@ StepChannel::StepChannel(std::shared_ptr<grpc::Channel> channel_in)
 
 std::unique_ptr<ServerConnection> Connect(const std::string& address,
                                           int connections) {
+  // Several channels connect at once: without this, gRPC 1.51 can fail one of
+  // them with a stray ENOENT (wire/connect_errno.h).
+  GuardGrpcConnectErrno();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(kMaxMessageBytes));
   args.SetMaxSendMessageSize(static_cast<int>(kMaxMessageBytes));

@@ -5,6 +5,7 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "wire/connect_errno.h"
 #include "wire/wire.h"
 
 namespace depot::testing {
@@ -21,6 +22,7 @@ constexpr absl::Duration kUnaryTimeout = absl::Seconds(30);
 }  // namespace
 
 std::unique_ptr<v1::Depot::Stub> NewDepotStub(const std::string& address) {
+  GuardGrpcConnectErrno();  // its first RPC does not wait for the connection
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
