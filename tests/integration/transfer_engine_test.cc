@@ -564,10 +564,18 @@ class DelayedUpdateTest : public TransferEngineTest {
 };
 
 TEST_F(DelayedUpdateTest, TwoNodesOfTwoRanksReadTheOneStepStaleWeights) {
-  for (const DType weight_dtype : {DType::kFloat32, DType::kBFloat16}) {
-    SCOPED_TRACE(std::string(DTypeName(weight_dtype)));
+  // fp32 and bf16 weights; the second bf16 run with host<->device copies
+  // slowed to 5 MB/s (a chunk's copy about 0.1 ms), so that the two steps in
+  // flight overlap more.
+  for (const auto& [weight_dtype, rate] :
+       {std::pair{DType::kFloat32, 0.0}, std::pair{DType::kBFloat16, 0.0},
+        std::pair{DType::kBFloat16, 5e6}}) {
+    SCOPED_TRACE(absl::StrCat(std::string(DTypeName(weight_dtype)), " at ",
+                              rate, " B/s"));
     JobConfig config = SmallJobConfig(
-        absl::StrCat("dpu-", std::string(DTypeName(weight_dtype))), 2, 2);
+        absl::StrCat("dpu-", std::string(DTypeName(weight_dtype)), "-",
+                     rate > 0 ? "slow" : "fast"),
+        2, 2);
     config.weight_dtype = weight_dtype;
     const std::vector<std::string> reference = Reference(config, 2);
     config.name += "-engine";
@@ -579,8 +587,10 @@ TEST_F(DelayedUpdateTest, TwoNodesOfTwoRanksReadTheOneStepStaleWeights) {
         HostCollectiveGroup::Create(2), HostCollectiveGroup::Create(2)};
     std::vector<std::thread> threads;
     for (uint32_t r = 0; r < 4; ++r) {
-      threads.emplace_back([&, r] {
-        HostDevice device;
+      threads.emplace_back([&, r, rate = rate] {
+        HostDevice::Options device_options;
+        device_options.copy_bytes_per_second = rate;
+        HostDevice device(device_options);
         std::unique_ptr<gpu::Collective> collective =
             groups[r / 2]->Join(r % 2, device);
         statuses[r] = Rank(config, r / 2, r % 2, 2, device, collective.get(),
