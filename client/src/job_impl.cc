@@ -304,10 +304,12 @@ absl::Status JobImpl::StepStreamed(const StreamedStep& step,
           " is not inside its shard, has no feed, or has no chunks in a "
           "one-phase step"));
     }
-    if (servers.empty() || servers.back() != route.server) {
-      servers.push_back(route.server);
-    }
+    servers.push_back(route.server);
   }
+  // The servers of the routes, each once, in server order (routes to one
+  // server need not be next to each other).
+  std::sort(servers.begin(), servers.end());
+  servers.erase(std::unique(servers.begin(), servers.end()), servers.end());
   std::optional<CommitBarrier> barrier;
   if (two_phase) {
     // Every server's GradStats decide the step: one stream to each server
@@ -316,7 +318,7 @@ absl::Status JobImpl::StepStreamed(const StreamedStep& step,
         servers.size() != step.routes.size()) {
       return absl::InvalidArgumentError(
           "StepStreamed: a two-phase step needs exactly one route to every "
-          "server that holds chunks, in server order");
+          "server that holds chunks");
     }
     barrier.emplace(config().optimizer, servers);
   }

@@ -45,8 +45,8 @@ class JobImpl : public Job {
       const FlatState& state) const override;
 
   // A streamed step (step_stream.h). When it runs in two phases
-  // (NeedsTwoPhases), its routes are exactly one per server with chunks, in
-  // server order, each possibly without chunks: every process of a node
+  // (NeedsTwoPhases), its routes are exactly one per server with chunks (in
+  // any order), each possibly without chunks: every process of a node
   // commits the decision of every server's GradStats.
   absl::Status StepStreamed(const StreamedStep& step, StepResult* result);
 

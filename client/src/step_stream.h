@@ -93,7 +93,9 @@ struct StepStreamParams {
   const ShardPlan* plan = nullptr;
   uint32_t server = 0;  // the shard this stream's chunks are in
   // The chunks this stream carries: REQUIRES a non-empty range inside the
-  // server's shard, the whole shard in a two-phase step.
+  // server's shard, the whole shard in a two-phase step (a fed stream:
+  // the range its feed's chunks lie in, which the feed may leave empty in
+  // a two-phase step).
   uint64_t first_chunk = 0;
   uint64_t end_chunk = 0;
   DType grad_dtype = DType::kFloat32;

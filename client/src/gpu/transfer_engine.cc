@@ -259,7 +259,6 @@ class TransferEngine::Impl {
         elems += segment.end - segment.begin;
       }
     }
-    kept_elems_ = elems;
     if (elems == 0) return absl::OkStatus();
     // master (fp32), then each slot's array, each 256-byte aligned.
     const OptimizerConfig slot_config = JobSlotConfig(config);
@@ -940,7 +939,6 @@ class TransferEngine::Impl {
   std::vector<uint32_t> gpu_tensors_;
   std::vector<bool> kept_tensor_;
   std::vector<std::vector<KeptSegment>> kept_in_bucket_;
-  uint64_t kept_elems_ = 0;
   uint64_t slot_offset_[kMaxStateSlots] = {0, 0, 0};  // 0: unused slot
   DType slot_dtype_[kMaxStateSlots] = {DType::kFloat32, DType::kFloat32,
                                        DType::kFloat32};
