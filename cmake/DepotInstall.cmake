@@ -46,6 +46,13 @@ install(TARGETS depot_client EXPORT depotTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
     COMPONENT client NAMELINK_COMPONENT client
   FILE_SET HEADERS DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT client)
+# The CUDA backend, beside the client that loads it (client/src/gpu/
+# cuda_backend.h): a runtime file only, no headers, no link name.
+if(TARGET depot_cuda)
+  install(TARGETS depot_cuda
+    LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+      COMPONENT client NAMELINK_SKIP)
+endif()
 install(EXPORT depotTargets
   NAMESPACE depot::
   DESTINATION ${DEPOT_CMAKE_PACKAGE_DIR}

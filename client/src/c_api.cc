@@ -22,69 +22,20 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "c_api_convert.h"
+#include "c_api_internal.h"
 #include "depot/client.h"
 #include "depot/depot.h"
 #include "depot/grad_scaler.h"
 
-struct depot_client {
-  std::unique_ptr<depot::Client> client;
-};
-
-struct depot_job {
-  std::unique_ptr<depot::Job> job;
-  // Backing store of depot_server_status_t::server and ::missing_workers of
-  // the last Status call.
-  std::vector<std::string> status_servers;
-  std::vector<std::vector<uint32_t>> status_missing_workers;
-};
-
-struct depot_grad_scaler {
-  std::unique_ptr<depot::GradScaler> scaler;
-};
-
 namespace depot {
-namespace {
-
-thread_local std::string last_error;
-
-// Records `status` as this thread's last error and returns its code.
-int Record(const absl::Status& status) noexcept {
-  try {
-    last_error.assign(status.message().data(), status.message().size());
-  } catch (...) {
-    last_error.clear();  // no memory for the message; the code still tells
-  }
-  return static_cast<int>(status.code());
-}
-
-// Runs `body` (returning absl::Status) as the entry point `function`: the
-// status becomes the return code and the last error; an exception becomes
-// INTERNAL (RESOURCE_EXHAUSTED for bad_alloc) naming the function.
-template <typename Body>
-int Guarded(const char* function, Body&& body) noexcept {
-  try {
-    return Record(body());
-  } catch (const std::bad_alloc&) {
-    return Record(absl::ResourceExhaustedError(
-        absl::StrCat(function, ": out of memory in libdepot_client")));
-  } catch (const std::exception& e) {
-    return Record(absl::InternalError(absl::StrCat(
-        function, ": unexpected C++ exception in libdepot_client: ",
-        absl::string_view(e.what()))));
-  } catch (...) {
-    return Record(absl::InternalError(absl::StrCat(
-        function, ": unexpected non-standard exception in libdepot_client")));
-  }
-}
-
-}  // namespace
+using c_api::Guarded;
 }  // namespace depot
 
 extern "C" {
 
 uint32_t depot_api_version(void) { return DEPOT_API_VERSION; }
 
-const char* depot_last_error(void) { return depot::last_error.c_str(); }
+const char* depot_last_error(void) { return depot::c_api::LastError(); }
 
 const char* depot_status_name(int code) {
   // Indexed by code: absl::StatusCode's names.

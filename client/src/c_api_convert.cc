@@ -3,10 +3,27 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "c_api_internal.h"
 
 namespace depot::c_api {
+
+namespace {
+thread_local std::string last_error;
+}  // namespace
+
+int Record(const absl::Status& status) noexcept {
+  try {
+    last_error.assign(status.message().data(), status.message().size());
+  } catch (...) {
+    last_error.clear();  // no memory for the message; the code still tells
+  }
+  return static_cast<int>(status.code());
+}
+
+const char* LastError() noexcept { return last_error.c_str(); }
 namespace {
 
 absl::Status CheckPositiveSeconds(double seconds, const char* field) {

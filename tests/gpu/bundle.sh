@@ -71,6 +71,16 @@ for binary in "${binaries[@]}"; do
   strip --strip-unneeded "$bundle/bin/$name"
   echo "bin/$name <- $binary (stripped)" >> "$manifest"
 done
+# The client library and its CUDA backend, for the Python package's GPU test
+# (tests/gpu/test_torch_cuda.py): by their SONAMEs, side by side, as the
+# client looks for the backend beside itself.
+for library in libdepot_client.so.0 libdepot_cuda.so.0; do
+  [[ -e "$build/client/$library" ]] || die "$build/client/$library is missing: build depot_client (CUDA on)"
+  cp -L "$build/client/$library" "$bundle/lib/$library"
+  strip --strip-unneeded "$bundle/lib/$library"
+  echo "lib/$library <- $(readlink -f "$build/client/$library") (stripped)" >> "$manifest"
+done
+binaries+=("$build/client/libdepot_client.so.0" "$build/client/libdepot_cuda.so.0")
 
 # Libraries: what the loader resolves for each binary here.
 declare -A seen=()

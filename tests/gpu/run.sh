@@ -139,6 +139,21 @@ if grep -q 'no CUDA device' "$logs/gpu_tests.log"; then
 fi
 say "gpu tests: exit $tests_rc ($(grep -E '^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ test' "$logs/gpu_tests.log" | tr -s ' ' | paste -sd ';' -))"
 
+# ---- DepotOptimizer on CUDA (the machine's python3 and torch) -------------
+py_rc=""
+client_lib="${bin:+$bundle/lib/libdepot_client.so.0}"
+client_lib="${client_lib:-$build/client/libdepot_client.so}"
+if python3 -c 'import torch, pytest; assert torch.cuda.is_available()' \
+    > "$logs/torch_cuda_check.log" 2>&1; then
+  DEPOT_CLIENT_LIBRARY="$client_lib" DEPOT_SERVER="$server" \
+    run_depot python3 -m pytest -q -rs -p no:cacheprovider \
+    "$repo/tests/gpu/test_torch_cuda.py" > "$logs/torch_cuda.log" 2>&1
+  py_rc=$?
+  say "python GPU test (DepotOptimizer on CUDA): exit $py_rc ($(tail -1 "$logs/torch_cuda.log"))"
+else
+  say "python GPU test not run: python3 lacks torch with CUDA or pytest ($(tail -1 "$logs/torch_cuda_check.log"))"
+fi
+
 # ---- depot-bench gpu -------------------------------------------------------
 DEPOT_SERVER_BINARY="$server" run_depot "$bench" gpu --json "$@" \
   > "$logs/bench_gpu.json" 2> "$logs/bench_gpu.log"
@@ -230,6 +245,10 @@ if ((tests_rc != 0)); then
 fi
 if grep -q '^\[  SKIPPED \] [0-9]' "$logs/gpu_tests.log"; then
   echo "run.sh: FAILED: GPU tests were skipped on a GPU machine ($logs/gpu_tests.log)" >&2
+  status=1
+fi
+if [[ -n "$py_rc" ]] && { ((py_rc != 0)) || grep -q 'skipped' "$logs/torch_cuda.log"; }; then
+  echo "run.sh: FAILED: the python GPU test failed or skipped ($logs/torch_cuda.log)" >&2
   status=1
 fi
 if ((bench_rc != 0)); then

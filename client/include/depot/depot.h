@@ -58,7 +58,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 5
+#define DEPOT_API_VERSION 6
 DEPOT_API uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -390,6 +390,127 @@ DEPOT_API void depot_buffer_free(void* data);
 
 /* Frees the handle (the job stays on the servers). NULL is ignored. */
 DEPOT_API void depot_job_destroy(depot_job_t* job);
+
+/* ----------------------------------------------------------------- engine */
+
+/* A GPU worker's transfer engine (docs/gpu.md): one local rank of a node.
+ * It owns two flat device buffers over the job's index space (padded to
+ * whole buckets): the gradients, which backward writes (tensor i at
+ * depot_job_tensor_offset(job, i)), and the weights, which forward reads.
+ * Buckets of whole chunks move as soon as backward has finished them:
+ *
+ *   depot_engine_begin_step(e, step, options);
+ *   ... backward; when bucket b's gradients are complete on `stream`:
+ *   depot_engine_gradients_ready(e, b, stream);
+ *   depot_engine_finish_step(e, &result);
+ *   ... next forward, before bucket b's weights are read:
+ *   depot_engine_wait_weights(e, b, stream);
+ *
+ * `stream` is a cudaStream_t (as void*; torch.cuda.current_stream()
+ * .cuda_stream, where 0 is the default stream) for a CUDA engine; the calling
+ * thread's queued work on it is what "complete" means, and the stream never
+ * waits for the engine. A host engine (DEPOT_DEVICE_HOST: device memory is
+ * host memory; for tests and CPU trainers) ignores `stream`: the calling
+ * thread is its stream, so gradients are complete when the call is made and
+ * depot_engine_wait_weights blocks until the bucket's weights are in place.
+ * One thread drives an engine; the job must not be stepped otherwise while
+ * the engine exists. */
+typedef struct depot_engine depot_engine_t;
+
+enum {
+  DEPOT_DEVICE_HOST = 0,
+  DEPOT_DEVICE_CUDA = 1,
+};
+
+typedef struct depot_engine_options {
+  int32_t device;      /* DEPOT_DEVICE_HOST or DEPOT_DEVICE_CUDA */
+  int32_t cuda_device; /* the CUDA device ordinal */
+  /* This process's place in its node: the job's worker is the node. */
+  uint32_t local_rank;
+  uint32_t local_ranks;
+  /* local_ranks > 1: the node's id from depot_engine_unique_id on one rank,
+   * passed to every rank (NCCL's unique id on CUDA; on the host, the ranks
+   * are threads of one process that name the same id). */
+  uint8_t unique_id[128];
+  uint64_t bucket_chunks; /* multiple of local_ranks; 0: 4 chunks per rank */
+  int32_t d2h_slots;      /* pinned slots per ring, >= 1 */
+  int32_t h2d_slots;
+  int32_t streams_per_server;
+  int32_t delayed_update; /* 1: ZeRO-Offload's DPU (docs/gpu.md) */
+  /* Share of the parameters whose optimizer runs on the servers, in [0, 1];
+   * the rest stays on this device (docs/gpu.md, "Offload fraction"). */
+  double offload_fraction;
+  /* Host engine only: > 0 throttles host<->device copies to this many bytes
+   * per second, as a PCIe link (tests). */
+  double host_copy_bytes_per_second;
+} depot_engine_options_t;
+
+/* Fills `options` with the defaults: a host engine, one local rank, the
+ * engine's default buckets and slots, no delayed update, fraction 1. */
+DEPOT_API void depot_engine_options_init(depot_engine_options_t* options);
+
+/* Writes a new node id into `id` (128 bytes) for `device`. UNAVAILABLE
+ * when a CUDA id is asked for and the CUDA backend (libdepot_cuda.so) or
+ * NCCL cannot be loaded. */
+DEPOT_API int depot_engine_unique_id(int32_t device, uint8_t* id);
+
+/* Creates the engine of `job` (which must outlive it). On success *out is an
+ * engine to free with depot_engine_destroy. INVALID_ARGUMENT: options that
+ * do not fit; UNAVAILABLE: no CUDA backend or device, saying why;
+ * RESOURCE_EXHAUSTED: device or pinned memory. */
+DEPOT_API int depot_engine_create(depot_job_t* job,
+                                  const depot_engine_options_t* options,
+                                  depot_engine_t** out);
+
+/* The flat buffers (device pointers; host pointers for a host engine):
+ * depot_engine_padded_elems elements each, of the job's grad dtype and weight
+ * dtype. With the delayed update the gradient buffer alternates between two
+ * from step to step: read it again after each begin_step. */
+DEPOT_API void* depot_engine_grads(const depot_engine_t* engine);
+/* The gradient buffer step `step`'s backward writes (the same for every step
+ * without the delayed update), so that views can be pointed before
+ * depot_engine_begin_step. */
+DEPOT_API void* depot_engine_grads_of_step(const depot_engine_t* engine,
+                                           uint64_t step);
+DEPOT_API void* depot_engine_weights(const depot_engine_t* engine);
+DEPOT_API uint64_t depot_engine_padded_elems(const depot_engine_t* engine);
+DEPOT_API uint64_t depot_engine_num_buckets(const depot_engine_t* engine);
+/* Bucket `bucket`'s elements [*begin, *end) of the job's index space (the
+ * last bucket ends at the job's element count). OUT_OF_RANGE: no such
+ * bucket. */
+DEPOT_API int depot_engine_bucket_range(const depot_engine_t* engine,
+                                        uint64_t bucket, uint64_t* begin,
+                                        uint64_t* end);
+/* The pinned host memory the engine holds, in bytes (slots x chunk bytes). */
+DEPOT_API uint64_t depot_engine_pinned_bytes(const depot_engine_t* engine);
+/* The tensors whose optimizer runs on this device (offload fraction < 1):
+ * writes up to `capacity` layout indices into `out` and returns how many
+ * there are. */
+DEPOT_API size_t depot_engine_device_tensors(const depot_engine_t* engine,
+                                             uint32_t* out, size_t capacity);
+
+/* TransferEngine::BeginStep: starts step `step` (options as depot_job_step;
+ * weight overrides are refused). FAILED_PRECONDITION: a step in flight
+ * (two with the delayed update). */
+DEPOT_API int depot_engine_begin_step(depot_engine_t* engine, uint64_t step,
+                                      const depot_step_options_t* options);
+/* Bucket `bucket`'s gradients are complete once `stream`'s queued work has
+ * run. Returns at once. INVALID_ARGUMENT: no such bucket, or named twice in
+ * the step; FAILED_PRECONDITION: no step in flight, or the step failed. */
+DEPOT_API int depot_engine_gradients_ready(depot_engine_t* engine,
+                                           uint64_t bucket, void* stream);
+/* `stream`'s later work waits until bucket `bucket`'s updated weights are in
+ * the weights buffer (a host engine: returns once they are). */
+DEPOT_API int depot_engine_wait_weights(depot_engine_t* engine,
+                                        uint64_t bucket, void* stream);
+/* Finishes the oldest step in flight: its result, or its first error (every
+ * step in flight is then aborted and a step may begin again). `result` may
+ * be NULL. */
+DEPOT_API int depot_engine_finish_step(depot_engine_t* engine,
+                                       depot_step_result_t* result);
+
+/* Aborts a step in flight and frees the engine. NULL is ignored. */
+DEPOT_API void depot_engine_destroy(depot_engine_t* engine);
 
 /* ------------------------------------------------------------ grad scaler */
 

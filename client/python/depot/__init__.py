@@ -16,6 +16,7 @@ from depot.buffers import DType
 from depot.client import (Client, FlatState, GroupHyperParams, Job,
                           ServerStatus, StepCommit, StepResult, TensorSpec,
                           optimizer_defaults)
+from depot.engine import Engine
 from depot.grad_scaler import GradScaler
 from depot.errors import *  # noqa: F401,F403 (DepotError and its subclasses)
 from depot import errors as _errors
@@ -23,7 +24,7 @@ from depot import errors as _errors
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "DType", "FlatState", "GradScaler", "GroupHyperParams", "Job", "LibraryNotFoundError",
+    "Client", "DType", "Engine", "FlatState", "GradScaler", "GroupHyperParams", "Job", "LibraryNotFoundError",
     "ServerStatus", "StepCommit", "StepResult", "TensorSpec",
     "optimizer_defaults",
 ] + _errors.__all__

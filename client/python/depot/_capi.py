@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 5
+API_VERSION = 6
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -168,6 +168,23 @@ class GradScalerState(ctypes.Structure):
     ]
 
 
+class EngineOptions(ctypes.Structure):
+    _fields_ = [
+        ("device", c_int32),
+        ("cuda_device", c_int32),
+        ("local_rank", c_uint32),
+        ("local_ranks", c_uint32),
+        ("unique_id", ctypes.c_uint8 * 128),
+        ("bucket_chunks", c_uint64),
+        ("d2h_slots", c_int32),
+        ("h2d_slots", c_int32),
+        ("streams_per_server", c_int32),
+        ("delayed_update", c_int32),
+        ("offload_fraction", c_double),
+        ("host_copy_bytes_per_second", c_double),
+    ]
+
+
 def _p(struct):
     return ctypes.POINTER(struct)
 
@@ -212,6 +229,30 @@ _PROTOTYPES = {
         c_void_p, _p(FlatState), ctypes.POINTER(c_void_p),
         ctypes.POINTER(c_size_t)]),
     "depot_buffer_free": (None, [c_void_p]),
+    "depot_engine_options_init": (None, [_p(EngineOptions)]),
+    "depot_engine_unique_id": (ctypes.c_int, [
+        c_int32, ctypes.POINTER(ctypes.c_uint8)]),
+    "depot_engine_create": (ctypes.c_int, [
+        c_void_p, _p(EngineOptions), ctypes.POINTER(c_void_p)]),
+    "depot_engine_grads": (c_void_p, [c_void_p]),
+    "depot_engine_grads_of_step": (c_void_p, [c_void_p, c_uint64]),
+    "depot_engine_weights": (c_void_p, [c_void_p]),
+    "depot_engine_padded_elems": (c_uint64, [c_void_p]),
+    "depot_engine_num_buckets": (c_uint64, [c_void_p]),
+    "depot_engine_bucket_range": (ctypes.c_int, [
+        c_void_p, c_uint64, ctypes.POINTER(c_uint64),
+        ctypes.POINTER(c_uint64)]),
+    "depot_engine_pinned_bytes": (c_uint64, [c_void_p]),
+    "depot_engine_device_tensors": (c_size_t, [
+        c_void_p, ctypes.POINTER(c_uint32), c_size_t]),
+    "depot_engine_begin_step": (ctypes.c_int, [
+        c_void_p, c_uint64, _p(StepOptions)]),
+    "depot_engine_gradients_ready": (ctypes.c_int, [
+        c_void_p, c_uint64, c_void_p]),
+    "depot_engine_wait_weights": (ctypes.c_int, [
+        c_void_p, c_uint64, c_void_p]),
+    "depot_engine_finish_step": (ctypes.c_int, [c_void_p, _p(StepResult)]),
+    "depot_engine_destroy": (None, [c_void_p]),
     "depot_grad_scaler_create": (ctypes.c_int, [
         c_void_p, ctypes.POINTER(c_void_p)]),
     "depot_grad_scaler_scale": (c_double, [c_void_p]),

@@ -77,6 +77,13 @@ class StepResult:
     clip_coef: float
 
 
+def _step_result(result: "_capi.StepResult") -> StepResult:
+    return StepResult(**{
+        name: (bool(getattr(result, name)) if ctype is _capi.c_int32
+               else getattr(result, name))
+        for name, ctype in _capi.StepResult._fields_})
+
+
 @dataclasses.dataclass
 class FlatState:
     """A job's whole optimizer state as flat float32 arrays over
@@ -312,6 +319,21 @@ class Job(OwnedHandle):
         weights_address = buffer_address(weights_out, self.weight_dtype,
                                          self.total_elems, writable=True,
                                          what="weights_out")
+        options, keep = self._step_options(
+            group_hparams, loss_scale, known_commit, no_grad_tensors,
+            weight_overrides)
+        lib = _capi.lib()
+        result = _capi.StepResult()
+        with self._lock:
+            _capi.check(lib.depot_job_step(
+                self._live_handle(), step, grads_address, weights_address,
+                ctypes.byref(options), ctypes.byref(result)))
+        return _step_result(result)
+
+    def _step_options(self, group_hparams, loss_scale, known_commit,
+                      no_grad_tensors, weight_overrides):
+        """The depot_step_options_t of a step, and the ctypes arrays it
+        points into (keep them alive until the call returns)."""
         hparams = [GroupHyperParams(*g) for g in group_hparams]
         c_hparams = (_capi.GroupHyperParams * len(hparams))(*[
             _capi.GroupHyperParams(g.param_group, g.lr, g.weight_decay)
@@ -344,15 +366,7 @@ class Job(OwnedHandle):
             options.has_known_commit = 1
             options.known_clip_coef = commit.clip_coef
             options.known_skip = int(bool(commit.skip))
-        result = _capi.StepResult()
-        with self._lock:
-            _capi.check(lib.depot_job_step(
-                self._live_handle(), step, grads_address, weights_address,
-                ctypes.byref(options), ctypes.byref(result)))
-        return StepResult(**{
-            name: (bool(getattr(result, name)) if ctype is _capi.c_int32
-                   else getattr(result, name))
-            for name, ctype in _capi.StepResult._fields_})
+        return options, (c_hparams, c_no_grad, c_overrides)
 
     def pull(self, begin: int = 0, end: Optional[int] = None,
              dtype: DTypeLike = "fp32",

@@ -58,8 +58,9 @@ What differs:
   in the parameter's dtype), and state[p] is read from the servers, not a
   live tensor that edits would write back;
 - differentiable=True is refused (ValueError); parameters must be CPU
-  tensors of fp32, bf16 or fp16 (float64 raises TypeError); sparse
-  gradients raise RuntimeError;
+  tensors, or CUDA tensors of one device (an engine: see below), of fp32,
+  bf16 or fp16 (float64 raises TypeError); sparse gradients raise
+  RuntimeError;
 - the loss scaler and gradient clipping are the servers' (see below);
 - Lion (optimizer="lion") is a Depot extra with no torch.optim class.
 
@@ -73,6 +74,20 @@ parameter skipped on some workers only (its .grad None there) is updated from
 the others' gradients, the missing ones counting as zero (as DDP); one that
 no worker has a gradient for is skipped.
 
+CUDA parameters (docs/gpu.md, "PyTorch on GPUs"): a transfer engine moves
+the gradients bucket by bucket from inside backward and the weights back into
+the parameters' storage; .grad and the parameters become views into its
+buffers, and the job opens at construction. engine="host" runs the same
+engine on CPU parameters. Its options: delayed_update (ZeRO-Offload's DPU:
+forward s sees the weights of step s - 2; call synchronize() at the end),
+offload_fraction (the share of parameters whose optimizer runs on the
+servers; the rest on the GPU), local_rank / local_ranks / node_id (a node of
+several GPUs is one worker; node_id from depot.torch.node_id()),
+bucket_chunks, find_unused_parameters (DDP's: needed when a parameter with
+requires_grad may get no gradient; the step then begins at step()), and
+engine_options (depot.Engine's other arguments). Several backwards per step
+go inside `with opt.no_sync():`. close() frees the engine.
+
 Checkpoints: state_dict() holds torch's "param_groups", an empty "state",
 the servers' whole optimizer state as bytes under "depot_state", the last
 applied step under "depot_step" and the loss scaler under
@@ -84,14 +99,18 @@ and all must have loaded before any steps again (a barrier): a load while a
 peer's step is pending is refused with FailedPreconditionError.
 """
 
+import contextlib
 import dataclasses
 import warnings
 
 import torch
 
 import depot
+import depot.engine
 from depot import _torch_args as args
 from depot import _torch_state as torch_state
+from depot._torch_engine import (_EngineDriver, check_engine_params,
+                                 engine_device)
 from depot.buffers import DType, parse_dtype
 
 _TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16,
@@ -159,6 +178,11 @@ class DepotOptimizer(torch.optim.Optimizer):
         depot.Client).
       client: a depot.Client to use instead of connecting to `servers`.
       wait_timeout: seconds to wait for the servers to be up.
+      engine: None (a transfer engine for CUDA parameters, none for CPU
+        ones), "cuda", or "host" (the engine on CPU parameters).
+      delayed_update, offload_fraction, local_rank, local_ranks, node_id,
+        bucket_chunks, find_unused_parameters, engine_options: the engine's
+        (module docstring; docs/gpu.md).
     """
 
     def __init__(self, params, servers=None, *, job_name, optimizer="adamw",
@@ -167,13 +191,19 @@ class DepotOptimizer(torch.optim.Optimizer):
                  clip_grad_norm_type=2, loss_scale=None,
                  initial_loss_scale=None, min_loss_scale=None,
                  loss_scale_window=None, hysteresis=None, step_timeout=None,
-                 client=None, wait_timeout=60.0, **hparams):
+                 client=None, wait_timeout=60.0, engine=None,
+                 delayed_update=False, offload_fraction=1.0, local_rank=0,
+                 local_ranks=1, node_id=None, bucket_chunks=None,
+                 find_unused_parameters=False, engine_options=None,
+                 **hparams):
         kind = optimizer.lower() if isinstance(optimizer, str) else optimizer
         if kind not in args.KINDS:
             raise ValueError(f"optimizer must be one of "
                              f"{', '.join(map(repr, args.KINDS))}, not "
                              f"{optimizer!r}")
         self._kind = kind
+        self._engine_kind = engine
+        self._driver = None
         args.check_hparams(kind, hparams)
         self._scaling = args.scaling_fields(
             clip_grad, clip_grad_norm_type, loss_scale,
@@ -217,6 +247,31 @@ class DepotOptimizer(torch.optim.Optimizer):
                     f"a dynamic loss scale needs fp16 gradients, not "
                     f"{dtype.name.lower()}: pass grad_dtype=\"fp16\", or a "
                     f"constant loss_scale")
+        engine_kwargs = dict(engine_options or {})
+        engine_kwargs.update(
+            delayed_update=delayed_update, offload_fraction=offload_fraction,
+            local_rank=local_rank, local_ranks=local_ranks,
+            unique_id=node_id, bucket_chunks=bucket_chunks)
+        self._engine_device = engine_device(self._all_params(), engine)
+        if self._engine_device is None:
+            if engine_options or delayed_update or offload_fraction != 1.0 \
+                    or local_ranks != 1 or node_id is not None or \
+                    bucket_chunks is not None or find_unused_parameters:
+                raise ValueError(
+                    "delayed_update, offload_fraction, local_ranks, node_id, "
+                    "bucket_chunks, find_unused_parameters and "
+                    "engine_options are the engine's: pass CUDA parameters "
+                    "or engine=\"host\"")
+        else:
+            # The engine's buffers must exist before the first backward, so
+            # the job opens now (param groups are fixed from here on).
+            check_engine_params(self._all_params(), self._engine_device)
+            self._open_job()
+            if not self._initialized:
+                self._init_weights()
+            self._driver = _EngineDriver(self, self._job, self._engine_device,
+                                         engine_kwargs,
+                                         find_unused_parameters)
 
     # -- layout and job -------------------------------------------------
 
@@ -270,8 +325,18 @@ class DepotOptimizer(torch.optim.Optimizer):
         self._slots = [(p, offset, p.numel()) for p, offset in
                        zip(params, job.tensor_offsets)]
         n = job.total_elems
-        self._grads = torch.zeros(n, dtype=_TORCH_DTYPES[self._grad_dtype])
-        self._weights = torch.zeros(n, dtype=_TORCH_DTYPES[self._weight_dtype])
+        if getattr(self, "_engine_device", None) is None:
+            self._grads = torch.zeros(n, dtype=_TORCH_DTYPES[self._grad_dtype])
+            self._weights = torch.zeros(
+                n, dtype=_TORCH_DTYPES[self._weight_dtype])
+        else:  # the engine's buffers instead
+            if (self._grad_dtype, self._weight_dtype) != (model_dtype,) * 2:
+                raise ValueError(
+                    f"with an engine, the gradients and weights on the wire "
+                    f"are the parameters' dtype "
+                    f"({model_dtype.name.lower()}): the parameters' .grad "
+                    f"and storage are views into the engine's buffers")
+            self._grads = self._weights = None
         self._job = job
         return job
 
@@ -341,17 +406,22 @@ class DepotOptimizer(torch.optim.Optimizer):
                     continue
             overrides.append((index, value.to(torch.float32).contiguous()))
             names.append(index)
-        if names and not self._sync_all and not self._warned_edit:
-            self._warned_edit = True
-            warnings.warn(
-                f"DepotOptimizer: parameter(s) {names[:8]}"
-                f"{'...' if len(names) > 8 else ''} changed outside the "
-                f"optimizer since the last step; their new values become the "
-                f"master weights on the servers (optimizer state kept), as "
-                f"torch.optim would continue from them. (Said once.)",
-                stacklevel=3)
+        if names and not self._sync_all:
+            self._warn_edit(names)
         self._sync_all = False
         return overrides
+
+    def _warn_edit(self, names):
+        if self._warned_edit:
+            return
+        self._warned_edit = True
+        warnings.warn(
+            f"DepotOptimizer: parameter(s) {names[:8]}"
+            f"{'...' if len(names) > 8 else ''} changed outside the "
+            f"optimizer since the last step; their new values become the "
+            f"master weights on the servers (optimizer state kept), as "
+            f"torch.optim would continue from them. (Said once.)",
+            stacklevel=4)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -365,6 +435,11 @@ class DepotOptimizer(torch.optim.Optimizer):
                 loss = closure()
         job = self._open_job()
         args.check_fixed(self._kind, self._fixed, self.param_groups)
+        if getattr(self, "_closed", False):
+            raise RuntimeError("DepotOptimizer.step() after close()")
+        if self._driver is not None:
+            self._driver.run_step()
+            return loss
         overrides = []
         if not self._initialized:
             self._init_weights()
@@ -388,7 +463,13 @@ class DepotOptimizer(torch.optim.Optimizer):
                           group_hparams=self._group_hparams(),
                           loss_scale=loss_scale, no_grad_tensors=no_grad,
                           weight_overrides=overrides)
-        scaler.update(result.found_inf)
+        self._record_result(step, result, loss_scale)
+        self._write_params()
+        return loss
+
+    def _record_result(self, step, result, loss_scale):
+        """Step `step` finished with `result` at `loss_scale`."""
+        self._grad_scaler().update(result.found_inf)
         self.last_result = result
         self.last_step = LastStep(
             grad_norm=result.grad_norm, clip_coef=result.clip_coef,
@@ -396,8 +477,45 @@ class DepotOptimizer(torch.optim.Optimizer):
             loss_scale=loss_scale)
         self._depot_step = step
         self._state_cache = None
-        self._write_params()
-        return loss
+
+    # -- the engine (CUDA parameters, or engine="host") ----------------
+
+    def no_sync(self):
+        """A context in which backward only accumulates gradients (as
+        DDP's no_sync): run every backward but the last of an accumulated
+        step inside it. Engine mode only; a no-op context otherwise."""
+        if self._driver is None:
+            return contextlib.nullcontext()
+        return self._driver.no_sync()
+
+    def synchronize(self):
+        """Finishes every step in flight (with the delayed update, the last
+        step's weights are applied only by this) and waits for the weights.
+        Called by state_dict() and load_state_dict(); call it at the end of
+        training. Without an engine, nothing to do."""
+        if self._driver is not None:
+            self._driver.flush()
+
+    @property
+    def engine(self):
+        """The depot.Engine in engine mode, else None."""
+        return None if self._driver is None else self._driver.engine
+
+    def close(self):
+        """Engine mode: finishes the steps in flight, gives every parameter
+        (and .grad) its own storage again and frees the engine's device and
+        pinned memory. The optimizer cannot step afterwards."""
+        if self._driver is None:
+            return
+        self._driver.flush()
+        with torch.no_grad():
+            for p in self._params:
+                p.data = p.data.clone()
+                if p.grad is not None:
+                    p.grad = p.grad.clone()
+        self._driver.close()
+        self._driver = None
+        self._closed = True
 
     def _write_params(self):
         for p, offset, numel in self._slots:
@@ -408,6 +526,7 @@ class DepotOptimizer(torch.optim.Optimizer):
     def _flat_state(self):
         """The servers' whole state (depot.FlatState), read once per step."""
         job = self._open_job()
+        self.synchronize()
         if not self._initialized:
             return None
         if self._state_cache is None or self._state_cache[0] != \
@@ -469,6 +588,7 @@ class DepotOptimizer(torch.optim.Optimizer):
         step). torch_format=True: torch_state_dict() instead."""
         if torch_format:
             return self.torch_state_dict()
+        self.synchronize()
         # Not torch's state_dict(): it would read the servers' state into
         # "state", which depot_state carries already.
         state = {"state": {}, "param_groups": self._packed_groups()}
@@ -487,6 +607,7 @@ class DepotOptimizer(torch.optim.Optimizer):
         optimizer's; depot.FailedPreconditionError for a Depot state of
         another job config; depot.DataLossError if it is corrupt."""
         job = self._open_job()
+        self.synchronize()
         if not any(k in state_dict for k in _DEPOT_KEYS):
             self._load_torch_state_dict(state_dict)
             return
@@ -565,7 +686,36 @@ class DepotOptimizer(torch.optim.Optimizer):
         parameters is now the servers' weights."""
         self._state_cache = None
         if self._initialized:
-            self._job.pull(dtype=self._weight_dtype, out=self._weights)
+            if self._driver is not None:
+                self._driver.load_weights()
+            else:
+                self._job.pull(dtype=self._weight_dtype, out=self._weights)
+
+
+def node_id(group=None, device="cuda"):
+    """The node id every local rank of a node passes to DepotOptimizer
+    (node_id=): made on the first rank of `group` (the node's ranks; None:
+    the default group, for a job of one node) and broadcast to the others
+    over torch.distributed, which must be initialized. On CUDA it is NCCL's
+    unique id; device="host" makes one for host engines (threads of one
+    process)."""
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("depot.torch.node_id needs torch.distributed "
+                           "initialized (init_process_group) to send the id "
+                           "to the node's ranks")
+    if dist.get_rank(group) == 0:
+        made = [depot.engine.unique_id(device)]
+    else:
+        made = [None]
+    if group is None:
+        source = 0
+    elif hasattr(dist, "get_global_rank"):
+        source = dist.get_global_rank(group, 0)
+    else:  # torch < 2.0
+        source = dist.distributed_c10d._get_global_rank(group, 0)
+    dist.broadcast_object_list(made, src=source, group=group)
+    return made[0]
 
 
 class _ServerState:
@@ -612,9 +762,6 @@ class _ServerState:
 def _check_param(p):
     if not isinstance(p, torch.Tensor):
         return  # torch's add_param_group says what is wrong
-    if p.device.type != "cpu":
-        raise ValueError(f"a parameter is on {p.device}; DepotOptimizer "
-                         f"reads and writes host memory: use CPU parameters")
     if p.dtype not in _TORCH_DTYPES.values():
         raise TypeError(
             f"a parameter has dtype {p.dtype}: Depot keeps fp32 master "

@@ -20,14 +20,16 @@ absl::Status CudaError(cudaError_t error, const char* what) {
 
 class CudaStream : public Stream {
  public:
-  CudaStream(const void* owner, cudaStream_t stream)
-      : owner(owner), stream(stream) {}
+  CudaStream(const void* owner, cudaStream_t stream, bool owned = true)
+      : owner(owner), stream(stream), owned(owned) {}
   ~CudaStream() override {
+    if (!owned) return;  // the caller's stream (WrapCudaStream)
     cudaStreamSynchronize(stream);
     cudaStreamDestroy(stream);
   }
   const void* const owner;
   const cudaStream_t stream;
+  const bool owned;
 };
 
 class CudaEvent : public Event {
@@ -220,6 +222,16 @@ absl::StatusOr<void*> CudaStreamHandle(Stream& stream) {
     return absl::InvalidArgumentError("not a stream of a CUDA device");
   }
   return static_cast<void*>(cuda->stream);
+}
+
+absl::StatusOr<std::unique_ptr<Stream>> WrapCudaStream(Device& device,
+                                                       void* cuda_stream) {
+  auto* cuda = dynamic_cast<CudaDevice*>(&device);
+  if (cuda == nullptr) {
+    return absl::InvalidArgumentError("WrapCudaStream: not a CUDA device");
+  }
+  return std::unique_ptr<Stream>(new CudaStream(
+      cuda, static_cast<cudaStream_t>(cuda_stream), /*owned=*/false));
 }
 
 absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(int ordinal) {

@@ -20,6 +20,13 @@ absl::StatusOr<std::unique_ptr<Device>> MakeCudaDevice(int ordinal);
 // INVALID_ARGUMENT for a stream of another kind of device.
 absl::StatusOr<void*> CudaStreamHandle(Stream& stream);
 
+// A Stream of `device` (a CudaDevice) over a cudaStream_t (as void*) that the
+// caller owns and keeps alive, such as torch.cuda.current_stream().cuda_stream
+// (0 is the legacy default stream). Destroying the Stream leaves it alone.
+// INVALID_ARGUMENT when `device` is not a CudaDevice.
+absl::StatusOr<std::unique_ptr<Stream>> WrapCudaStream(Device& device,
+                                                       void* cuda_stream);
+
 }  // namespace depot::gpu
 
 #endif  // DEPOT_CLIENT_SRC_GPU_CUDA_DEVICE_H_

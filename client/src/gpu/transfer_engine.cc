@@ -314,6 +314,9 @@ class TransferEngine::Impl {
   }
 
   const NodePartition& partition() const { return partition_; }
+  void* grads_of_step(uint64_t step) const {
+    return grads_[options_.delayed_update ? step % 2 : 0]->data();
+  }
   void* grads() const {
     return grads_[options_.delayed_update ? begun_ % 2 : 0]->data();
   }
@@ -1054,6 +1057,9 @@ const NodePartition& TransferEngine::partition() const {
   return impl_->partition();
 }
 void* TransferEngine::grads() const { return impl_->grads(); }
+void* TransferEngine::grads_of_step(uint64_t step) const {
+  return impl_->grads_of_step(step);
+}
 void* TransferEngine::weights() const { return impl_->weights(); }
 uint64_t TransferEngine::pinned_bytes() const { return impl_->pinned_bytes(); }
 const std::vector<uint32_t>& TransferEngine::gpu_tensors() const {

@@ -138,6 +138,11 @@ class TransferEngine {
   // (re-point gradient views after each BeginStep).
   void* grads() const;
   void* weights() const;
+  // The gradient buffer step `step`'s backward writes (grads() once that
+  // step has begun): with the delayed update, one of two by the step's
+  // parity; else always the same. Lets a trainer point its gradient views
+  // before BeginStep.
+  void* grads_of_step(uint64_t step) const;
   // The pinned memory the engine holds, in bytes.
   uint64_t pinned_bytes() const;
   // The tensors whose optimizer runs on this GPU (ChooseGpuTensors), and the

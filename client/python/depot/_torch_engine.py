@@ -1,0 +1,448 @@
+"""DepotOptimizer's engine mode (docs/gpu.md, "PyTorch on GPUs"): the
+parameters' gradients and weights are views into a depot.Engine's flat
+buffers, each bucket's gradients leave from inside backward, and the updated
+weights come back into the parameters' own storage.
+
+One _EngineDriver per DepotOptimizer; it owns the depot.Engine, the views and
+the autograd hooks. The rules it keeps (each one tested in
+tests/python/test_torch_engine.py over the host engine):
+
+- A parameter's .grad is a view into the engine's gradient buffer. Autograd
+  accumulates into an existing .grad in place; a fresh .grad (after
+  zero_grad(set_to_none=True)) is copied into the view by the hook, and
+  .grad becomes the view again.
+- The hook runs after a parameter's gradient is accumulated
+  (register_post_accumulate_grad_hook on torch >= 2.1; before that, a hook on
+  the parameter's AccumulateGrad node). A bucket is handed to the engine once
+  every parameter with requires_grad that overlaps it has fired; the first
+  hook of a backward begins the step, with this step's lr, weight decay and
+  loss scale, and the parameters without requires_grad as the ones without a
+  gradient. Buckets nobody fired for go at step().
+- A parameter with requires_grad that gets no gradient in a backward cannot
+  be declared after its step began: with find_unused_parameters=True (DDP's
+  name) the step begins only at step(), when every .grad is known (the
+  transfers then overlap nothing of backward); without it, such a step
+  completes with that gradient as zeros and step() raises RuntimeError
+  naming the parameters (torch.optim would have skipped them).
+- A hook that fires twice in one step (several backwards before step())
+  raises, unless inside `with optimizer.no_sync():`, where hooks only
+  accumulate.
+- Weights changed outside the optimizer (in-place edits, load_state_dict of
+  the model, p.data reassigned) are noticed by the parameters' version
+  counters and storage: that step runs as a plain Depot step with the new
+  values as master weights (no overlap), then the engine resumes. With the
+  delayed update, an offload fraction or a node of several ranks this is
+  refused (RuntimeError), as it cannot be done exactly there.
+"""
+
+import contextlib
+import ctypes
+
+import torch
+
+from depot.engine import Engine
+
+_HAS_POST_ACCUMULATE_HOOK = hasattr(torch.Tensor,
+                                    "register_post_accumulate_grad_hook")
+
+
+def _view(address, elems, dtype, device):
+    """A tensor of `elems` elements of `dtype` at `address` (host memory for
+    the host engine, device memory on CUDA), not owning it: the engine keeps
+    the memory until it is closed."""
+    if elems == 0:
+        return torch.zeros(0, dtype=dtype, device=device)
+    size = torch.tensor([], dtype=dtype).element_size()
+    if device.type == "cpu":
+        raw = (ctypes.c_byte * (elems * size)).from_address(address)
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype)
+    # bf16 has no typestr: the interface describes integers of its size.
+    typestr = {1: "|u1", 2: "<i2", 4: "<i4"}[size]
+    int_dtype = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[size]
+
+    class _Interface:
+        __cuda_array_interface__ = {
+            "shape": (elems,), "typestr": typestr,
+            "data": (address, False), "version": 2, "strides": None,
+            "stream": None}
+
+    return torch.as_tensor(_Interface(), dtype=int_dtype,
+                           device=device).view(dtype)
+
+
+class _EngineDriver:
+    def __init__(self, optimizer, job, device, engine_kwargs,
+                 find_unused_parameters):
+        self.opt = optimizer
+        self.job = job
+        self.device = device
+        self.find_unused = bool(find_unused_parameters)
+        self.engine = Engine(job, "host" if device.type == "cpu" else "cuda",
+                             cuda_device=(device.index or 0)
+                             if device.type == "cuda" else 0,
+                             **engine_kwargs)
+        self.delayed = self.engine.delayed_update
+        self.local_ranks = engine_kwargs.get("local_ranks", 1)
+        self.offloads_all = not self.engine.device_tensors
+        params = optimizer._params
+        self.params = params
+        self.slots = optimizer._slots
+        grad_dtype = params[0].dtype
+        n = self.engine.padded_elems
+        self.weights = _view(self.engine.weights_address(), n, grad_dtype,
+                             device)
+        # The buffers of the steps' gradients (one; two with the delayed
+        # update, by the step's parity).
+        self.grad_buffers = {}
+        for parity in ((1, 2) if self.delayed else (1,)):
+            buffer = _view(self.engine.grads_address(parity), n, grad_dtype,
+                           device)
+            buffer.zero_()
+            self.grad_buffers[parity % 2 if self.delayed else 0] = buffer
+        # Every parameter's storage becomes its slice of the weights buffer.
+        with torch.no_grad():
+            for p, offset, numel in self.slots:
+                view = self.weights[offset:offset + numel].view_as(p)
+                view.copy_(p.detach())
+                p.data = view
+        # Buckets: which parameters (with requires_grad) each waits for.
+        self.buckets_of = []
+        ranges = self.engine.bucket_ranges
+        for p, offset, numel in self.slots:
+            end = offset + numel
+            self.buckets_of.append(
+                [b for b, (lo, hi) in enumerate(ranges)
+                 if lo < end and offset < hi] if numel else [])
+        self.step = optimizer._depot_step + 1  # the step backward feeds
+        self.in_flight = []  # steps begun and not finished
+        self.hooks = []
+        self.no_sync_depth = 0
+        self._reset_step_state()
+        self._point_grads(self.step, copy_current=False)
+        self._remember_weights()
+        for index, p in enumerate(params):
+            if p.requires_grad:
+                self._register_hook(index, p)
+
+    # -- views and hooks -------------------------------------------------
+
+    def _grad_buffer(self, step):
+        return self.grad_buffers[step % 2 if self.delayed else 0]
+
+    def _grad_view(self, index, step):
+        p, offset, numel = self.slots[index]
+        return self._grad_buffer(step)[offset:offset + numel].view_as(p)
+
+    def _point_grads(self, step, copy_current):
+        """Points every parameter's .grad at step `step`'s buffer (keeping
+        its values when copy_current; None stays None)."""
+        with torch.no_grad():
+            for index, p in enumerate(self.params):
+                view = self._grad_view(index, step)
+                if p.grad is None:
+                    continue
+                if p.grad.data_ptr() != view.data_ptr():
+                    if copy_current:
+                        view.copy_(p.grad)
+                    p.grad = view
+
+    def _register_hook(self, index, p):
+        def fire(*unused):
+            self._on_gradient(index)
+        if _HAS_POST_ACCUMULATE_HOOK:
+            self.hooks.append(p.register_post_accumulate_grad_hook(fire))
+        else:
+            # The AccumulateGrad node of the parameter (as DDP finds it);
+            # its hook runs after the gradient is accumulated into .grad.
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            self.hooks.append((accumulator,
+                               accumulator.register_hook(fire)))
+
+    def remove_hooks(self):
+        for hook in self.hooks:
+            (hook[1] if isinstance(hook, tuple) else hook).remove()
+        self.hooks = []
+
+    def _stream(self):
+        if self.device.type != "cuda":
+            return 0
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+    def _reset_step_state(self):
+        self.fired = [False] * len(self.params)
+        self.waiting = [0] * len(self.engine.bucket_ranges)
+        for index, p in enumerate(self.params):
+            if p.requires_grad:
+                for b in self.buckets_of[index]:
+                    self.waiting[b] += 1
+        self.named = [False] * len(self.engine.bucket_ranges)
+        self.begun = False
+        self.plain = False  # this step runs as a plain Depot step
+        self.declared_no_grad = None
+
+    def _adopt_grad(self, index):
+        """Makes parameter `index`'s .grad the view (copying a fresh one)."""
+        p = self.params[index]
+        view = self._grad_view(index, self.step)
+        if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+            with torch.no_grad():
+                view.copy_(p.grad)
+            p.grad = view
+
+    def _on_gradient(self, index):
+        self._adopt_grad(index)
+        if self.no_sync_depth > 0:
+            return
+        if self.fired[index]:
+            raise RuntimeError(
+                f"DepotOptimizer: parameter {index} received a second "
+                f"gradient before step(): its bucket already left during the "
+                f"first backward. To accumulate gradients over several "
+                f"backwards, run all but the last inside "
+                f"`with optimizer.no_sync():`")
+        self.fired[index] = True
+        if self.find_unused or self.plain:
+            return
+        if not self.begun:
+            if self._weights_edited():
+                self.plain = True
+                return
+            self._begin(no_grad=[i for i, p in enumerate(self.params)
+                                 if not p.requires_grad])
+        for b in self.buckets_of[index]:
+            self.waiting[b] -= 1
+            if self.waiting[b] == 0:
+                self._name(b)
+
+    def _name(self, bucket):
+        self.named[bucket] = True
+        self.engine.gradients_ready(bucket, self._stream())
+
+    def _begin(self, no_grad):
+        opt = self.opt
+        if self.delayed and len(self.in_flight) == 2:
+            raise RuntimeError("DepotOptimizer: two steps are in flight; "
+                               "call step() after each backward")
+        self.declared_no_grad = set(no_grad)
+        self.engine.begin_step(
+            self.step, group_hparams=opt._group_hparams(),
+            loss_scale=opt._grad_scaler().scale, no_grad_tensors=no_grad)
+        self.in_flight.append((self.step, opt._grad_scaler().scale))
+        self.begun = True
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.no_sync_depth += 1
+        try:
+            yield
+        finally:
+            self.no_sync_depth -= 1
+
+    # -- weights edited outside the optimizer ----------------------------
+
+    def _remember_weights(self):
+        self.versions = [p._version for p in self.params]
+        self.pointers = [p.data_ptr() for p in self.params]
+
+    def _edited_indices(self):
+        out = []
+        for index, (p, offset, numel) in enumerate(self.slots):
+            expected = self.weights[offset:offset + numel].data_ptr() \
+                if numel else p.data_ptr()
+            if p._version != self.versions[index] or \
+                    p.data_ptr() != expected or p.data_ptr() != \
+                    self.pointers[index]:
+                out.append(index)
+        return out
+
+    def _weights_edited(self):
+        edited = self._edited_indices()
+        if not edited and not self.opt._sync_all:
+            return False
+        if self.delayed or not self.offloads_all or self.local_ranks > 1:
+            raise RuntimeError(
+                f"DepotOptimizer: parameter(s) {edited[:8]} changed outside "
+                f"the optimizer since the last step. With "
+                f"{'the delayed update' if self.delayed else 'an offload fraction' if not self.offloads_all else 'a node of several local ranks'}"
+                f" the engine cannot take new master weights: change weights "
+                f"only through the optimizer (or load_state_dict of the "
+                f"optimizer), or run without that option")
+        return True
+
+    # -- step() ----------------------------------------------------------
+
+    def run_step(self):
+        """DepotOptimizer.step() in engine mode; returns the StepResult of
+        the step that finished (None with the delayed update's first step)."""
+        opt = self.opt
+        if self.no_sync_depth > 0:
+            raise RuntimeError("DepotOptimizer.step() inside no_sync()")
+        if not self.begun and not self.plain and self._weights_edited():
+            self.plain = True
+        for index in range(len(self.params)):
+            self._adopt_grad(index)
+        no_grad = [i for i, p in enumerate(self.params) if p.grad is None]
+        if self.plain:
+            result = self._plain_step(no_grad)
+            self._after_step()
+            return result
+        surprises = []
+        if self.begun:
+            surprises = sorted(set(no_grad) ^ self.declared_no_grad)
+        else:
+            self._begin(no_grad)
+        buffer = self._grad_buffer(self.step)
+        with torch.no_grad():
+            for index in sorted(self.declared_no_grad):
+                p, offset, numel = self.slots[index]
+                if p.grad is None:
+                    buffer[offset:offset + numel].zero_()
+            for index in surprises:
+                p, offset, numel = self.slots[index]
+                if p.grad is None:  # declared with a gradient: zeros
+                    buffer[offset:offset + numel].zero_()
+        for b in range(len(self.named)):
+            if not self.named[b]:
+                self._name(b)
+        result = None
+        if not self.delayed or len(self.in_flight) == 2:
+            result = self._finish_one()
+        self._after_step()
+        if surprises:
+            raise RuntimeError(
+                f"DepotOptimizer: parameter(s) {surprises[:8]} "
+                f"{'had' if surprises else ''} a gradient that differed from "
+                f"what the step declared when it began during backward (a "
+                f"parameter with requires_grad that received no gradient, "
+                f"or one without requires_grad that got one). The step was "
+                f"applied with a missing gradient as zeros, where "
+                f"torch.optim would have skipped the parameter. Pass "
+                f"find_unused_parameters=True when some parameters may get "
+                f"no gradient (the step then begins at step())")
+        return result
+
+    def _finish_one(self):
+        step, scale = self.in_flight.pop(0)
+        result = self.engine.finish_step()
+        self.opt._record_result(step, result, scale)
+        return result
+
+    def flush(self):
+        """Finishes every step in flight (the delayed update's last one) and
+        makes its weights the parameters'."""
+        finished = bool(self.in_flight)
+        while self.in_flight:
+            self._finish_one()
+        if self.delayed and finished:
+            # The last step's weights have arrived but would be applied only
+            # before the forward after next: take the servers' instead.
+            self.load_weights()
+        else:
+            self._wait_all()
+            self._remember_weights()
+
+    def _wait_all(self):
+        stream = self._stream()
+        for b in range(len(self.engine.bucket_ranges)):
+            self.engine.wait_weights(b, stream)
+
+    def _after_step(self):
+        self._wait_all()
+        self.step += 1
+        self._reset_step_state()
+        if self.delayed:
+            self._point_grads(self.step, copy_current=True)
+        self._remember_weights()
+
+    def _plain_step(self, no_grad):
+        """This step as depot.Job.step, with the edited parameters' values as
+        their master weights (only one step in flight: none here)."""
+        opt = self.opt
+        edited = set(self._edited_indices())
+        if opt._sync_all:
+            edited = set(range(len(self.params)))
+        opt._sync_all = False
+        overrides = [(i, self.params[i].detach().reshape(-1)
+                      .to(torch.float32).cpu().contiguous())
+                     for i in sorted(edited)]
+        if edited:
+            opt._warn_edit(sorted(edited))
+        n = self.job.total_elems
+        grads = self._grad_buffer(self.step)[:n].cpu()
+        for index in no_grad:
+            p, offset, numel = self.slots[index]
+            grads[offset:offset + numel].zero_()
+        weights = torch.empty(n, dtype=grads.dtype)
+        # The parameters whose storage was replaced get it back.
+        with torch.no_grad():
+            for index in edited:
+                p, offset, numel = self.slots[index]
+                view = self.weights[offset:offset + numel].view_as(p)
+                if p.data_ptr() != view.data_ptr():
+                    view.copy_(p.detach())
+                    p.data = view
+        scale = opt._grad_scaler().scale
+        result = self.job.step(
+            self.step, grads, weights, group_hparams=opt._group_hparams(),
+            loss_scale=scale, no_grad_tensors=no_grad,
+            weight_overrides=overrides)
+        with torch.no_grad():
+            self.weights[:n].copy_(weights.to(self.device))
+        opt._record_result(self.step, result, scale)
+        return result
+
+    def load_weights(self):
+        """After the servers' state changed (load_state_dict): their weights
+        become the parameters'."""
+        n = self.job.total_elems
+        weights = torch.empty(n, dtype=self.weights.dtype)
+        self.job.pull(dtype=self.opt._weight_dtype, out=weights)
+        with torch.no_grad():
+            self.weights[:n].copy_(weights.to(self.device))
+        # The servers' step may have changed (a loaded checkpoint).
+        self.step = self.opt._depot_step + 1
+        self._reset_step_state()
+        if self.delayed:
+            self._point_grads(self.step, copy_current=True)
+        self._remember_weights()
+
+    def close(self):
+        self.remove_hooks()
+        self.engine.close()
+
+
+def check_engine_params(params, device):
+    """ValueError/TypeError unless every parameter is on `device` with one
+    dtype (the gradient and weight buffers hold a single dtype)."""
+    dtypes = {p.dtype for p in params}
+    if len(dtypes) != 1:
+        raise TypeError(
+            f"DepotOptimizer with an engine needs parameters of one dtype "
+            f"(the engine's flat buffers hold one), not "
+            f"{sorted(str(d) for d in dtypes)}")
+    for p in params:
+        if p.device != device:
+            raise ValueError(f"a parameter is on {p.device}, another on "
+                             f"{device}: an engine serves one device")
+
+
+def engine_device(params, engine):
+    """The torch.device an engine of kind `engine` ("cuda", "host" or None:
+    automatic) serves for `params`, or None for no engine."""
+    devices = {p.device for p in params}
+    if engine is None:
+        if all(d.type == "cpu" for d in devices):
+            return None
+        engine = "cuda"
+    if engine == "host":
+        if any(d.type != "cpu" for d in devices):
+            raise ValueError("engine=\"host\" needs CPU parameters")
+        return torch.device("cpu")
+    if engine == "cuda":
+        if len(devices) != 1 or next(iter(devices)).type != "cuda":
+            raise ValueError(
+                f"engine=\"cuda\" needs every parameter on one CUDA device, "
+                f"not {sorted(str(d) for d in devices)}")
+        return next(iter(devices))
+    raise ValueError(f"engine must be None, \"cuda\" or \"host\", not "
+                     f"{engine!r}")

@@ -1,0 +1,123 @@
+"""DepotOptimizer on CUDA parameters (docs/gpu.md, "PyTorch on GPUs"):
+the CUDA engine through libdepot_cuda.so, torch's current stream, hooks
+inside backward, real depot-server processes. Skips, saying why, without a
+CUDA device (CI, the development machines); tests/gpu/run.sh runs it on a
+GPU machine.
+
+Bit-for-bit comparisons use a model whose gradients are exact on any device
+(loss = sum(p * c): the gradient of p is c), so that the GPU's and the host's
+runs differ only in what Depot does with them.
+"""
+
+import copy
+import pathlib
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] /
+                       "python"))
+from conftest import client, job_name, servers  # noqa: E402,F401 (fixtures)
+
+import depot  # noqa: E402
+from depot.torch import DepotOptimizer  # noqa: E402
+
+if not torch.cuda.is_available():
+    pytest.skip(f"no CUDA device: torch {torch.__version__} sees none "
+                f"(torch.cuda.is_available() is False)",
+                allow_module_level=True)
+
+STEPS = 6
+
+
+class Exact(torch.nn.Module):
+    """Parameters of several sizes; loss = sum over them of (p * c).sum()
+    with fixed c, so p.grad == c exactly."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        torch.manual_seed(0)
+        sizes = [(64, 33), (33,), (17, 8), (5,), (300,)]
+        self.ps = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.randn(s).to(dtype)) for s in sizes])
+        self.cs = [torch.randn(s).to(dtype) for s in sizes]
+
+    def forward(self, step):
+        return sum(((p * (c.to(p.device) * (1 + step % 3))).sum()
+                    for p, c in zip(self.ps, self.cs)))
+
+
+def bits(t):
+    t = t.detach().cpu()
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def run(model, opt, steps=STEPS):
+    for s in range(steps):
+        opt.zero_grad()
+        model(s).backward()
+        opt.step()
+    opt.synchronize()
+    return [p.detach().cpu().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("delayed", [False, True])
+def test_cuda_engine_equals_the_host_engine(client, job_name, dtype, delayed):
+    host = Exact(dtype)
+    gpu = copy.deepcopy(host).cuda()
+    kwargs = dict(client=client, lr=1e-2, weight_decay=0.1, chunk_elems=256,
+                  bucket_chunks=1, delayed_update=delayed)
+    want = run(host, DepotOptimizer(host.parameters(),
+                                    job_name=f"{job_name}-host",
+                                    engine="host", **kwargs))
+    opt = DepotOptimizer(gpu.parameters(), job_name=job_name, **kwargs)
+    assert opt.engine.device == "cuda"
+    got = run(gpu, opt)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(bits(g), bits(w)), f"parameter {i}"
+    opt.close()
+
+
+def test_cuda_offload_fraction_equals_full_offload(client, job_name):
+    results = []
+    for fraction in (1.0, 0.5):
+        model = Exact(torch.float32).cuda()
+        opt = DepotOptimizer(model.parameters(), client=client,
+                             job_name=f"{job_name}-{fraction}", lr=1e-2,
+                             weight_decay=0.1, offload_fraction=fraction,
+                             chunk_elems=256, bucket_chunks=1)
+        results.append(run(model, opt))
+        opt.close()
+    for i, (g, w) in enumerate(zip(results[1], results[0])):
+        assert torch.equal(bits(g), bits(w)), f"parameter {i}"
+
+
+def test_cuda_training_follows_torch_adamw(client, job_name):
+    """A small MLP on the GPU: the loss curve of DepotOptimizer (fp32 masters
+    on the servers) against torch.optim.AdamW(fused=True) on the GPU, within
+    1e-4 relative (different hardware rounds matmuls differently)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(),
+                                torch.nn.Linear(256, 64)).cuda()
+    reference = copy.deepcopy(model)
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, lr=1e-3, weight_decay=0.1)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-3,
+                                weight_decay=0.1, fused=True)
+    data = [(torch.randn(32, 64, device="cuda"),
+             torch.randn(32, 64, device="cuda")) for _ in range(20)]
+    losses = []
+    for m, o in ((model, opt), (reference, ref_opt)):
+        curve = []
+        for x, y in data:
+            o.zero_grad()
+            loss = ((m(x) - y) ** 2).mean()
+            loss.backward()
+            o.step()
+            curve.append(loss.item())
+        losses.append(curve)
+    for s, (a, b) in enumerate(zip(*losses)):
+        assert abs(a - b) <= 1e-4 * abs(b), f"step {s}: {a} vs {b}"
+    opt.close()

@@ -1,0 +1,421 @@
+"""DepotOptimizer in engine mode (docs/gpu.md, "PyTorch on GPUs"), run over
+the host engine (engine="host": the same driver, hooks and C API as on CUDA,
+with device memory in host memory), against real depot-server processes and
+torch.optim, bit for bit.
+
+The parameters' .grad and storage are views into the engine's buffers, each
+bucket leaves from inside backward, and the updated weights come back into
+the parameters' storage. What CUDA adds (streams, the CUDA backend) is in
+tests/gpu and skips without a device.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import depot
+import depot.torch
+from depot.torch import DepotOptimizer
+
+STEPS = 5
+
+
+def model_and_data(dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8),
+        torch.nn.Tanh(), torch.nn.Linear(8, 4)).to(dtype)
+    inputs = [torch.randn(6, 16, dtype=dtype) for _ in range(STEPS + 2)]
+    targets = [torch.randn(6, 4, dtype=dtype) for _ in range(STEPS + 2)]
+    return model, inputs, targets
+
+
+def loss_of(model, x, y):
+    return ((model(x) - y) ** 2).mean()
+
+
+def train(model, opt, inputs, targets, steps=STEPS, set_to_none=True):
+    for s in range(steps):
+        opt.zero_grad(set_to_none=set_to_none)
+        loss_of(model, inputs[s], targets[s]).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def assert_bitwise(got, want):
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == w.dtype
+        assert torch.equal(g.view(torch.int16 if g.element_size() == 2
+                                  else torch.int32),
+                           w.view(torch.int16 if w.element_size() == 2
+                                  else torch.int32)), f"parameter {i}"
+
+
+def small_chunks(**kwargs):
+    # 64-element chunks: the 5-layer model spans many buckets, so several
+    # leave during backward.
+    return dict(chunk_elems=64, bucket_chunks=1, **kwargs)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_engine_adamw_is_torch_bit_for_bit(client, job_name, set_to_none):
+    model, inputs, targets = model_and_data()
+    reference = copy.deepcopy(model)
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         weight_decay=0.1, **small_chunks())
+    assert opt.engine is not None and opt.engine.num_buckets > 4
+    got = train(model, opt, inputs, targets, set_to_none=set_to_none)
+    want = train(reference, torch.optim.AdamW(
+        reference.parameters(), lr=1e-2, weight_decay=0.1, foreach=False),
+        inputs, targets, set_to_none=set_to_none)
+    assert_bitwise(got, want)
+    # The parameters live in the engine's weights buffer, and their
+    # gradients in its gradient buffer.
+    weights = opt.engine.weights_address()
+    size = 4
+    span = opt.engine.padded_elems * size
+    for p in model.parameters():
+        assert weights <= p.data_ptr() < weights + span
+        assert p.grad is not None
+    opt.close()
+    # After close() the parameters own their storage again, same values.
+    assert_bitwise([p.detach() for p in model.parameters()], got)
+
+
+def test_engine_buckets_leave_during_backward(client, job_name):
+    model, inputs, targets = model_and_data()
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         **small_chunks())
+    named = []
+    real = opt.engine.gradients_ready
+
+    def record(bucket, stream=0):
+        named.append((bucket, torch.is_grad_enabled()))
+        real(bucket, stream)
+
+    opt.engine.gradients_ready = record
+    opt.zero_grad()
+    loss_of(model, inputs[0], targets[0]).backward()
+    during_backward = len(named)
+    opt.step()
+    # Every bucket was named once; all of them from inside backward (the
+    # model's parameters all need gradients), last bucket first.
+    assert sorted(b for b, _ in named) == list(range(opt.engine.num_buckets))
+    assert during_backward == opt.engine.num_buckets
+    assert named[0][0] == opt.engine.num_buckets - 1
+    opt.close()
+
+
+def test_engine_bf16_with_schedule_and_frozen_layer(client, job_name):
+    """bf16 parameters: torch.optim keeps bf16 state where Depot keeps fp32
+    masters and moments, so the reference is DepotOptimizer's own host path
+    (no engine), which the other parity tests compare with torch."""
+    model, inputs, targets = model_and_data(torch.bfloat16)
+    reference = copy.deepcopy(model)
+    for m in (model, reference):
+        m[2].weight.requires_grad_(False)
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         **small_chunks())
+    ref_opt = DepotOptimizer(reference.parameters(), client=client,
+                             job_name=f"{job_name}-ref", lr=1e-2,
+                             chunk_elems=64)
+    scheds = [torch.optim.lr_scheduler.StepLR(o, 2, 0.5)
+              for o in (opt, ref_opt)]
+    for s in range(STEPS):
+        for m, o, sched in zip((model, reference), (opt, ref_opt), scheds):
+            o.zero_grad()
+            loss_of(m, inputs[s], targets[s]).backward()
+            o.step()
+            sched.step()
+    assert_bitwise([p.detach() for p in model.parameters()],
+                   [p.detach() for p in reference.parameters()])
+    assert opt.state[model[0].weight]["step"] == STEPS
+    assert model[2].weight not in opt.state  # frozen: never stepped
+    opt.close()
+
+
+class Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+        self.c = torch.nn.Linear(8, 2)
+
+    def forward(self, x, use_b):
+        h = torch.tanh(self.a(x))
+        if use_b:
+            h = torch.tanh(self.b(h))
+        return self.c(h)
+
+
+def train_branchy(model, opt, steps):
+    torch.manual_seed(1)
+    for s in range(steps):
+        opt.zero_grad(set_to_none=True)
+        x, y = torch.randn(4, 8), torch.randn(4, 2)
+        ((model(x, use_b=s % 2 == 0) - y) ** 2).mean().backward()
+        opt.step()
+
+
+def test_engine_unused_parameters_are_skipped_as_torch(client, job_name):
+    torch.manual_seed(0)
+    model = Branchy()
+    reference = copy.deepcopy(model)
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         weight_decay=0.1, find_unused_parameters=True,
+                         **small_chunks())
+    train_branchy(model, opt, STEPS)
+    train_branchy(reference, torch.optim.AdamW(
+        reference.parameters(), lr=1e-2, weight_decay=0.1, foreach=False),
+        STEPS)
+    assert_bitwise([p.detach() for p in model.parameters()],
+                   [p.detach() for p in reference.parameters()])
+    opt.close()
+
+
+def test_engine_unused_parameter_without_the_flag_raises(client, job_name):
+    torch.manual_seed(0)
+    model = Branchy()
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         **small_chunks())
+    opt.zero_grad()
+    ((model(torch.randn(4, 8), use_b=False)) ** 2).mean().backward()
+    with pytest.raises(RuntimeError, match="find_unused_parameters=True"):
+        opt.step()
+    opt.close()
+
+
+def test_engine_second_backward_needs_no_sync(client, job_name):
+    model, inputs, targets = model_and_data()
+    reference = copy.deepcopy(model)
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         **small_chunks())
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2,
+                                foreach=False)
+    for s in range(2):
+        for m, o in ((model, opt), (reference, ref_opt)):
+            o.zero_grad()
+            with o.no_sync() if o is opt else torch.no_grad():
+                if o is opt:
+                    loss_of(m, inputs[2 * s], targets[2 * s]).backward()
+            if o is not opt:
+                loss_of(m, inputs[2 * s], targets[2 * s]).backward()
+            loss_of(m, inputs[2 * s + 1], targets[2 * s + 1]).backward()
+            o.step()
+    assert_bitwise([p.detach() for p in model.parameters()],
+                   [p.detach() for p in reference.parameters()])
+    # Without no_sync, the second backward is refused.
+    opt.zero_grad()
+    loss_of(model, inputs[0], targets[0]).backward()
+    with pytest.raises(RuntimeError, match="no_sync"):
+        loss_of(model, inputs[1], targets[1]).backward()
+    opt.close()
+
+
+def test_engine_weights_edited_outside_become_master(client, job_name):
+    model, inputs, targets = model_and_data()
+    reference = copy.deepcopy(model)
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         **small_chunks())
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2,
+                                foreach=False)
+    for s in range(4):
+        if s == 2:
+            with torch.no_grad():
+                for m in (model, reference):
+                    m[0].weight.mul_(0.5)  # an in-place edit
+        for m, o in ((model, opt), (reference, ref_opt)):
+            o.zero_grad()
+            loss_of(m, inputs[s], targets[s]).backward()
+            if o is opt and s == 2:
+                with pytest.warns(UserWarning, match="changed outside"):
+                    o.step()
+            else:
+                o.step()
+    assert_bitwise([p.detach() for p in model.parameters()],
+                   [p.detach() for p in reference.parameters()])
+    opt.close()
+
+
+def test_engine_state_dict_round_trip(client, job_name):
+    model, inputs, targets = model_and_data()
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         **small_chunks())
+    train(model, opt, inputs, targets, steps=2)
+    saved_opt = opt.state_dict()
+    saved_model = copy.deepcopy(model.state_dict())
+    train(model, opt, inputs[2:], targets[2:], steps=2)
+    after = [p.detach().clone() for p in model.parameters()]
+    # Back to step 2 and the same two steps again: the same weights.
+    model.load_state_dict(saved_model)
+    opt.load_state_dict(saved_opt)
+    train(model, opt, inputs[2:], targets[2:], steps=2)
+    assert_bitwise([p.detach() for p in model.parameters()], after)
+    opt.close()
+
+
+def test_engine_offload_fraction_equals_full_offload(client, job_name):
+    results = []
+    for fraction in (1.0, 0.5):
+        model, inputs, targets = model_and_data()
+        opt = DepotOptimizer(model.parameters(), client=client,
+                             job_name=f"{job_name}-{fraction}",
+                             engine="host", lr=1e-2, weight_decay=0.1,
+                             offload_fraction=fraction, **small_chunks())
+        if fraction < 1:
+            assert opt.engine.device_tensors  # some stay on the "GPU"
+        results.append(train(model, opt, inputs, targets))
+        opt.close()
+    assert_bitwise(results[1], results[0])
+
+
+def test_engine_delayed_update_is_one_step_stale(client, job_name):
+    """With the delayed update, step s's forward sees the weights of step
+    s - 2: the reference applies torch.optim to master weights and runs each
+    forward on a copy two steps old."""
+    model, inputs, targets = model_and_data()
+    reference = copy.deepcopy(model)
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         delayed_update=True, **small_chunks())
+    train(model, opt, inputs, targets)
+    opt.synchronize()
+    got = [p.detach().clone() for p in model.parameters()]
+
+    master = copy.deepcopy(reference)
+    ref_opt = torch.optim.AdamW(master.parameters(), lr=1e-2, foreach=False)
+    history = [copy.deepcopy(master.state_dict())] * 2
+    for s in range(STEPS):
+        # Forward s (1-based s + 1) uses the weights of step s - 1 (0-based:
+        # the master before the previous step).
+        reference.load_state_dict(history[-2])
+        reference.zero_grad()
+        loss_of(reference, inputs[s], targets[s]).backward()
+        for p_master, p_ref in zip(master.parameters(),
+                                   reference.parameters()):
+            p_master.grad = p_ref.grad.clone()
+        ref_opt.step()
+        history.append(copy.deepcopy(master.state_dict()))
+    assert_bitwise(got, [p.detach() for p in master.parameters()])
+    opt.close()
+
+
+def test_engine_options_need_an_engine(client, job_name):
+    model, _, _ = model_and_data()
+    with pytest.raises(ValueError, match="engine"):
+        DepotOptimizer(model.parameters(), client=client, job_name=job_name,
+                       delayed_update=True)
+    with pytest.raises(ValueError, match="engine must be"):
+        DepotOptimizer(model.parameters(), client=client, job_name=job_name,
+                       engine="tpu")
+
+
+def test_engine_refuses_mixed_dtypes(client, job_name):
+    model, _, _ = model_and_data()
+    model[0].to(torch.bfloat16)
+    with pytest.raises(TypeError, match="one dtype"):
+        DepotOptimizer(model.parameters(), client=client, job_name=job_name,
+                       engine="host")
+
+
+def test_cuda_engine_without_a_gpu_says_why(client, job_name):
+    """The CUDA engine through the C API: libdepot_cuda.so loads (it is built
+    beside libdepot_client.so whenever CUDA is), and without a GPU the
+    device's own error comes back as UNAVAILABLE."""
+    job = client.open_job(job_name, [("w", 128, 0)], lr=1e-3)
+    with pytest.raises(depot.UnavailableError) as error:
+        depot.Engine(job, "cuda")
+    message = str(error.value)
+    assert "CUDA" in message
+    job.close()
+
+
+def test_node_of_two_local_ranks_equals_two_workers(client, job_name):
+    """A node of two local ranks (host engines in two threads, one node id):
+    the engines reduce-scatter each bucket inside the node and each rank
+    sends its part; the servers see one worker. Bit for bit the same as two
+    data-parallel workers that each send their whole gradient (the servers
+    sum two workers in rank order in fp32, as the node's collective does)."""
+    import threading
+
+    def run(opts, models, inputs, targets):
+        errors = []
+
+        def rank_loop(rank):
+            try:
+                for s in range(3):
+                    opts[rank].zero_grad()
+                    loss_of(models[rank], inputs[s][rank::2],
+                            targets[s][rank::2]).backward()
+                    opts[rank].step()
+            except Exception as error:  # reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=rank_loop, args=(r,))
+                   for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        return [[p.detach().clone() for p in m.parameters()] for m in models]
+
+    model, inputs, targets = model_and_data()
+    node = depot.engine.unique_id("host")
+    models = [copy.deepcopy(model) for _ in range(2)]
+    opts = [None, None]
+
+    def construct(rank):
+        opts[rank] = DepotOptimizer(
+            models[rank].parameters(), client=client, job_name=job_name,
+            engine="host", lr=1e-2, local_rank=rank, local_ranks=2,
+            node_id=node, chunk_elems=64, bucket_chunks=2)
+
+    # The ranks' engines meet in the node's collectives as they are made.
+    builders = [threading.Thread(target=construct, args=(r,))
+                for r in range(2)]
+    for t in builders:
+        t.start()
+    for t in builders:
+        t.join(60)
+    got = run(opts, models, inputs, targets)
+
+    ref_models = [copy.deepcopy(model) for _ in range(2)]
+    ref_opts = [DepotOptimizer(ref_models[r].parameters(), client=client,
+                               job_name=f"{job_name}-ref", lr=1e-2,
+                               num_workers=2, worker_rank=r, chunk_elems=64)
+                for r in range(2)]
+    want = run(ref_opts, ref_models, inputs, targets)
+    assert_bitwise(got[0], want[0])
+    assert_bitwise(got[1], want[0])  # every rank holds the whole model
+    for o in opts:
+        o.close()
+
+
+def test_node_id_over_torch_distributed():
+    import socket
+
+    import torch.distributed as dist
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        depot.torch.node_id(device="host")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=0, world_size=1)
+    try:
+        made = depot.torch.node_id(device="host")
+        assert isinstance(made, bytes) and len(made) == 128
+        assert made != depot.torch.node_id(device="host")
+    finally:
+        dist.destroy_process_group()
