@@ -210,6 +210,19 @@ absl::StatusOr<gpu::Stream*> TrainerStream(depot_engine& engine,
   return wrapped.get();
 }
 
+// Runs `body(stream)` as the entry point `function` on the Stream that
+// `stream` names for `engine`.
+template <typename Body>
+int OnTrainerStream(const char* function, depot_engine_t* engine,
+                    void* stream, Body&& body) {
+  return Guarded(function, [&]() -> absl::Status {
+    if (engine == nullptr) return NullArgument(function, "engine");
+    absl::StatusOr<gpu::Stream*> trainer = TrainerStream(*engine, stream);
+    if (!trainer.ok()) return trainer.status();
+    return body(**trainer);
+  });
+}
+
 }  // namespace
 }  // namespace depot
 
@@ -360,36 +373,26 @@ int depot_engine_begin_step(depot_engine_t* engine, uint64_t step,
 
 int depot_engine_gradients_ready(depot_engine_t* engine, uint64_t bucket,
                                  void* stream) {
-  constexpr const char* kFunction = "depot_engine_gradients_ready";
-  return depot::Guarded(kFunction, [&]() -> absl::Status {
-    if (engine == nullptr) {
-      return depot::c_api::NullArgument(kFunction, "engine");
-    }
-    absl::StatusOr<depot::gpu::Stream*> trainer =
-        depot::TrainerStream(*engine, stream);
-    if (!trainer.ok()) return trainer.status();
-    return engine->engine->GradientsReady(bucket, **trainer);
-  });
+  return depot::OnTrainerStream(
+      "depot_engine_gradients_ready", engine, stream,
+      [&](depot::gpu::Stream& trainer) {
+        return engine->engine->GradientsReady(bucket, trainer);
+      });
 }
 
 int depot_engine_wait_weights(depot_engine_t* engine, uint64_t bucket,
                               void* stream) {
-  constexpr const char* kFunction = "depot_engine_wait_weights";
-  return depot::Guarded(kFunction, [&]() -> absl::Status {
-    if (engine == nullptr) {
-      return depot::c_api::NullArgument(kFunction, "engine");
-    }
-    absl::StatusOr<depot::gpu::Stream*> trainer =
-        depot::TrainerStream(*engine, stream);
-    if (!trainer.ok()) return trainer.status();
-    if (absl::Status s = engine->engine->WaitWeights(bucket, **trainer);
-        !s.ok()) {
-      return s;
-    }
-    if (engine->kind != DEPOT_DEVICE_HOST) return absl::OkStatus();
-    // The host trainer reads the weights as soon as this returns.
-    return engine->device->SynchronizeStream(**trainer);
-  });
+  return depot::OnTrainerStream(
+      "depot_engine_wait_weights", engine, stream,
+      [&](depot::gpu::Stream& trainer) -> absl::Status {
+        if (absl::Status s = engine->engine->WaitWeights(bucket, trainer);
+            !s.ok()) {
+          return s;
+        }
+        if (engine->kind != DEPOT_DEVICE_HOST) return absl::OkStatus();
+        // The host trainer reads the weights as soon as this returns.
+        return engine->device->SynchronizeStream(trainer);
+      });
 }
 
 int depot_engine_finish_step(depot_engine_t* engine,

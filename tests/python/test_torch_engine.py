@@ -139,6 +139,38 @@ def test_engine_bf16_with_schedule_and_frozen_layer(client, job_name):
     opt.close()
 
 
+def test_engine_attach_waits_per_bucket_in_forward(client, job_name):
+    """attach(model): step() leaves the weights' waits to forward, where
+    each module waits for its own buckets only (first layer first); still
+    torch bit for bit."""
+    model, inputs, targets = model_and_data()
+    reference = copy.deepcopy(model)
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         **small_chunks())
+    opt.attach(model)
+    waits = []
+    real = opt.engine.wait_weights
+
+    def record(bucket, stream=0):
+        waits.append(bucket)
+        real(bucket, stream)
+
+    opt.engine.wait_weights = record
+    got = train(model, opt, inputs, targets)
+    want = train(reference, torch.optim.AdamW(
+        reference.parameters(), lr=1e-2, foreach=False), inputs, targets)
+    assert_bitwise(got, want)
+    buckets = opt.engine.num_buckets
+    # Every forward after a step waited for every bucket once, in the
+    # modules' order: the first layer's buckets first.
+    assert len(waits) == (STEPS - 1) * buckets
+    assert waits[:buckets] == sorted(waits[:buckets])
+    with pytest.raises(ValueError, match="not parameters of the model"):
+        opt.attach(torch.nn.Linear(2, 2))
+    opt.close()
+
+
 class Branchy(torch.nn.Module):
     def __init__(self):
         super().__init__()

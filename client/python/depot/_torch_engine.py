@@ -117,6 +117,10 @@ class _EngineDriver:
         self.in_flight = []  # steps begun and not finished
         self.hooks = []
         self.no_sync_depth = 0
+        # attach(): buckets whose weights forward has not waited for yet.
+        self.attached = False
+        self.pending_waits = set()
+        self.module_hooks = []
         self._reset_step_state()
         self._point_grads(self.step, copy_current=False)
         self._remember_weights()
@@ -220,6 +224,7 @@ class _EngineDriver:
 
     def _begin(self, no_grad):
         opt = self.opt
+        self.wait_pending()
         if self.delayed and len(self.in_flight) == 2:
             raise RuntimeError("DepotOptimizer: two steps are in flight; "
                                "call step() after each backward")
@@ -275,6 +280,7 @@ class _EngineDriver:
         """DepotOptimizer.step() in engine mode; returns the StepResult of
         the step that finished (None with the delayed update's first step)."""
         opt = self.opt
+        self.wait_pending()
         if self.no_sync_depth > 0:
             raise RuntimeError("DepotOptimizer.step() inside no_sync()")
         if not self.begun and not self.plain and self._weights_edited():
@@ -330,6 +336,7 @@ class _EngineDriver:
     def flush(self):
         """Finishes every step in flight (the delayed update's last one) and
         makes its weights the parameters'."""
+        self.wait_pending()
         finished = bool(self.in_flight)
         while self.in_flight:
             self._finish_one()
@@ -342,12 +349,59 @@ class _EngineDriver:
             self._remember_weights()
 
     def _wait_all(self):
+        self.pending_waits = set()
         stream = self._stream()
         for b in range(len(self.engine.bucket_ranges)):
             self.engine.wait_weights(b, stream)
 
+    def wait_pending(self):
+        """Waits for every bucket forward has not waited for (attach())."""
+        if self.pending_waits:
+            stream = self._stream()
+            for b in sorted(self.pending_waits):
+                self.engine.wait_weights(b, stream)
+            self.pending_waits = set()
+
+    def attach(self, model):
+        """Forward waits per bucket: each module of `model` waits, before
+        its forward, for the buckets of its own parameters."""
+        index = {id(p): i for i, p in enumerate(self.params)}
+        covered = set()
+        hooks = []
+        for module in model.modules():
+            mine = [index[id(p)] for p in module.parameters(recurse=False)
+                    if id(p) in index]
+            if not mine:
+                continue
+            buckets = sorted({b for i in mine for b in self.buckets_of[i]})
+            hooks.append(module.register_forward_pre_hook(
+                lambda module, inputs, buckets=buckets:
+                    self._wait_buckets(buckets)))
+            covered.update(mine)
+        if len(covered) < len(self.params):
+            missing = len(self.params) - len(covered)
+            for hook in hooks:
+                hook.remove()
+            raise ValueError(
+                f"DepotOptimizer.attach: {missing} of the optimizer's "
+                f"parameters are not parameters of the model's modules")
+        self.module_hooks.extend(hooks)
+        self.attached = True
+
+    def _wait_buckets(self, buckets):
+        if not self.pending_waits:
+            return
+        stream = self._stream()
+        for b in buckets:
+            if b in self.pending_waits:
+                self.engine.wait_weights(b, stream)
+                self.pending_waits.discard(b)
+
     def _after_step(self):
-        self._wait_all()
+        if self.attached:
+            self.pending_waits = set(range(len(self.engine.bucket_ranges)))
+        else:
+            self._wait_all()
         self.step += 1
         self._reset_step_state()
         if self.delayed:
@@ -407,6 +461,9 @@ class _EngineDriver:
         self._remember_weights()
 
     def close(self):
+        self.wait_pending()
+        for hook in self.module_hooks:
+            hook.remove()
         self.remove_hooks()
         self.engine.close()
 

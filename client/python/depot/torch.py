@@ -488,6 +488,19 @@ class DepotOptimizer(torch.optim.Optimizer):
             return contextlib.nullcontext()
         return self._driver.no_sync()
 
+    def attach(self, model):
+        """Engine mode: forward waits per bucket. Each module of `model`
+        waits, before its own forward, only for the buckets that hold its
+        parameters, so the first layers run while later buckets' weights
+        still arrive (without it, step() waits for every bucket). Every
+        parameter must be used only inside the forward of a module that
+        holds it (as nn.Module code does); ValueError when some of the
+        optimizer's parameters are not the model's."""
+        if self._driver is None:
+            raise RuntimeError("DepotOptimizer.attach needs an engine (CUDA "
+                               "parameters or engine=\"host\")")
+        self._driver.attach(model)
+
     def synchronize(self):
         """Finishes every step in flight (with the delayed update, the last
         step's weights are applied only by this) and waits for the weights.
