@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs Depot's GPU tests and `depot-bench gpu` on a GPU machine and prints one
+# Runs Depot's GPU tests, the Python GPU test, gpt_bench.py and
+# `depot-bench gpu` on a GPU machine and prints one
 # table last (docs/performance.md, "depot-bench gpu"). From the repository
 # root:
 #
@@ -154,6 +155,19 @@ else
   say "python GPU test not run: python3 lacks torch with CUDA or pytest ($(tail -1 "$logs/torch_cuda_check.log"))"
 fi
 
+# ---- A GPT-style step against torch's fused AdamW (gpt_bench.py) ----------
+gpt_rc=""
+if [[ -n "$py_rc" ]]; then
+  # $DEPOT_GPT_BENCH_FLAGS: more flags (e.g. "--batch=16 --steps=40").
+  read -r -a gpt_flags <<< "${DEPOT_GPT_BENCH_FLAGS:-}"
+  DEPOT_CLIENT_LIBRARY="$client_lib" \
+    run_depot python3 "$repo/tests/gpu/gpt_bench.py" --server="$server" \
+    --json "${gpt_flags[@]}" > "$logs/gpt_bench.log" 2>&1
+  gpt_rc=$?
+  say "gpt_bench.py: exit $gpt_rc"
+  grep -v '^{' "$logs/gpt_bench.log" | tail -6 | tee -a "$summary"
+fi
+
 # ---- depot-bench gpu -------------------------------------------------------
 DEPOT_SERVER_BINARY="$server" run_depot "$bench" gpu --json "$@" \
   > "$logs/bench_gpu.json" 2> "$logs/bench_gpu.log"
@@ -249,6 +263,10 @@ if grep -q '^\[  SKIPPED \] [0-9]' "$logs/gpu_tests.log"; then
 fi
 if [[ -n "$py_rc" ]] && { ((py_rc != 0)) || grep -q 'skipped' "$logs/torch_cuda.log"; }; then
   echo "run.sh: FAILED: the python GPU test failed or skipped ($logs/torch_cuda.log)" >&2
+  status=1
+fi
+if [[ -n "$gpt_rc" ]] && ((gpt_rc != 0)); then
+  echo "run.sh: FAILED: gpt_bench.py exited $gpt_rc ($logs/gpt_bench.log)" >&2
   status=1
 fi
 if ((bench_rc != 0)); then
