@@ -68,6 +68,8 @@ void depot_client_options_init(depot_client_options_t* options) {
   options->rpc_timeout_seconds = absl::ToDoubleSeconds(defaults.rpc_timeout);
   options->step_timeout_seconds = absl::ToDoubleSeconds(defaults.step_timeout);
   options->max_inflight_chunks = defaults.max_inflight_chunks;
+  options->unavailable_retry_seconds =
+      absl::ToDoubleSeconds(defaults.unavailable_retry);
   options->connections_per_server = defaults.connections_per_server;
 }
 

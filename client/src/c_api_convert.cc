@@ -114,6 +114,13 @@ absl::StatusOr<ClientOptions> FromC(const char* const* servers,
   options.step_timeout = absl::Seconds(c.step_timeout_seconds);
   options.max_inflight_chunks = c.max_inflight_chunks;
   options.connections_per_server = c.connections_per_server;
+  if (!(c.unavailable_retry_seconds >= 0.0) ||
+      !std::isfinite(c.unavailable_retry_seconds)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unavailable_retry_seconds is ", c.unavailable_retry_seconds,
+        ", must be a finite number of seconds >= 0"));
+  }
+  options.unavailable_retry = absl::Seconds(c.unavailable_retry_seconds);
   return options;
 }
 

@@ -181,6 +181,10 @@ absl::Status ValidateOptions(const ClientOptions& options) {
     return absl::InvalidArgumentError(
         "ClientOptions: rpc_timeout and step_timeout must be positive");
   }
+  if (options.unavailable_retry < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "ClientOptions.unavailable_retry must not be negative");
+  }
   if (options.max_inflight_chunks < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("ClientOptions.max_inflight_chunks is ",

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -245,6 +246,7 @@ StepStreamParams JobImpl::StreamParams(uint64_t step,
   params.weight_dtype = config().weight_dtype;
   params.max_inflight_chunks = options_.max_inflight_chunks;
   params.deadline = start + options_.step_timeout;
+  params.unavailable_retry = options_.unavailable_retry;
   return params;
 }
 
@@ -395,6 +397,64 @@ absl::Status RunStreamedStep(Job& job, const StreamedStep& step,
   return impl->StepStreamed(step, result);
 }
 
+namespace {
+
+// Whether attempt `attempt` (0: the first) of a Step stream failed in a way
+// that sending it again may cure.
+bool StepRetryable(const absl::Status& status, int attempt) {
+  if (status.code() == absl::StatusCode::kUnavailable) return true;
+  // After a failed attempt, the server may not have noticed yet that the
+  // earlier stream is gone (a blackholed connection stays open on its side
+  // until its keepalive gives up): it refuses the retry's chunks as
+  // duplicates until then.
+  return attempt > 0 && status.code() == absl::StatusCode::kAlreadyExists &&
+         absl::StrContains(status.message(), "duplicate contribution");
+}
+
+absl::StatusOr<StepStreamStats> RunStepStreamRetrying(
+    const StepChannel& channel, const StepStreamParams& params,
+    CallGroup& group) {
+  // A one-phase step from host memory can be sent again as it was: the
+  // servers apply nothing twice (docs/protocol.md, "Idempotency and
+  // retries"). Two-phase steps (a barrier shared with the other streams)
+  // and streamed steps (a feed read once) are not retried.
+  const bool may_retry = params.barrier == nullptr && params.feed == nullptr &&
+                         params.unavailable_retry > absl::ZeroDuration();
+  absl::Duration backoff = absl::Milliseconds(50);
+  absl::Time give_up = absl::InfiniteFuture();
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<StepStreamStats> result =
+        RunStepStream(channel, params, group);
+    if (result.ok() || !may_retry ||
+        !StepRetryable(result.status(), attempt) || !group.status().ok()) {
+      return result;
+    }
+    const absl::Time now = absl::Now();
+    if (attempt == 0) give_up = now + params.unavailable_retry;
+    if (now + backoff >= give_up && give_up < params.deadline) {
+      return absl::Status(
+          result.status().code(),
+          absl::StrCat(result.status().message(), " (sent ", attempt + 1,
+                       " time(s) over ",
+                       absl::FormatDuration(now - (give_up -
+                                                   params.unavailable_retry)),
+                       "; ClientOptions.unavailable_retry is ",
+                       absl::FormatDuration(params.unavailable_retry), ")"));
+    }
+    if (now + backoff >= params.deadline) {
+      // Out of time: the step's deadline is what ended it.
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the step's deadline passed while its stream was being retried (",
+          attempt + 1, " attempt(s)); the last: ",
+          result.status().ToString()));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<StepStreamStats> JobImpl::StepServer(StepStreamParams params,
                                                     CallGroup& group) const {
   const ServerConnection& connection = *(*connections_)[params.server];
@@ -413,8 +473,8 @@ absl::StatusOr<StepStreamStats> JobImpl::StepServer(StepStreamParams params,
   }
   std::vector<absl::StatusOr<StepStreamStats>> results(parts);
   auto run = [&](uint64_t p) {
-    results[p] =
-        RunStepStream(*connection.step_channels[p], part_params[p], group);
+    results[p] = RunStepStreamRetrying(*connection.step_channels[p],
+                                       part_params[p], group);
     // The other parts of this server's shard must not run on.
     if (!results[p].ok()) {
       group.Fail(WithServer(results[p].status(), connection.address));

@@ -115,6 +115,8 @@ struct StepStreamParams {
   uint64_t bucket_chunks = 0;
   int max_inflight_chunks = 1;  // >= 1
   absl::Time deadline;
+  // ClientOptions::unavailable_retry (job_impl.cc's retries).
+  absl::Duration unavailable_retry = absl::ZeroDuration();
 };
 
 // A streamed step: this process sends the chunks its routes list, each route

@@ -49,15 +49,25 @@ IntArgs TransportArgs(IntArgs extra = {}) {
 
 void ApplyClientTransportArgs(grpc::ChannelArguments* args) {
   const IntArgs client_only = {
-      // A Step sends slices that reference the caller's gradients, and
-      // returns only once gRPC has let go of them (client/src/step_stream.cc).
-      // A server that stops reading (hung, stopped, its host gone) would hold
-      // them in a socket write that never completes: with keepalive set, gRPC
-      // sets TCP_USER_TIMEOUT to the keepalive timeout, and the kernel drops
-      // a connection whose data stays unacknowledged that long. The keepalive
-      // time itself is a day, so that no ping is ever sent in practice.
-      {GRPC_ARG_KEEPALIVE_TIME_MS, 24 * 3600 * 1000},
+      // HTTP/2 keepalive: a ping every 10 s, with calls or without, and a
+      // connection whose ping goes unanswered for 20 s is closed, so that a
+      // blackholed or dead server shows as UNAVAILABLE (which a step
+      // retries, client/src/job_impl.cc) instead of a stream that waits
+      // until its deadline. With keepalive set, gRPC also sets
+      // TCP_USER_TIMEOUT to the timeout: a socket write that stays
+      // unacknowledged that long (a server that stopped reading, holding the
+      // slices of the caller's gradients a Step lends gRPC) fails too.
+      {GRPC_ARG_KEEPALIVE_TIME_MS, 10 * 1000},
       {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000},
+      {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
+      {GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0},
+      // Reconnect within 100 ms to 2 s after a connection is lost (gRPC's
+      // defaults, 1 s growing to 120 s, would outlast a step's retries).
+      // Not grpc.min_reconnect_backoff_ms: gRPC also takes it as the
+      // shortest time a connection attempt may take (20 s by default), and
+      // a loaded server may need more than a short one.
+      {GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100},
+      {GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000},
   };
   for (const auto& [name, value] : TransportArgs(client_only)) {
     args->SetInt(name, value);
@@ -65,7 +75,19 @@ void ApplyClientTransportArgs(grpc::ChannelArguments* args) {
 }
 
 void ApplyServerTransportArgs(grpc::ServerBuilder& builder) {
-  for (const auto& [name, value] : TransportArgs()) {
+  const IntArgs server_only = {
+      // The clients' keepalive pings (every 10 s) are welcome: gRPC's default
+      // would answer pings more often than every 5 minutes with GOAWAY.
+      {GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000},
+      {GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0},
+      // The server's own keepalive finds clients that vanished (a blackholed
+      // trainer host) within a minute, and ends their streams, so that the
+      // chunks they had sent stop holding the place of a retry.
+      {GRPC_ARG_KEEPALIVE_TIME_MS, 30 * 1000},
+      {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000},
+      {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
+  };
+  for (const auto& [name, value] : TransportArgs(server_only)) {
     builder.AddChannelArgument(name, value);
   }
 }

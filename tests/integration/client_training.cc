@@ -10,13 +10,15 @@ namespace depot::testing {
 
 absl::StatusOr<std::unique_ptr<ClientTraining>> ClientTraining::Open(
     const std::vector<std::string>& servers, const JobConfig& config,
-    absl::Duration step_timeout, int connections_per_server) {
+    absl::Duration step_timeout, int connections_per_server,
+    absl::Duration unavailable_retry) {
   auto training = absl::WrapUnique(new ClientTraining());
   for (uint32_t rank = 0; rank < config.num_workers; ++rank) {
     ClientOptions options;
     options.servers = servers;
     options.step_timeout = step_timeout;
     options.connections_per_server = connections_per_server;
+    options.unavailable_retry = unavailable_retry;
     absl::StatusOr<std::unique_ptr<Client>> client =
         Client::Connect(std::move(options));
     if (!client.ok()) return client.status();

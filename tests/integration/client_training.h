@@ -31,7 +31,8 @@ class ClientTraining {
   static absl::StatusOr<std::unique_ptr<ClientTraining>> Open(
       const std::vector<std::string>& servers, const JobConfig& config,
       absl::Duration step_timeout = absl::Minutes(2),
-      int connections_per_server = ClientOptions().connections_per_server);
+      int connections_per_server = ClientOptions().connections_per_server,
+      absl::Duration unavailable_retry = ClientOptions().unavailable_retry);
 
   // Rank 0 initialises the job with MakeInitialWeights(seed) in `dtype`.
   absl::Status InitWeights(uint64_t seed, DType dtype);

@@ -31,6 +31,9 @@ constexpr int kGraceSeconds = 3;
 // The backstop: a step that ran into it would fail with DEADLINE_EXCEEDED,
 // which the tests reject, so they need no clock of their own.
 constexpr absl::Duration kStepTimeout = absl::Seconds(90);
+// A gone server's streams are sent again this long (ClientOptions), then the
+// step fails with UNAVAILABLE, long before kStepTimeout.
+constexpr absl::Duration kUnavailableRetry = absl::Seconds(2);
 
 class WaitingStepTest : public TwoServers {
  protected:
@@ -42,7 +45,9 @@ class WaitingStepTest : public TwoServers {
     ASSERT_NO_FATAL_FAILURE(TwoServers::SetUp());
     absl::StatusOr<std::unique_ptr<ClientTraining>> training =
         ClientTraining::Open(Addresses(), SmallJobConfig("waiting", 2, 2),
-                             kStepTimeout);
+                             kStepTimeout,
+                             ClientOptions().connections_per_server,
+                             kUnavailableRetry);
     ASSERT_TRUE(training.ok()) << training.status();
     training_ = *std::move(training);
     absl::Status init = training_->InitWeights(kSeed, DType::kFloat32);
@@ -91,6 +96,8 @@ TEST_F(WaitingStepTest, SigkillOfAServerFailsTheStepWithUnavailable) {
   EXPECT_NE(step.code(), absl::StatusCode::kDeadlineExceeded)
       << "the step only ended at its deadline: " << step;
   EXPECT_EQ(step.code(), absl::StatusCode::kUnavailable) << step;
+  // ... after being sent again for kUnavailableRetry.
+  EXPECT_THAT(step.message(), HasSubstr("unavailable_retry")) << step;
 }
 
 TEST_F(WaitingStepTest, SigtermFailsTheStepAndTheServerExitsZero) {
@@ -104,6 +111,8 @@ TEST_F(WaitingStepTest, SigtermFailsTheStepAndTheServerExitsZero) {
                                 << server_a_->Log();
   const absl::Status step = WaitingStepStatus();
   EXPECT_EQ(step.code(), absl::StatusCode::kUnavailable) << step;
+  // ... after being sent again for kUnavailableRetry.
+  EXPECT_THAT(step.message(), HasSubstr("unavailable_retry")) << step;
 }
 
 TEST_F(WaitingStepTest, SigtermReportsNotServingAndRejectsNewRpcs) {

@@ -66,6 +66,14 @@ struct ClientOptions {
   // about connections_per_server * max_inflight_chunks * chunk size *
   // (grad + weight dtype size).
   int max_inflight_chunks = 4;
+  // How long a one-phase step keeps sending a server's stream again after it
+  // failed with UNAVAILABLE (a cut connection, a blackhole that keepalive
+  // found, a server restarting), with backoff from 50 ms to 2 s, counted from
+  // the first failure and never past step_timeout (docs/protocol.md,
+  // "Idempotency and retries"). Zero: no retry, the step fails at once. Once
+  // the window has passed the step fails with the last UNAVAILABLE; if
+  // step_timeout ends it first, with DEADLINE_EXCEEDED.
+  absl::Duration unavailable_retry = absl::Seconds(30);
   // TCP connections to each server, >= 1. A one-phase step splits the
   // server's chunks over them, one Step stream each, so that one connection's
   // throughput does not cap the step's; a two-phase step uses the first only

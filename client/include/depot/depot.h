@@ -121,6 +121,9 @@ typedef struct depot_client_options {
   double step_timeout_seconds; /* deadline of a whole step, init or pull */
   int32_t max_inflight_chunks; /* per Step stream */
   int32_t connections_per_server; /* TCP connections to each server */
+  /* How long a step sends a server's stream again after UNAVAILABLE
+   * (depot::ClientOptions::unavailable_retry); 0: never. */
+  double unavailable_retry_seconds;
 } depot_client_options_t;
 
 /* Fills `options` with the defaults of depot::ClientOptions. */

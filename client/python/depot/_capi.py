@@ -28,6 +28,7 @@ class ClientOptions(ctypes.Structure):
         ("step_timeout_seconds", c_double),
         ("max_inflight_chunks", c_int32),
         ("connections_per_server", c_int32),
+        ("unavailable_retry_seconds", c_double),
     ]
 
 

@@ -154,6 +154,10 @@ class Client(OwnedHandle):
 
     `servers` lists "host:port" of each server, in the same order on every
     worker. Connecting does not wait for them; wait_for_servers does.
+    Timeouts are in seconds (None: the library's default): rpc_timeout for
+    unary calls, step_timeout for a whole step; unavailable_retry is how long
+    a step keeps resending a server's stream after UNAVAILABLE (a cut
+    connection, a restarting server; 0: never).
     """
 
     _DESTROY = "depot_client_destroy"
@@ -162,7 +166,8 @@ class Client(OwnedHandle):
                  rpc_timeout: Optional[float] = None,
                  step_timeout: Optional[float] = None,
                  max_inflight_chunks: Optional[int] = None,
-                 connections_per_server: Optional[int] = None) -> None:
+                 connections_per_server: Optional[int] = None,
+                 unavailable_retry: Optional[float] = None) -> None:
         if isinstance(servers, str):
             servers = [servers]
         self.servers = list(servers)
@@ -177,6 +182,8 @@ class Client(OwnedHandle):
             options.max_inflight_chunks = max_inflight_chunks
         if connections_per_server is not None:
             options.connections_per_server = connections_per_server
+        if unavailable_retry is not None:
+            options.unavailable_retry_seconds = unavailable_retry
         addresses = (ctypes.c_char_p * len(self.servers))(
             *[s.encode() for s in self.servers])
         handle = ctypes.c_void_p()
