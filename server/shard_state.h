@@ -105,6 +105,17 @@ struct ChunkSnapshot {
   std::vector<std::string> slots;  // one per slot, in its storage dtype
 };
 
+// One server's shard of a job at a step boundary: what a checkpoint holds
+// (server/checkpoint_format.h).
+struct ShardCheckpoint {
+  JobConfig config;
+  uint64_t fingerprint = 0;
+  uint32_t server_index = 0;
+  uint64_t step = 0;
+  // Every chunk of the shard, in index order, each at applied step `step`.
+  std::vector<ChunkSnapshot> chunks;
+};
+
 // The oldest step of a shard that still waits for contributions
 // (ShardState::OldestPendingStep): what a server can tell about a stalled step.
 struct PendingStepReport {
