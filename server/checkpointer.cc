@@ -60,14 +60,24 @@ void Checkpointer::JobAdded(const std::shared_ptr<ShardState>& shard,
 }
 
 void Checkpointer::JobDeleted(const std::shared_ptr<ShardState>& shard) {
-  const std::string name = shard->shape().config().name;
-  Enqueue([this, name] {
+  RemoveCheckpoints(shard->shape().config().name, "deleted job");
+}
+
+void Checkpointer::JobStateReplaced(const std::shared_ptr<ShardState>& shard) {
+  RemoveCheckpoints(shard->shape().config().name,
+                    "job whose state was replaced by ImportState:");
+}
+
+void Checkpointer::RemoveCheckpoints(const std::string& name,
+                                     const std::string& why) {
+  // Queued after any write of the job's last capture, so it removes that
+  // one too.
+  Enqueue([this, name, why] {
     if (absl::Status s = directory_->RemoveJob(name); !s.ok()) {
-      log_(absl::StrFormat(
-          "cannot remove the checkpoints of deleted job \"%s\": %s", name,
-          s.ToString()));
+      log_(absl::StrFormat("cannot remove the checkpoints of %s \"%s\": %s",
+                           why, name, s.ToString()));
     } else {
-      log_(absl::StrFormat("removed the checkpoints of deleted job \"%s\"",
+      log_(absl::StrFormat("removed the checkpoints of %s \"%s\"", why,
                            name));
     }
   });

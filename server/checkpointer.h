@@ -7,7 +7,8 @@
 // job's previous capture is still out is skipped (counted and logged), so a
 // job has at most one capture in memory and one write in progress.
 //
-// The writer thread also removes a deleted job's checkpoints and sets aside
+// The writer thread also removes the checkpoints of a job deleted or whose
+// state was replaced by an import, and sets aside
 // the leftovers of a job created afresh, in the order these happened, so
 // that a job's files are only ever touched by one thread.
 //
@@ -56,6 +57,9 @@ class Checkpointer : public JobListener {
   void JobAdded(const std::shared_ptr<ShardState>& shard,
                 bool restored) override;
   void JobDeleted(const std::shared_ptr<ShardState>& shard) override;
+  // Removes the job's checkpoints: they hold a history the job has left (a
+  // crash must not bring it back). The next capture step writes a new one.
+  void JobStateReplaced(const std::shared_ptr<ShardState>& shard) override;
 
   // Waits until everything queued so far has been done.
   void Flush();
@@ -67,6 +71,9 @@ class Checkpointer : public JobListener {
   using Task = std::function<void()>;
 
   void Enqueue(Task task);
+  // Queues the removal of every checkpoint of job `name`; `why` says whose
+  // they are in the log line.
+  void RemoveCheckpoints(const std::string& name, const std::string& why);
   void RunWriter();
   void Write(const std::weak_ptr<ShardState>& job,
              std::unique_ptr<ShardCheckpoint> capture);

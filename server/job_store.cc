@@ -183,6 +183,10 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Delete(
   return shard;
 }
 
+void JobStore::NoteStateReplaced(const std::shared_ptr<ShardState>& shard) {
+  if (listener_ != nullptr) listener_->JobStateReplaced(shard);
+}
+
 std::vector<std::shared_ptr<ShardState>> JobStore::Jobs() const {
   absl::ReaderMutexLock lock(&mu_);
   std::vector<std::shared_ptr<ShardState>> jobs;

@@ -37,6 +37,9 @@ class JobListener {
                         bool restored) = 0;
   // The job was deleted (it is already gone from the store).
   virtual void JobDeleted(const std::shared_ptr<ShardState>& shard) = 0;
+  // The job's whole state was replaced (ImportState): what was saved of its
+  // earlier state no longer describes it.
+  virtual void JobStateReplaced(const std::shared_ptr<ShardState>& shard) = 0;
 };
 
 struct OpenedJob {
@@ -104,6 +107,9 @@ class JobStore {
   // last holder (a running update or RPC) lets go of it.
   absl::StatusOr<std::shared_ptr<ShardState>> Delete(uint64_t job_id,
                                                      uint64_t fingerprint);
+
+  // Tells the listener that `shard`'s state was replaced by an import.
+  void NoteStateReplaced(const std::shared_ptr<ShardState>& shard);
 
   // Every job the store holds now, by id.
   std::vector<std::shared_ptr<ShardState>> Jobs() const;

@@ -358,6 +358,33 @@ TEST_F(CheckpointerTest, DeletingAJobRemovesItsCheckpoints) {
   EXPECT_FALSE(fs::exists(dir_->JobDirectory("job")));
 }
 
+// After ImportState the job's checkpoints describe a history it has left: a
+// crash must not bring that back, so they go, and the next capture step
+// writes the imported history's first one.
+TEST_F(CheckpointerTest, ReplacedStateRemovesTheCheckpoints) {
+  auto shard = Create();
+  for (uint64_t step = 1; step <= 4; ++step) {
+    RunStep(*shard, step, 0.3f);
+    checkpointer_->Flush();
+  }
+  ASSERT_THAT(dir_->CompleteSteps("job"), ElementsAre(4u, 2u));
+  std::vector<ChunkSnapshot> earlier = ExportAt(*shard, 4).chunks;
+  for (ChunkSnapshot& chunk : earlier) chunk.applied_step = 1;
+  for (ChunkSnapshot& chunk : earlier) {
+    for (uint64_t& count : chunk.tensor_steps) count = 1;
+  }
+  ASSERT_TRUE(shard->ImportChunks(std::move(earlier)).ok());
+  store_->NoteStateReplaced(shard);
+  checkpointer_->Flush();
+  EXPECT_THAT(dir_->CompleteSteps("job"), IsEmpty());
+  EXPECT_THAT(Log(), HasSubstr("replaced by ImportState"));
+
+  RunStep(*shard, 2, 0.3f);
+  checkpointer_->Flush();
+  EXPECT_THAT(dir_->CompleteSteps("job"), ElementsAre(2u));
+  ExpectSameCheckpoint(dir_->Load("job", 2).value(), ExportAt(*shard, 2));
+}
+
 TEST_F(CheckpointerTest, FailedFsyncFailsThatCheckpointLoudlyAndTheNextIsWritten) {
   Stop();
   int shard_file_syncs = 0;
