@@ -110,10 +110,10 @@ absl::StatusOr<std::unique_ptr<CheckpointDirectory>> CheckpointDirectory::Open(
     const int error = errno;
     ::close(fd);
     if (error == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint directory ", root,
-          " is in use by another process (it holds ", lock_path,
-          "); give every server its own --checkpoint_dir"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoint directory ", root,
+                       " is in use by another process (it holds ", lock_path,
+                       "); give every server its own --checkpoint_dir"));
     }
     return absl::ErrnoToStatus(error, absl::StrCat("cannot lock ", lock_path));
   }
@@ -148,8 +148,8 @@ absl::StatusOr<uint64_t> CheckpointDirectory::Write(
   manifest.shard_file = ShardFileName(checkpoint.server_index, servers);
   const std::string shard_path =
       absl::StrCat(step_dir, "/", manifest.shard_file);
-  const std::string manifest_path =
-      absl::StrCat(step_dir, "/", ManifestName(checkpoint.server_index, servers));
+  const std::string manifest_path = absl::StrCat(
+      step_dir, "/", ManifestName(checkpoint.server_index, servers));
   // A manifest of an earlier attempt at this step must not vouch for the
   // file this write replaces.
   if (absl::Status s = RemoveFile(manifest_path); !s.ok()) return s;
@@ -180,8 +180,8 @@ std::vector<uint64_t> CheckpointDirectory::AllSteps(
   for (const std::string& entry : ListDirectory(JobDirectory(job_name))) {
     absl::string_view rest = entry;
     uint64_t step = 0;
-    if (absl::ConsumePrefix(&rest, kStepPrefix) &&
-        rest.size() == 20 && absl::SimpleAtoi(rest, &step)) {
+    if (absl::ConsumePrefix(&rest, kStepPrefix) && rest.size() == 20 &&
+        absl::SimpleAtoi(rest, &step)) {
       steps.push_back(step);
     }
   }
@@ -199,8 +199,8 @@ absl::StatusOr<std::string> CheckpointDirectory::ManifestIn(
     }
     if (!found.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          step_dir, " holds the manifests of several servers (", found,
-          ", ", entry, "); give every server its own --checkpoint_dir"));
+          step_dir, " holds the manifests of several servers (", found, ", ",
+          entry, "); give every server its own --checkpoint_dir"));
     }
     found = entry;
   }
@@ -234,10 +234,10 @@ absl::StatusOr<ShardCheckpoint> CheckpointDirectory::Load(
       manifest->shard_file.find('/') != std::string::npos ||
       *manifest_name !=
           ManifestName(manifest->server_index, manifest->num_servers)) {
-    return absl::DataLossError(absl::StrCat(
-        "checkpoint manifest ", manifest_path, " describes job \"",
-        manifest->job_name, "\" step ", manifest->step, " server ",
-        manifest->server_index, ", not what its path says"));
+    return absl::DataLossError(
+        absl::StrCat("checkpoint manifest ", manifest_path, " describes job \"",
+                     manifest->job_name, "\" step ", manifest->step, " server ",
+                     manifest->server_index, ", not what its path says"));
   }
   const std::string shard_path =
       absl::StrCat(step_dir, "/", manifest->shard_file);
@@ -269,9 +269,9 @@ absl::StatusOr<ShardCheckpoint> CheckpointDirectory::LoadNewest(
     if (checkpoint.ok()) return checkpoint;
     on_skipped(step, checkpoint.status());
   }
-  return absl::NotFoundError(absl::StrCat(
-      "no complete checkpoint of job \"", job_name, "\" loads from ",
-      JobDirectory(job_name)));
+  return absl::NotFoundError(absl::StrCat("no complete checkpoint of job \"",
+                                          job_name, "\" loads from ",
+                                          JobDirectory(job_name)));
 }
 
 absl::Status CheckpointDirectory::RemoveStep(const std::string& step_dir) {
@@ -289,14 +289,12 @@ absl::Status CheckpointDirectory::RemoveStep(const std::string& step_dir) {
     }
   }
   if (::rmdir(step_dir.c_str()) != 0 && errno != ENOENT) {
-    return absl::ErrnoToStatus(errno,
-                               absl::StrCat("cannot remove ", step_dir));
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot remove ", step_dir));
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckpointDirectory::Prune(const std::string& job_name,
-                                        int keep) {
+absl::Status CheckpointDirectory::Prune(const std::string& job_name, int keep) {
   int kept = 0;
   for (const uint64_t step : AllSteps(job_name)) {
     const std::string step_dir = StepDirectory(job_name, step);

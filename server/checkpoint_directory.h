@@ -60,8 +60,8 @@ class CheckpointDirectory {
   // to `on_skipped` with its error. NOT_FOUND when none loads.
   absl::StatusOr<ShardCheckpoint> LoadNewest(
       const std::string& job_name,
-      const std::function<void(uint64_t step, const absl::Status&)>&
-          on_skipped) const;
+      const std::function<void(uint64_t step, const absl::Status&)>& on_skipped)
+      const;
 
   // Keeps the newest `keep` complete steps of the job and removes every
   // other step directory (older ones, and incomplete ones: leftovers of

@@ -130,10 +130,11 @@ absl::Status EncodeShardSections(const ShardCheckpoint& checkpoint,
   absl::StatusOr<JobShape> shape =
       JobShape::Create(checkpoint.config, checkpoint.server_index);
   if (!shape.ok()) return shape.status();
-  const std::string job = JobPayload(checkpoint, shape->shard(), shape->slots());
+  const std::string job =
+      JobPayload(checkpoint, shape->shard(), shape->slots());
   const std::string steps = TensorStepsPayload(checkpoint);
-  *bytes = kFileHeaderBytes + 2 * kSectionHeaderBytes + job.size() +
-           steps.size();
+  *bytes =
+      kFileHeaderBytes + 2 * kSectionHeaderBytes + job.size() + steps.size();
   for (const ChunkSnapshot& chunk : checkpoint.chunks) {
     *bytes += kSectionHeaderBytes + PiecesBytes(ChunkPieces(chunk));
   }
@@ -186,7 +187,8 @@ class SectionReader {
       return Corrupt("not a Depot checkpoint file (bad magic)");
     }
     const uint32_t crc = Crc32c(header, kFileHeaderBytes - 4);
-    if (crc != GetU32(header + 28)) return CrcMismatch(GetU32(header + 28), crc);
+    if (crc != GetU32(header + 28))
+      return CrcMismatch(GetU32(header + 28), crc);
     const uint32_t version = GetU32(header + 8);
     if (version != kCheckpointFormatVersion) {
       return Corrupt(absl::StrCat("format version ", version,
@@ -263,9 +265,8 @@ class SectionReader {
   }
 
   absl::Status Corrupt(absl::string_view what) const {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", path_,
-                                            ", section '", section_,
-                                            "': ", what));
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint file ", path_, ", section '", section_, "': ", what));
   }
 
  private:
@@ -433,9 +434,9 @@ absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path) {
   }
   checkpoint.config = *std::move(config);
   if (reader.sections() != 2 + shard.num_chunks()) {
-    return reader.Corrupt(absl::StrCat("the file header counts ",
-                                       reader.sections(), " sections, the shard needs ",
-                                       2 + shard.num_chunks()));
+    return reader.Corrupt(
+        absl::StrCat("the file header counts ", reader.sections(),
+                     " sections, the shard needs ", 2 + shard.num_chunks()));
   }
 
   // One count per tensor segment of each chunk, in order.
@@ -443,7 +444,8 @@ absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path) {
   uint64_t counts = 0;
   for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
     const ChunkRange range = shape->plan().chunk(index);
-    segments.push_back(shape->layout().SegmentsIn(range.begin, range.end).size());
+    segments.push_back(
+        shape->layout().SegmentsIn(range.begin, range.end).size());
     counts += segments.back();
   }
   absl::StatusOr<std::string> steps = ReadSmallSection(

@@ -36,7 +36,7 @@ struct CheckpointManifest {
   uint32_t server_index = 0;
   uint32_t num_servers = 0;
   uint64_t step = 0;
-  std::string shard_file;   // its name, in the manifest's directory
+  std::string shard_file;  // its name, in the manifest's directory
   uint64_t shard_file_bytes = 0;
 };
 

@@ -28,8 +28,9 @@ void Checkpointer::JobAdded(const std::shared_ptr<ShardState>& shard,
     Enqueue([this, name] {
       absl::StatusOr<std::string> aside = directory_->SetAside(name);
       if (!aside.ok()) {
-        log_(absl::StrFormat("cannot set aside old checkpoints of job \"%s\": %s",
-                             name, aside.status().ToString()));
+        log_(absl::StrFormat(
+            "cannot set aside old checkpoints of job \"%s\": %s", name,
+            aside.status().ToString()));
       } else if (!aside->empty()) {
         log_(absl::StrFormat(
             "job \"%s\" was created afresh; its earlier checkpoints, which "
@@ -45,8 +46,8 @@ void Checkpointer::JobAdded(const std::shared_ptr<ShardState>& shard,
   hooks.on_captured = [this, job](std::unique_ptr<ShardCheckpoint> capture) {
     // The task owns the capture until it runs; a shared_ptr makes the task
     // copyable.
-    auto held = std::make_shared<std::unique_ptr<ShardCheckpoint>>(
-        std::move(capture));
+    auto held =
+        std::make_shared<std::unique_ptr<ShardCheckpoint>>(std::move(capture));
     Enqueue([this, job, held] { Write(job, std::move(*held)); });
   };
   hooks.on_skipped = [this, name](uint64_t step) {
@@ -77,8 +78,7 @@ void Checkpointer::RemoveCheckpoints(const std::string& name,
       log_(absl::StrFormat("cannot remove the checkpoints of %s \"%s\": %s",
                            why, name, s.ToString()));
     } else {
-      log_(absl::StrFormat("removed the checkpoints of %s \"%s\"", why,
-                           name));
+      log_(absl::StrFormat("removed the checkpoints of %s \"%s\"", why, name));
     }
   });
 }
@@ -145,10 +145,10 @@ void Checkpointer::Write(const std::weak_ptr<ShardState>& job,
     metrics_->checkpoint_bytes.Increment(static_cast<double>(*bytes));
     metrics_->checkpoint_write_seconds.Observe(seconds);
     metrics_->checkpoint_last_success.Set(absl::ToUnixSeconds(absl::Now()));
-    log_(absl::StrFormat("checkpoint of job \"%s\" at step %d written to %s "
-                         "(%d bytes, %.3f s)",
-                         name, step, directory_->StepDirectory(name, step),
-                         *bytes, seconds));
+    log_(absl::StrFormat(
+        "checkpoint of job \"%s\" at step %d written to %s "
+        "(%d bytes, %.3f s)",
+        name, step, directory_->StepDirectory(name, step), *bytes, seconds));
     if (absl::Status s = directory_->Prune(name, policy_.keep); !s.ok()) {
       log_(absl::StrFormat("cannot prune old checkpoints of job \"%s\": %s",
                            name, s.ToString()));
@@ -162,8 +162,8 @@ int RestoreJobs(const CheckpointDirectory& directory, JobStore& jobs,
                 const std::function<void(const std::string&)>& log) {
   int restored = 0;
   for (const std::string& name : directory.JobNames()) {
-    absl::StatusOr<ShardCheckpoint> checkpoint = directory.LoadNewest(
-        name, [&](uint64_t step, const absl::Status& why) {
+    absl::StatusOr<ShardCheckpoint> checkpoint =
+        directory.LoadNewest(name, [&](uint64_t step, const absl::Status& why) {
           log(absl::StrFormat(
               "checkpoint of job \"%s\" at step %d cannot be used, trying "
               "an older one: %s",

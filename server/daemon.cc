@@ -101,9 +101,9 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
     CheckpointPolicy policy;
     policy.every_steps = options.checkpoint_every_steps;
     policy.keep = options.checkpoint_keep;
-    daemon->checkpointer_ = std::make_unique<Checkpointer>(
-        daemon->checkpoint_dir_.get(), policy, daemon->metrics_.get(),
-        &LogLine);
+    daemon->checkpointer_ =
+        std::make_unique<Checkpointer>(daemon->checkpoint_dir_.get(), policy,
+                                       daemon->metrics_.get(), &LogLine);
     daemon->jobs_->SetListener(daemon->checkpointer_.get(),
                                /*charge_capture_bytes=*/policy.every_steps > 0);
     // Before serving: a client that finds the server up finds its jobs.

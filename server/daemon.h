@@ -1,8 +1,8 @@
 // DepotDaemon: one running depot server — the gRPC service with its health
 // service, the metrics exposer, the update thread pool, the payload buffer
-// pool, the job store, the checkpointer and the stalled-step check — wired together from
-// ServerOptions. main.cc adds flags and signals; tests start it in-process on
-// ephemeral ports.
+// pool, the job store, the checkpointer and the stalled-step check — wired
+// together from ServerOptions. main.cc adds flags and signals; tests start it
+// in-process on ephemeral ports.
 #ifndef DEPOT_SERVER_DAEMON_H_
 #define DEPOT_SERVER_DAEMON_H_
 

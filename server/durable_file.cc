@@ -75,8 +75,8 @@ absl::Status WriteFileDurably(
   // Unique per process and call; a leftover from a crashed process has
   // another pid and is removed by whoever cleans the directory.
   static std::atomic<uint64_t> counter{0};
-  const std::string temp = absl::StrCat(path, ".tmp-", ::getpid(), "-",
-                                        counter.fetch_add(1));
+  const std::string temp =
+      absl::StrCat(path, ".tmp-", ::getpid(), "-", counter.fetch_add(1));
   const int fd =
       ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return Errno(errno, "cannot create", temp);

@@ -130,12 +130,13 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
           "Time to write one shard checkpoint (file, fsyncs, manifest).",
           {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
            600})),
-      checkpoint_last_success(Gauge(
-          registry, "depot_checkpoint_last_success_timestamp_seconds",
-          "When the last shard checkpoint was written, unix seconds; 0 "
-          "before the first.")),
-      jobs_restored(Counter(registry, "depot_jobs_restored_total",
-                            "Jobs restored from --checkpoint_dir at start-up.")),
+      checkpoint_last_success(
+          Gauge(registry, "depot_checkpoint_last_success_timestamp_seconds",
+                "When the last shard checkpoint was written, unix seconds; 0 "
+                "before the first.")),
+      jobs_restored(
+          Counter(registry, "depot_jobs_restored_total",
+                  "Jobs restored from --checkpoint_dir at start-up.")),
       job_restore_failures(Counter(
           registry, "depot_job_restore_failures_total",
           "Jobs in --checkpoint_dir that could not be restored at start-up "

@@ -126,8 +126,7 @@ TEST_F(CheckpointDirectoryTest, DamagedNewestFallsBackToPreviousComplete) {
          std::string bytes = ReadFileBytes(file);
          WriteFileBytes(file, bytes.substr(0, bytes.size() - 100));
        }},
-      {"missing shard file",
-       [](const std::string& file) { fs::remove(file); }},
+      {"missing shard file", [](const std::string& file) { fs::remove(file); }},
   };
   for (const Damage& damage : damages) {
     SCOPED_TRACE(damage.what);
@@ -149,8 +148,7 @@ TEST_F(CheckpointDirectoryTest, DamagedNewestFallsBackToPreviousComplete) {
     EXPECT_EQ(skipped[0].first, 20u);
     EXPECT_EQ(skipped[0].second.code(), absl::StatusCode::kDataLoss)
         << skipped[0].second;
-    EXPECT_THAT(skipped[0].second.message(),
-                HasSubstr(ShardFile(*dir, 20)));
+    EXPECT_THAT(skipped[0].second.message(), HasSubstr(ShardFile(*dir, 20)));
   }
 }
 
@@ -291,8 +289,8 @@ TEST_F(CheckpointDirectoryTest, MissingParentIsAnError) {
 
 TEST_F(CheckpointDirectoryTest, JobNamesWithAnyBytesRoundTrip) {
   auto dir = Open();
-  const std::vector<std::string> names = {"a/b", "..", ".hidden", "x%41y",
-                                          "sp ace", "llama-7b.v2"};
+  const std::vector<std::string> names = {"a/b",   "..",     ".hidden",
+                                          "x%41y", "sp ace", "llama-7b.v2"};
   for (const std::string& name : names) {
     ShardCheckpoint c = At(4);
     c.config.name = name;

@@ -81,8 +81,8 @@ TEST_F(CheckpointFormatTest, EveryTruncationIsDataLoss) {
 }
 
 TEST_F(CheckpointFormatTest, TruncationNamesTheSectionItCuts) {
-  const std::string message = ExpectDataLoss(
-      bytes_.substr(0, bytes_.size() - 5), "last chunk cut");
+  const std::string message =
+      ExpectDataLoss(bytes_.substr(0, bytes_.size() - 5), "last chunk cut");
   EXPECT_THAT(message, HasSubstr("section 'chunk 2'"));
   EXPECT_THAT(message, HasSubstr("truncated"));
 }
@@ -131,13 +131,12 @@ TEST_F(CheckpointFormatTest, ManifestRoundTripsAndDetectsDamage) {
   manifest.shard_file = "shard-1-of-2.ckpt";
   manifest.shard_file_bytes = encoded_bytes_;
   const std::string path = dir_.path() + "/manifest";
-  ASSERT_TRUE(WriteFileDurably(
-                  path,
-                  [&](const ByteSink& sink) {
-                    return EncodeManifest(manifest, sink);
-                  },
-                  SystemFileSync())
-                  .ok());
+  ASSERT_TRUE(
+      WriteFileDurably(
+          path,
+          [&](const ByteSink& sink) { return EncodeManifest(manifest, sink); },
+          SystemFileSync())
+          .ok());
   absl::StatusOr<CheckpointManifest> read = ReadManifest(path);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->job_name, manifest.job_name);

@@ -120,10 +120,10 @@ class CaptureRecorder {
 class CaptureTest : public ::testing::Test {
  protected:
   std::shared_ptr<ShardState> MakeShard() {
-    auto shard = ShardState::Create(1, JobShape::Create(TwoChunkConfig(), 0).value(),
-                                    &pool_, PayloadPool::Create(1 << 20),
-                                    &metrics_)
-                     .value();
+    auto shard =
+        ShardState::Create(1, JobShape::Create(TwoChunkConfig(), 0).value(),
+                           &pool_, PayloadPool::Create(1 << 20), &metrics_)
+            .value();
     InitShard(*shard);
     return shard;
   }
@@ -218,6 +218,17 @@ class CheckpointerTest : public ::testing::Test {
     return opened->shard;
   }
 
+  // Stops the store and the checkpointer, starts new ones on the same
+  // directory and restores from it, as a restarted server does; returns the
+  // number of jobs restored, and the restore's log lines in `lines`.
+  int RestartAndRestore(std::vector<std::string>* lines) {
+    Stop();
+    Start();
+    return RestoreJobs(*dir_, *store_, metrics_, [&](const std::string& line) {
+      lines->push_back(line);
+    });
+  }
+
   std::string Log() {
     absl::MutexLock lock(&log_mu_);
     std::string all;
@@ -261,12 +272,8 @@ TEST_F(CheckpointerTest, ChecksumOfRestoredJobEqualsTheCheckpointedOne) {
   }
   const uint64_t checksum = shard->Checksum();
   shard.reset();
-  Stop();
-
-  Start();
-  EXPECT_EQ(RestoreJobs(*dir_, *store_, metrics_,
-                        [](const std::string&) {}),
-            1);
+  std::vector<std::string> lines;
+  EXPECT_EQ(RestartAndRestore(&lines), 1);
   EXPECT_EQ(metrics_.jobs_restored.Value(), 1.0);
   std::vector<std::shared_ptr<ShardState>> jobs = store_->Jobs();
   ASSERT_EQ(jobs.size(), 1u);
@@ -300,19 +307,13 @@ TEST_F(CheckpointerTest, RestoreSkipsDamagedNewestCheckpoint) {
     if (step == 2) checksum_at_2 = shard->Checksum();
   }
   checkpointer_->Flush();
-  const std::string file =
-      dir_->StepDirectory("job", 4) + "/shard-0-of-1.ckpt";
+  const std::string file = dir_->StepDirectory("job", 4) + "/shard-0-of-1.ckpt";
   std::string bytes = testing::ReadFileBytes(file);
   bytes[bytes.size() - 10] ^= 0x08;
   testing::WriteFileBytes(file, bytes);
   shard.reset();
-  Stop();
-
-  Start();
   std::vector<std::string> lines;
-  EXPECT_EQ(RestoreJobs(*dir_, *store_, metrics_,
-                        [&](const std::string& line) { lines.push_back(line); }),
-            1);
+  EXPECT_EQ(RestartAndRestore(&lines), 1);
   ASSERT_EQ(store_->Jobs().size(), 1u);
   EXPECT_EQ(store_->Jobs()[0]->completed_step(), 2u);
   EXPECT_EQ(store_->Jobs()[0]->Checksum(), checksum_at_2);
@@ -329,12 +330,8 @@ TEST_F(CheckpointerTest, UnrestorableJobIsCountedAndLogged) {
   checkpointer_->Flush();
   fs::remove(dir_->StepDirectory("job", 2) + "/shard-0-of-1.ckpt");
   shard.reset();
-  Stop();
-  Start();
   std::vector<std::string> lines;
-  EXPECT_EQ(RestoreJobs(*dir_, *store_, metrics_,
-                        [&](const std::string& line) { lines.push_back(line); }),
-            0);
+  EXPECT_EQ(RestartAndRestore(&lines), 0);
   EXPECT_EQ(metrics_.job_restore_failures.Value(), 1.0);
   EXPECT_THAT(store_->Jobs(), IsEmpty());
   ASSERT_FALSE(lines.empty());
@@ -353,7 +350,8 @@ TEST_F(CheckpointerTest, DeletingAJobRemovesItsCheckpoints) {
   RunStep(*shard, 2, 0.3f);
   checkpointer_->Flush();
   ASSERT_THAT(dir_->CompleteSteps("job"), ElementsAre(2u));
-  ASSERT_TRUE(store_->Delete(shard->job_id(), shard->shape().fingerprint()).ok());
+  ASSERT_TRUE(
+      store_->Delete(shard->job_id(), shard->shape().fingerprint()).ok());
   checkpointer_->Flush();
   EXPECT_FALSE(fs::exists(dir_->JobDirectory("job")));
 }
@@ -385,7 +383,8 @@ TEST_F(CheckpointerTest, ReplacedStateRemovesTheCheckpoints) {
   ExpectSameCheckpoint(dir_->Load("job", 2).value(), ExportAt(*shard, 2));
 }
 
-TEST_F(CheckpointerTest, FailedFsyncFailsThatCheckpointLoudlyAndTheNextIsWritten) {
+TEST_F(CheckpointerTest,
+       FailedFsyncFailsThatCheckpointLoudlyAndTheNextIsWritten) {
   Stop();
   int shard_file_syncs = 0;
   Start([&](int fd) {

@@ -89,8 +89,7 @@ class CheckpointRecoveryTest : public ::testing::Test {
   }
 
   static void Train(ClientTraining& training, uint64_t first, uint64_t last) {
-    for (const WorkerOutcome& outcome :
-         training.RunSteps(kSeed, first, last)) {
+    for (const WorkerOutcome& outcome : training.RunSteps(kSeed, first, last)) {
       ASSERT_TRUE(outcome.status.ok()) << outcome.status;
     }
   }
@@ -113,6 +112,18 @@ class CheckpointRecoveryTest : public ::testing::Test {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
     }
+  }
+
+  // A fresh job `name` initialised and trained for steps 1..last; returns
+  // once both servers have written its checkpoint of `checkpointed`. The
+  // clients are closed on return.
+  void TrainUntilCheckpointed(const std::string& name, uint64_t last,
+                              uint64_t checkpointed) {
+    std::unique_ptr<ClientTraining> training = Open(name);
+    ASSERT_NE(training, nullptr);
+    ASSERT_TRUE(training->InitWeights(kSeed, DType::kFloat32).ok());
+    Train(*training, 1, last);
+    WaitForCheckpoint(name, checkpointed);
   }
 
   static std::vector<uint64_t> Steps(ClientTraining& training) {
@@ -148,13 +159,7 @@ TEST_F(CheckpointRecoveryTest, KilledServersResumeFromTheCheckpointBitwise) {
     whole_master = whole->PullMaster().value();
   }
 
-  {
-    std::unique_ptr<ClientTraining> first = Open("resumed");
-    ASSERT_NE(first, nullptr);
-    ASSERT_TRUE(first->InitWeights(kSeed, DType::kFloat32).ok());
-    Train(*first, 1, 12);
-    WaitForCheckpoint("resumed", 10);
-  }
+  ASSERT_NO_FATAL_FAILURE(TrainUntilCheckpointed("resumed", 12, 10));
   KillServers();
   StartServers();
 
@@ -167,8 +172,7 @@ TEST_F(CheckpointRecoveryTest, KilledServersResumeFromTheCheckpointBitwise) {
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(*restored, whole_checksums_at_10);
   for (const auto& server : servers_) {
-    EXPECT_THAT(server->Log(),
-                ::testing::HasSubstr("\"resumed\" (server"));
+    EXPECT_THAT(server->Log(), ::testing::HasSubstr("\"resumed\" (server"));
     EXPECT_THAT(server->Log(), ::testing::HasSubstr("at step 10 from"));
   }
 
@@ -186,17 +190,10 @@ TEST_F(CheckpointRecoveryTest, KilledServersResumeFromTheCheckpointBitwise) {
 // A damaged newest checkpoint on one server: that server restores the one
 // before it, says why in its log, and the other server the newest.
 TEST_F(CheckpointRecoveryTest, DamagedNewestCheckpointFallsBackToThePrevious) {
-  {
-    std::unique_ptr<ClientTraining> first = Open("damaged");
-    ASSERT_NE(first, nullptr);
-    ASSERT_TRUE(first->InitWeights(kSeed, DType::kFloat32).ok());
-    Train(*first, 1, 10);
-    WaitForCheckpoint("damaged", 10);
-  }
+  ASSERT_NO_FATAL_FAILURE(TrainUntilCheckpointed("damaged", 10, 10));
   KillServers();
-  const std::string shard_file =
-      absl::StrFormat("%s/job-damaged/step-%020d/shard-0-of-2.ckpt",
-                      CheckpointDir(0), 10);
+  const std::string shard_file = absl::StrFormat(
+      "%s/job-damaged/step-%020d/shard-0-of-2.ckpt", CheckpointDir(0), 10);
   std::string bytes;
   {
     std::ifstream in(shard_file, std::ios::binary);
@@ -219,13 +216,12 @@ TEST_F(CheckpointRecoveryTest, DamagedNewestCheckpointFallsBackToThePrevious) {
 
 // DeleteJob removes the job's checkpoints: a restart does not bring it back.
 TEST_F(CheckpointRecoveryTest, DeletedJobIsNotRestored) {
+  ASSERT_NO_FATAL_FAILURE(TrainUntilCheckpointed("deleted", 5, 5));
   {
-    std::unique_ptr<ClientTraining> first = Open("deleted");
-    ASSERT_NE(first, nullptr);
-    ASSERT_TRUE(first->InitWeights(kSeed, DType::kFloat32).ok());
-    Train(*first, 1, 5);
-    WaitForCheckpoint("deleted", 5);
-    ASSERT_TRUE(first->job(0).Delete().ok());
+    // Opening it again attaches; Delete deletes it on every server.
+    std::unique_ptr<ClientTraining> training = Open("deleted");
+    ASSERT_NE(training, nullptr);
+    ASSERT_TRUE(training->job(0).Delete().ok());
   }
   // The removal runs on the writer thread too; a graceful stop finishes it.
   for (auto& server : servers_) {
@@ -238,7 +234,8 @@ TEST_F(CheckpointRecoveryTest, DeletedJobIsNotRestored) {
   }
   StartServers();
   for (const auto& server : servers_) {
-    EXPECT_THAT(server->Log(), ::testing::Not(::testing::HasSubstr("restored")));
+    EXPECT_THAT(server->Log(),
+                ::testing::Not(::testing::HasSubstr("restored")));
   }
 }
 
