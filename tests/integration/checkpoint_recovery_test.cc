@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -33,7 +34,6 @@ namespace fs = std::filesystem;
 constexpr uint64_t kSeed = 23;
 constexpr uint64_t kEvery = 5;
 constexpr uint64_t kSteps = 20;
-constexpr uint32_t kServers = 2;
 
 class CheckpointRecoveryTest : public ::testing::Test {
  protected:
@@ -58,7 +58,7 @@ class CheckpointRecoveryTest : public ::testing::Test {
   // run different update pool sizes, which must not change any result.
   void StartServers() {
     servers_.clear();
-    for (uint32_t s = 0; s < kServers; ++s) {
+    for (uint32_t s = 0; s < num_servers_; ++s) {
       absl::StatusOr<std::unique_ptr<ServerProcess>> server =
           ServerProcess::Start(
               {absl::StrCat("--checkpoint_dir=", CheckpointDir(s)),
@@ -81,9 +81,13 @@ class CheckpointRecoveryTest : public ::testing::Test {
     return addresses;
   }
 
+  // Opens `name` (SmallJobConfig, two workers) on the servers.
   std::unique_ptr<ClientTraining> Open(const std::string& name) {
+    return Open(SmallJobConfig(name, 2, num_servers_));
+  }
+  std::unique_ptr<ClientTraining> Open(const JobConfig& config) {
     absl::StatusOr<std::unique_ptr<ClientTraining>> training =
-        ClientTraining::Open(Addresses(), SmallJobConfig(name, 2, kServers));
+        ClientTraining::Open(Addresses(), config);
     EXPECT_TRUE(training.ok()) << training.status();
     return training.ok() ? *std::move(training) : nullptr;
   }
@@ -97,14 +101,15 @@ class CheckpointRecoveryTest : public ::testing::Test {
   std::string Manifest(const std::string& job, uint32_t server,
                        uint64_t step) const {
     return absl::StrFormat("%s/job-%s/step-%020d/manifest-%d-of-%d",
-                           CheckpointDir(server), job, step, server, kServers);
+                           CheckpointDir(server), job, step, server,
+                           num_servers_);
   }
 
   // Checkpoints are written in the background: waits until both servers'
   // manifests of `step` exist (polling; nothing else tells a client).
   void WaitForCheckpoint(const std::string& job, uint64_t step) {
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    for (uint32_t s = 0; s < kServers; ++s) {
+    for (uint32_t s = 0; s < num_servers_; ++s) {
       while (!fs::exists(Manifest(job, s, step))) {
         ASSERT_LT(absl::Now(), deadline)
             << "no checkpoint of step " << step << " on server " << s << "\n"
@@ -140,6 +145,7 @@ class CheckpointRecoveryTest : public ::testing::Test {
   }
 
   std::string root_;
+  uint32_t num_servers_ = 2;
   std::vector<std::unique_ptr<ServerProcess>> servers_;
 };
 
@@ -182,7 +188,7 @@ TEST_F(CheckpointRecoveryTest, KilledServersResumeFromTheCheckpointBitwise) {
   EXPECT_TRUE(BitwiseEqual(whole_master, *master));
   EXPECT_EQ(resumed->StateChecksums().value(), whole_checksums);
   // Only the last two complete checkpoints are kept.
-  for (uint32_t s = 0; s < kServers; ++s) {
+  for (uint32_t s = 0; s < num_servers_; ++s) {
     EXPECT_FALSE(fs::exists(Manifest("resumed", s, 5)));
   }
 }
@@ -229,7 +235,7 @@ TEST_F(CheckpointRecoveryTest, DeletedJobIsNotRestored) {
     absl::StatusOr<ProcessExit> exit = server->Wait(absl::Seconds(30));
     ASSERT_TRUE(exit.ok()) << exit.status();
   }
-  for (uint32_t s = 0; s < kServers; ++s) {
+  for (uint32_t s = 0; s < num_servers_; ++s) {
     EXPECT_FALSE(fs::exists(CheckpointDir(s) + "/job-deleted"));
   }
   StartServers();
@@ -237,6 +243,91 @@ TEST_F(CheckpointRecoveryTest, DeletedJobIsNotRestored) {
     EXPECT_THAT(server->Log(),
                 ::testing::Not(::testing::HasSubstr("restored")));
   }
+}
+
+// SIGKILL while a checkpoint is being written (its temporary shard file is
+// on disk): the restarted server restores a complete checkpoint — the one
+// being written if it finished in time, else the one before — and the job
+// resumes bitwise. A job big enough (4 Mi parameters, a 48 MiB shard file)
+// that the write takes a while; a write that finishes before the kill lands
+// is retried at the next checkpoint step.
+TEST_F(CheckpointRecoveryTest, KillDuringACheckpointWriteRestoresACompleteOne) {
+  num_servers_ = 1;
+  ASSERT_NO_FATAL_FAILURE(StartServers());
+  auto config = [](const std::string& name) {
+    JobConfig config = SmallJobConfig(name, 1, 1);
+    config.tensors = {{"w", 3u << 20, 0}, {"b", 1u << 20, 1}};
+    config.chunk_elems = 1u << 18;
+    return config;
+  };
+  constexpr uint64_t kLast = 30;
+  std::map<uint64_t, std::vector<uint64_t>> reference_checksums;
+  std::vector<float> reference_master;
+  {
+    std::unique_ptr<ClientTraining> reference = Open(config("reference"));
+    ASSERT_NE(reference, nullptr);
+    ASSERT_TRUE(reference->InitWeights(kSeed, DType::kFloat32).ok());
+    for (uint64_t step = kEvery; step <= kLast; step += kEvery) {
+      Train(*reference, step - kEvery + 1, step);
+      reference_checksums[step] = reference->StateChecksums().value();
+    }
+    reference_master = reference->PullMaster().value();
+    ASSERT_TRUE(reference->job(0).Delete().ok());
+  }
+
+  std::unique_ptr<ClientTraining> victim = Open(config("victim"));
+  ASSERT_NE(victim, nullptr);
+  ASSERT_TRUE(victim->InitWeights(kSeed, DType::kFloat32).ok());
+  // The first checkpoint complete, so that one is there to fall back to.
+  Train(*victim, 1, kEvery);
+  ASSERT_NO_FATAL_FAILURE(WaitForCheckpoint("victim", kEvery));
+  uint64_t killed_at = 0;
+  bool mid_write = false;
+  for (uint64_t step = 2 * kEvery; step < kLast && killed_at == 0;
+       step += kEvery) {
+    Train(*victim, step - kEvery + 1, step);
+    const std::string step_dir =
+        absl::StrFormat("%s/job-victim/step-%020d", CheckpointDir(0), step);
+    // The capture was handed to the writer before the step's last weights
+    // went out: its write starts now.
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline && killed_at == 0 &&
+           !fs::exists(Manifest("victim", 0, step))) {
+      std::error_code error;
+      for (const auto& entry : fs::directory_iterator(step_dir, error)) {
+        if (entry.path().filename().string().find(".tmp-") !=
+            std::string::npos) {
+          ASSERT_TRUE(servers_[0]->Kill().ok());
+          killed_at = step;
+          break;
+        }
+      }
+    }
+    mid_write = killed_at != 0 && !fs::exists(Manifest("victim", 0, step));
+  }
+  ASSERT_NE(killed_at, 0u) << "every write finished before it was seen";
+  victim.reset();
+  ASSERT_NO_FATAL_FAILURE(StartServers());
+
+  std::unique_ptr<ClientTraining> resumed = Open(config("victim"));
+  ASSERT_NE(resumed, nullptr);
+  const std::vector<uint64_t> steps = Steps(*resumed);
+  ASSERT_EQ(steps.size(), 1u);
+  const uint64_t restored = steps[0];
+  // Killed while step `killed_at` was written: that one if the write got
+  // its manifest down in time, else the one before.
+  if (mid_write) {
+    EXPECT_EQ(restored, killed_at - kEvery) << servers_[0]->Log();
+  } else {
+    EXPECT_TRUE(restored == killed_at || restored == killed_at - kEvery)
+        << restored;
+  }
+  ASSERT_TRUE(reference_checksums.count(restored)) << restored;
+  EXPECT_EQ(resumed->StateChecksums().value(), reference_checksums[restored]);
+  Train(*resumed, restored + 1, kLast);
+  absl::StatusOr<std::vector<float>> master = resumed->PullMaster();
+  ASSERT_TRUE(master.ok()) << master.status();
+  EXPECT_TRUE(BitwiseEqual(reference_master, *master));
 }
 
 }  // namespace
