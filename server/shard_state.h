@@ -31,6 +31,9 @@
 //   (server/node_sender.h): a local rank's chunks and overrides must be its
 //   own, and every stream of a worker's step declares the same node shape;
 //   the node still counts as one contribution per chunk.
+// - At checkpoint steps (EnableCaptures), each chunk's update also copies the
+//   chunk into the job's capture, so the capture is the shard at that step's
+//   boundary whatever later steps do (server/shard_capture.cc).
 // - Every request is validated in full before any state changes: a rejected
 //   request leaves the state exactly as it was.
 //
