@@ -93,6 +93,23 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
   daemon->jobs_ = std::make_unique<JobStore>(
       options.memory_limit_bytes, daemon->pool_.get(), daemon->metrics_.get(),
       options.bench_noop_update, daemon->payloads_);
+  if (!options.checkpoint_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<CheckpointDirectory>> dir =
+        CheckpointDirectory::Open(options.checkpoint_dir);
+    if (!dir.ok()) return dir.status();
+    daemon->checkpoint_dir_ = *std::move(dir);
+    CheckpointPolicy policy;
+    policy.every_steps = options.checkpoint_every_steps;
+    policy.keep = options.checkpoint_keep;
+    daemon->checkpointer_ =
+        std::make_unique<Checkpointer>(daemon->checkpoint_dir_.get(), policy,
+                                       daemon->metrics_.get(), &LogLine);
+    daemon->jobs_->SetListener(daemon->checkpointer_.get(),
+                               /*charge_capture_bytes=*/policy.every_steps > 0);
+    // Before serving: a client that finds the server up finds its jobs.
+    RestoreJobs(*daemon->checkpoint_dir_, *daemon->jobs_, *daemon->metrics_,
+                &LogLine);
+  }
   daemon->service_ = std::make_unique<DepotService>(daemon->jobs_.get(),
                                                     daemon->metrics_.get());
   if (options.stalled_step_threshold > absl::ZeroDuration()) {
@@ -145,6 +162,7 @@ void DepotDaemon::Shutdown() {
   server_->Wait();
   if (stall_monitor_ != nullptr) stall_monitor_->Stop();
   pool_.reset();
+  if (checkpointer_ != nullptr) checkpointer_->Stop();
   exposer_.reset();
 }
 

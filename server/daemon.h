@@ -1,8 +1,8 @@
 // DepotDaemon: one running depot server — the gRPC service with its health
 // service, the metrics exposer, the update thread pool, the payload buffer
-// pool, the job store and the stalled-step check — wired together from
-// ServerOptions. main.cc adds flags and signals; tests start it in-process on
-// ephemeral ports.
+// pool, the job store, the checkpointer and the stalled-step check — wired
+// together from ServerOptions. main.cc adds flags and signals; tests start it
+// in-process on ephemeral ports.
 #ifndef DEPOT_SERVER_DAEMON_H_
 #define DEPOT_SERVER_DAEMON_H_
 
@@ -13,6 +13,8 @@
 #include "grpcpp/server.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
+#include "server/checkpoint_directory.h"
+#include "server/checkpointer.h"
 #include "server/depot_service.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
@@ -25,10 +27,13 @@ namespace depot {
 
 class DepotDaemon {
  public:
-  // Binds, starts serving and reports SERVING on the health service.
+  // Restores the jobs of options.checkpoint_dir (if set), then binds,
+  // starts serving and reports SERVING on the health service.
   // REQUIRES: `options` went through ResolveServerOptions.
   // UNAVAILABLE when an address cannot be bound, as one line: "cannot listen
   // on ADDRESS: REASON (what to do)" or "cannot serve metrics on ...".
+  // FAILED_PRECONDITION when another process uses the checkpoint directory;
+  // another code when it cannot be created.
   static absl::StatusOr<std::unique_ptr<DepotDaemon>> Start(
       const ServerOptions& options);
 
@@ -45,8 +50,9 @@ class DepotDaemon {
 
   // The graceful shutdown: reports NOT_SERVING, rejects new RPCs with
   // UNAVAILABLE, lets open Step streams run until the grace period ends, fails
-  // the rest with UNAVAILABLE, then stops the gRPC server, the update pool and
-  // the exposer. Idempotent.
+  // the rest with UNAVAILABLE, then stops the gRPC server, the update pool,
+  // the checkpointer (after it wrote what was queued) and the exposer.
+  // Idempotent.
   void Shutdown();
 
  private:
@@ -65,6 +71,9 @@ class DepotDaemon {
   std::unique_ptr<ThreadPool> pool_;
   std::shared_ptr<PayloadPool> payloads_;
   std::unique_ptr<JobStore> jobs_;
+  // Null without --checkpoint_dir.
+  std::unique_ptr<CheckpointDirectory> checkpoint_dir_;
+  std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<DepotService> service_;
   std::unique_ptr<StallMonitor> stall_monitor_;  // null when the check is off
   std::unique_ptr<grpc::Server> server_;

@@ -272,6 +272,7 @@ absl::Status DepotService::DoImportState(
   if (absl::Status s = (*shard)->ImportChunks(std::move(chunks)); !s.ok()) {
     return s;
   }
+  jobs_->NoteStateReplaced(*shard);
   response->set_chunks((*shard)->shape().shard().num_chunks());
   return absl::OkStatus();
 }

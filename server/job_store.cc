@@ -63,14 +63,52 @@ absl::StatusOr<OpenedJob> JobStore::CreateOrAttach(JobConfig config,
     return OpenedJob{std::move(existing), false};
   }
 
-  const uint64_t needed = shape->state_bytes();
+  absl::StatusOr<std::shared_ptr<ShardState>> shard =
+      CreateLocked(*std::move(shape), /*restored=*/false, nullptr);
+  if (!shard.ok()) return shard.status();
+  return OpenedJob{*std::move(shard), true};
+}
+
+void JobStore::SetListener(JobListener* listener, bool charge_capture_bytes) {
+  absl::MutexLock lock(&mu_);
+  listener_ = listener;
+  charge_capture_bytes_ = charge_capture_bytes;
+}
+
+uint64_t JobStore::ChargedBytes(const JobShape& shape) const {
+  return shape.state_bytes() * (charge_capture_bytes_ ? 2 : 1);
+}
+
+absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Restore(
+    ShardCheckpoint checkpoint) {
+  absl::StatusOr<JobShape> shape =
+      JobShape::Create(checkpoint.config, checkpoint.server_index);
+  if (!shape.ok()) return shape.status();
+  const std::string name = shape->config().name;
+  absl::MutexLock lock(&mu_);
+  if (ids_by_name_.count(name) != 0 || creating_.count(name) != 0) {
+    return absl::AlreadyExistsError(
+        absl::StrFormat("job \"%s\" already exists on this server", name));
+  }
+  return CreateLocked(*std::move(shape), /*restored=*/true,
+                      [&](ShardState& shard) {
+                        return shard.ImportChunks(std::move(checkpoint.chunks));
+                      });
+}
+
+absl::StatusOr<std::shared_ptr<ShardState>> JobStore::CreateLocked(
+    JobShape shape, bool restored,
+    const std::function<absl::Status(ShardState&)>& prepare) {
+  const std::string name = shape.config().name;
+  const uint64_t needed = ChargedBytes(shape);
   const uint64_t committed = state_bytes_ + reserved_bytes_;
   if (needed > memory_limit_bytes_ - committed) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "job \"%s\" needs %d bytes of state, but %d of this server's %d byte "
-        "budget are in use or being allocated (%d free)",
-        name, needed, committed, memory_limit_bytes_,
-        memory_limit_bytes_ - committed));
+        "job \"%s\" needs %d bytes of state%s, but %d of this server's %d "
+        "byte budget are in use or being allocated (%d free)",
+        name, needed,
+        charge_capture_bytes_ ? " (twice its state: checkpoints are on)" : "",
+        committed, memory_limit_bytes_, memory_limit_bytes_ - committed));
   }
   // Allocating and first-touching the state takes a while (about 0.1 s per
   // GB): other jobs' RPCs, which look their jobs up here, must not wait for
@@ -79,9 +117,12 @@ absl::StatusOr<OpenedJob> JobStore::CreateOrAttach(JobConfig config,
   creating_.insert(name);
   reserved_bytes_ += needed;
   mu_.Unlock();
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      ShardState::Create(id, *std::move(shape), pool_, payloads_, metrics_,
-                         bench_noop_update_);
+  absl::StatusOr<std::shared_ptr<ShardState>> shard = ShardState::Create(
+      id, std::move(shape), pool_, payloads_, metrics_, bench_noop_update_);
+  if (shard.ok() && prepare) {
+    if (absl::Status s = prepare(**shard); !s.ok()) shard = s;
+  }
+  if (shard.ok() && listener_ != nullptr) listener_->JobAdded(*shard, restored);
   mu_.Lock();
   creating_.erase(name);
   reserved_bytes_ -= needed;
@@ -90,7 +131,7 @@ absl::StatusOr<OpenedJob> JobStore::CreateOrAttach(JobConfig config,
   ids_by_name_.emplace(name, id);
   state_bytes_ += needed;
   UpdateGaugesLocked();
-  return OpenedJob{*std::move(shard), true};
+  return shard;
 }
 
 absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Find(
@@ -127,16 +168,23 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::FindLocked(
 
 absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Delete(
     uint64_t job_id, uint64_t fingerprint) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      FindLocked(job_id, fingerprint);
-  if (!shard.ok()) return shard.status();
-  (*shard)->MarkDeleted();
-  jobs_.erase(job_id);
-  ids_by_name_.erase((*shard)->shape().config().name);
-  state_bytes_ -= (*shard)->shape().state_bytes();
-  UpdateGaugesLocked();
+  absl::StatusOr<std::shared_ptr<ShardState>> shard;
+  {
+    absl::MutexLock lock(&mu_);
+    shard = FindLocked(job_id, fingerprint);
+    if (!shard.ok()) return shard.status();
+    (*shard)->MarkDeleted();
+    jobs_.erase(job_id);
+    ids_by_name_.erase((*shard)->shape().config().name);
+    state_bytes_ -= ChargedBytes((*shard)->shape());
+    UpdateGaugesLocked();
+  }
+  if (listener_ != nullptr) listener_->JobDeleted(*shard);
   return shard;
+}
+
+void JobStore::NoteStateReplaced(const std::shared_ptr<ShardState>& shard) {
+  if (listener_ != nullptr) listener_->JobStateReplaced(shard);
 }
 
 std::vector<std::shared_ptr<ShardState>> JobStore::Jobs() const {

@@ -8,6 +8,7 @@
 #define DEPOT_SERVER_JOB_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -24,6 +25,22 @@
 #include "server/thread_pool.h"
 
 namespace depot {
+
+// Told of every job a JobStore adds or deletes (the checkpointer listens).
+// Calls come from RPC threads, without the store's lock held.
+class JobListener {
+ public:
+  virtual ~JobListener() = default;
+  // A new job, created afresh or restored from a checkpoint; called before
+  // any RPC can find it.
+  virtual void JobAdded(const std::shared_ptr<ShardState>& shard,
+                        bool restored) = 0;
+  // The job was deleted (it is already gone from the store).
+  virtual void JobDeleted(const std::shared_ptr<ShardState>& shard) = 0;
+  // The job's whole state was replaced (ImportState): what was saved of its
+  // earlier state no longer describes it.
+  virtual void JobStateReplaced(const std::shared_ptr<ShardState>& shard) = 0;
+};
 
 struct OpenedJob {
   std::shared_ptr<ShardState> shard;
@@ -54,6 +71,12 @@ class JobStore {
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
 
+  // Tells `listener` (which must outlive the store) of every job added or
+  // deleted from now on. With `charge_capture_bytes`, each job counts twice
+  // its state against the budget: its state and one checkpoint capture of
+  // it (ShardState::EnableCaptures). REQUIRES: called before any job exists.
+  void SetListener(JobListener* listener, bool charge_capture_bytes);
+
   // Creates the job, or attaches to the job of the same name when its
   // fingerprint and server index match. INVALID_ARGUMENT: invalid config or
   // server index. FAILED_PRECONDITION: a job of that name exists with another
@@ -64,6 +87,14 @@ class JobStore {
   // creation and attaches to its job.
   absl::StatusOr<OpenedJob> CreateOrAttach(JobConfig config,
                                            uint32_t server_index);
+
+  // Adds the job of `checkpoint` with its state (ShardState::ImportChunks),
+  // as a restart restores it; later CreateOrAttach calls with the same
+  // config and server index attach to it. ALREADY_EXISTS: a job of that name
+  // exists. RESOURCE_EXHAUSTED as CreateOrAttach. INVALID_ARGUMENT (config,
+  // or state that does not fit it): nothing is added.
+  absl::StatusOr<std::shared_ptr<ShardState>> Restore(
+      ShardCheckpoint checkpoint);
 
   // NOT_FOUND for an unknown (or deleted) id.
   absl::StatusOr<std::shared_ptr<ShardState>> Find(uint64_t job_id) const;
@@ -77,6 +108,9 @@ class JobStore {
   absl::StatusOr<std::shared_ptr<ShardState>> Delete(uint64_t job_id,
                                                      uint64_t fingerprint);
 
+  // Tells the listener that `shard`'s state was replaced by an import.
+  void NoteStateReplaced(const std::shared_ptr<ShardState>& shard);
+
   // Every job the store holds now, by id.
   std::vector<std::shared_ptr<ShardState>> Jobs() const;
 
@@ -89,12 +123,24 @@ class JobStore {
       uint64_t job_id, uint64_t fingerprint) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a job of `shape` counts against the budget.
+  uint64_t ChargedBytes(const JobShape& shape) const;
+  // Checks the budget, allocates the job's state with the name and budget
+  // reserved (mu_ released meanwhile), runs `prepare` on it, tells the
+  // listener and adds the job. REQUIRES: no job of that name exists or is
+  // being created.
+  absl::StatusOr<std::shared_ptr<ShardState>> CreateLocked(
+      JobShape shape, bool restored,
+      const std::function<absl::Status(ShardState&)>& prepare)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t memory_limit_bytes_;
   ThreadPool* const pool_;
   const std::shared_ptr<PayloadPool> payloads_;
   ServerMetrics* const metrics_;
   const bool bench_noop_update_;
+  JobListener* listener_ = nullptr;
+  bool charge_capture_bytes_ = false;
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<ShardState>> jobs_ ABSL_GUARDED_BY(mu_);

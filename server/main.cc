@@ -58,6 +58,25 @@ ABSL_FLAG(double, stalled_step_seconds, 30,
           "the step and the missing ranks, and counted in the metrics "
           "depot_step_stalls_total and depot_stalled_*. GetJob reports the "
           "waiting step at any time. 0 turns the check off.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Directory of this server's job checkpoints, one directory per "
+          "server (a second server on it fails to start). At start-up every "
+          "job found there is restored from its newest complete checkpoint "
+          "that verifies, and CreateJob with the same name and config "
+          "attaches to it. DeleteJob removes the job's checkpoints. Empty: "
+          "no checkpoints. See docs/checkpoints.md.");
+ABSL_FLAG(uint64_t, checkpoint_every_steps, 0,
+          "Checkpoint every job at each step that is a multiple of this, "
+          "into --checkpoint_dir: the shard is copied in memory as each "
+          "chunk applies the step and written in the background, so training "
+          "does not wait for the disk; while a job's previous checkpoint is "
+          "still being written its next checkpoint step is skipped (counted "
+          "in depot_checkpoints_skipped_total). Each job then counts twice "
+          "its state against --memory_limit_bytes (the state and one copy). "
+          "0: never checkpoint (a --checkpoint_dir is still restored from).");
+ABSL_FLAG(int32_t, checkpoint_keep, 3,
+          "Complete checkpoints kept per job in --checkpoint_dir; older ones "
+          "are removed after each new one is written. At least 1.");
 ABSL_FLAG(double, shutdown_grace_seconds, 10,
           "On SIGTERM/SIGINT, how long in-flight steps may run on before the "
           "remaining streams fail with UNAVAILABLE.");
@@ -140,6 +159,9 @@ depot::ServerOptions OptionsFromFlags() {
       FlagSeconds(absl::GetFlag(FLAGS_shutdown_grace_seconds));
   options.stalled_step_threshold =
       FlagSeconds(absl::GetFlag(FLAGS_stalled_step_seconds));
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
+  options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
   return options;
 }
 

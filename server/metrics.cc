@@ -91,7 +91,9 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
            30, 60, 120, 300})),
       state_bytes(Gauge(registry, "depot_state_bytes",
                         "Bytes of job state (master weights and optimizer "
-                        "slots) held, all jobs.")),
+                        "slots) counted against --memory_limit_bytes, all "
+                        "jobs; with checkpoints on, twice the state (one "
+                        "checkpoint capture per job).")),
       jobs(Gauge(registry, "depot_jobs", "Jobs held by this server.")),
       active_streams(Gauge(registry, "depot_active_streams",
                            "Step streams currently open.")),
@@ -109,7 +111,36 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
           "contribution on this server; 0 when none is stalled.")),
       step_stalls(Counter(registry, "depot_step_stalls_total",
                           "Steps that became stalled (each counted and "
-                          "logged once).")) {
+                          "logged once).")),
+      checkpoints_written(Counter(
+          registry, "depot_checkpoints_written_total",
+          "Shard checkpoints written (shard file and manifest durable).")),
+      checkpoint_failures(Counter(
+          registry, "depot_checkpoint_failures_total",
+          "Shard checkpoints that failed to be written (an I/O error, a "
+          "failed fsync among them); each is logged.")),
+      checkpoints_skipped(Counter(
+          registry, "depot_checkpoints_skipped_total",
+          "Checkpoint steps skipped because the job's previous checkpoint "
+          "was still being written.")),
+      checkpoint_bytes(Counter(registry, "depot_checkpoint_written_bytes_total",
+                               "Bytes of shard checkpoint files written.")),
+      checkpoint_write_seconds(Histogram(
+          registry, "depot_checkpoint_write_seconds",
+          "Time to write one shard checkpoint (file, fsyncs, manifest).",
+          {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+           600})),
+      checkpoint_last_success(
+          Gauge(registry, "depot_checkpoint_last_success_timestamp_seconds",
+                "When the last shard checkpoint was written, unix seconds; 0 "
+                "before the first.")),
+      jobs_restored(
+          Counter(registry, "depot_jobs_restored_total",
+                  "Jobs restored from --checkpoint_dir at start-up.")),
+      job_restore_failures(Counter(
+          registry, "depot_job_restore_failures_total",
+          "Jobs in --checkpoint_dir that could not be restored at start-up "
+          "(no complete checkpoint verified, or no room in the budget).")) {
   for (int i = 0; i < kNumRpcs; ++i) {
     rpcs_[i] = &families.rpcs.Add({{"rpc", kRpcLabels[i]}});
   }

@@ -63,6 +63,21 @@ class ServerMetrics {
   prometheus::Gauge& stalled_step_missing_workers;
   prometheus::Gauge& stalled_step_wait_seconds;
   prometheus::Counter& step_stalls;
+  // Checkpoints (server/checkpointer.h): shard checkpoints written, failed
+  // (an error writing them: a failed fsync among them), and capture steps
+  // skipped because the job's previous checkpoint was still being written;
+  // bytes written, write time, and when the last one was written (unix
+  // seconds, 0 before the first).
+  prometheus::Counter& checkpoints_written;
+  prometheus::Counter& checkpoint_failures;
+  prometheus::Counter& checkpoints_skipped;
+  prometheus::Counter& checkpoint_bytes;
+  prometheus::Histogram& checkpoint_write_seconds;
+  prometheus::Gauge& checkpoint_last_success;
+  // Jobs restored from --checkpoint_dir at start-up, and jobs found there
+  // that could not be restored.
+  prometheus::Counter& jobs_restored;
+  prometheus::Counter& job_restore_failures;
 
  private:
   struct Families;

@@ -101,6 +101,15 @@ absl::StatusOr<ServerOptions> ResolveServerOptions(ServerOptions options) {
         "--stalled_step_seconds must be finite and >= 0 (0: no check), got ",
         absl::FormatDuration(options.stalled_step_threshold)));
   }
+  if (options.checkpoint_every_steps > 0 && options.checkpoint_dir.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_every_steps=", options.checkpoint_every_steps,
+        " needs --checkpoint_dir (where to write the checkpoints)"));
+  }
+  if (options.checkpoint_keep < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_keep must be >= 1, got ", options.checkpoint_keep));
+  }
   return options;
 }
 

@@ -31,6 +31,15 @@ struct ServerOptions {
   // before the server logs it and counts it in its stalled-step metrics
   // (stall_monitor.h); zero turns the check off.
   absl::Duration stalled_step_threshold = absl::Seconds(30);
+  // Where this server writes its jobs' checkpoints and restores them from
+  // at start-up (docs/checkpoints.md); empty: no checkpoints. One directory
+  // per server.
+  std::string checkpoint_dir;
+  // Checkpoint each job at every step that is a multiple of this; 0: never
+  // (a set checkpoint_dir then only restores). Needs checkpoint_dir.
+  uint64_t checkpoint_every_steps = 0;
+  // Complete checkpoints kept per job, >= 1.
+  int checkpoint_keep = 3;
   // Benchmarking only (depot-bench transport and step): steps move their
   // chunks but change no state; see --bench_noop_update in main.cc.
   bool bench_noop_update = false;

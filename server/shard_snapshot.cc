@@ -14,31 +14,38 @@ absl::Status ShardState::ExportChunks(
   if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
   const ShardRange& shard = shape_.shard();
   for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
-    const ChunkRange range = shape_.plan().chunk(index);
     ChunkSnapshot snapshot;
-    snapshot.index = index;
     {
       ChunkState& chunk = chunk_state(index);
       absl::MutexLock lock(&chunk.mu);
       chunk.mu.Await(absl::Condition(&chunk, &ChunkState::Idle));
-      snapshot.applied_step = chunk.applied_step;
-      snapshot.tensor_steps = chunk.tensor_steps;
-      for (const uint64_t count : chunk.tensor_steps) {
-        snapshot.optimizer_step = std::max(snapshot.optimizer_step, count);
-      }
-      snapshot.master.assign(reinterpret_cast<const char*>(master(range)),
-                             range.size() * sizeof(float));
-      for (int k = 0; k < shape_.slots(); ++k) {
-        snapshot.slots.emplace_back(
-            static_cast<const char*>(slot(k, range.begin)),
-            range.size() * slot_elem_bytes_[k]);
-      }
+      CopyChunk(index, chunk.applied_step, chunk.tensor_steps, snapshot);
     }
     if (!emit(std::move(snapshot))) {
       return absl::CancelledError("the client stopped reading the state");
     }
   }
   return absl::OkStatus();
+}
+
+void ShardState::CopyChunk(uint64_t index, uint64_t applied_step,
+                           const std::vector<uint64_t>& tensor_steps,
+                           ChunkSnapshot& out) const {
+  const ChunkRange range = shape_.plan().chunk(index);
+  out.index = index;
+  out.applied_step = applied_step;
+  out.tensor_steps = tensor_steps;
+  out.optimizer_step = 0;
+  for (const uint64_t count : tensor_steps) {
+    out.optimizer_step = std::max(out.optimizer_step, count);
+  }
+  out.master.assign(reinterpret_cast<const char*>(master(range)),
+                    range.size() * sizeof(float));
+  out.slots.resize(shape_.slots());
+  for (int k = 0; k < shape_.slots(); ++k) {
+    out.slots[k].assign(static_cast<const char*>(slot(k, range.begin)),
+                        range.size() * slot_elem_bytes_[k]);
+  }
 }
 
 absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {
@@ -144,6 +151,7 @@ absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {
     chunk_state(index - 1).mu.Unlock();
   }
   if (!status.ok()) return status;
+  DropCapture(step);
   absl::MutexLock lock(&steps_mu_);
   completed_step_ = step;
   // Headers of steps the imported state has passed or not yet reached no

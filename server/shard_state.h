@@ -31,6 +31,9 @@
 //   (server/node_sender.h): a local rank's chunks and overrides must be its
 //   own, and every stream of a worker's step declares the same node shape;
 //   the node still counts as one contribution per chunk.
+// - At checkpoint steps (EnableCaptures), each chunk's update also copies the
+//   chunk into the job's capture, so the capture is the shard at that step's
+//   boundary whatever later steps do (server/shard_capture.cc).
 // - Every request is validated in full before any state changes: a rejected
 //   request leaves the state exactly as it was.
 //
@@ -103,6 +106,29 @@ struct ChunkSnapshot {
   uint64_t optimizer_step = 0;  // the largest of tensor_steps
   std::string master;              // fp32, chunk elements * 4 bytes
   std::vector<std::string> slots;  // one per slot, in its storage dtype
+};
+
+// One server's shard of a job at a step boundary: what a checkpoint holds
+// (server/checkpoint_format.h) and what a capture copies (EnableCaptures).
+struct ShardCheckpoint {
+  JobConfig config;
+  uint64_t fingerprint = 0;
+  uint32_t server_index = 0;
+  uint64_t step = 0;
+  // Every chunk of the shard, in index order, each at applied step `step`.
+  std::vector<ChunkSnapshot> chunks;
+};
+
+// What a shard does at the steps a checkpoint is taken (EnableCaptures).
+struct CaptureHooks {
+  // Capture at every step that is a multiple of this; 0: never.
+  uint64_t every_steps = 0;
+  // Receives each complete capture, on an update thread: it must only hand
+  // it on (and later give it back with ReleaseCapture).
+  std::function<void(std::unique_ptr<ShardCheckpoint>)> on_captured;
+  // Called once for a capture step that is skipped because the previous
+  // capture has not been given back yet.
+  std::function<void(uint64_t step)> on_skipped;
 };
 
 // The oldest step of a shard that still waits for contributions
@@ -260,9 +286,24 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // running. ABORTED: the job was deleted.
   absl::Status ImportChunks(std::vector<ChunkSnapshot> chunks);
 
+  // Checkpoint captures (server/shard_capture.cc). From now on, at every
+  // step t that is a multiple of hooks.every_steps, each chunk is copied as
+  // its update of step t ends (on the update thread, while the chunk's next
+  // step cannot start), so the copy is the shard's state exactly at the
+  // boundary of t whatever later steps do meanwhile; the whole copy goes to
+  // hooks.on_captured once every chunk has applied t. A shard holds at most
+  // one copy (the state's size in bytes, reused from one capture to the
+  // next): while the last one has not come back through ReleaseCapture, or
+  // an earlier step is still being copied, a capture step is skipped.
+  // REQUIRES: called before any step runs (the job is not yet visible).
+  void EnableCaptures(CaptureHooks hooks);
+  // Gives a capture back once written; its buffers serve the next one.
+  void ReleaseCapture(std::unique_ptr<ShardCheckpoint> capture);
+
   // Marks the job deleted: later InitChunk, BeginStep and Contribute calls fail
   // with ABORTED. Updates already queued still run.
   void MarkDeleted();
+  bool deleted() const { return deleted_.load(std::memory_order_acquire); }
 
  private:
   struct PendingStep;
@@ -334,6 +375,19 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The step's TwoPhaseStep; null in a one-phase (or unknown) step.
   std::shared_ptr<TwoPhaseStep> TwoPhaseOf(uint64_t step) const;
   void NoteChunkApplied(uint64_t step);
+  // Copies chunk `chunk_index`, which has just applied `step` with the
+  // optimizer counts `tensor_steps`, into the step's capture if it is a
+  // capture step. REQUIRES: the caller owns the chunk's arrays (updating).
+  void CaptureChunk(uint64_t chunk_index, uint64_t step,
+                    const std::vector<uint64_t>& tensor_steps);
+  // Drops a capture still being filled (the state was replaced by an import).
+  void DropCapture(uint64_t imported_step);
+  // Copies chunk `index`'s state into `out`, reusing its buffers.
+  // REQUIRES: no update runs on it (its lock held and idle, or its update
+  // task calling).
+  void CopyChunk(uint64_t index, uint64_t applied_step,
+                 const std::vector<uint64_t>& tensor_steps,
+                 ChunkSnapshot& out) const;
 
   const uint64_t job_id_;
   const JobShape shape_;
@@ -348,6 +402,19 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   const bool noop_update_;
   std::unique_ptr<ChunkState[]> chunks_;
   std::atomic<bool> deleted_{false};
+
+  std::atomic<uint64_t> capture_every_{0};
+  absl::Mutex capture_mu_;
+  CaptureHooks capture_hooks_ ABSL_GUARDED_BY(capture_mu_);
+  // The capture being filled (null when none) and how many chunks it holds.
+  std::unique_ptr<ShardCheckpoint> capture_ ABSL_GUARDED_BY(capture_mu_);
+  uint64_t captured_chunks_ ABSL_GUARDED_BY(capture_mu_) = 0;
+  // The last capture step decided on (captured or skipped).
+  uint64_t capture_decided_step_ ABSL_GUARDED_BY(capture_mu_) = 0;
+  // A complete capture is out (on_captured) and not yet released.
+  bool capture_out_ ABSL_GUARDED_BY(capture_mu_) = false;
+  // A released capture, whose buffers the next one reuses.
+  std::unique_ptr<ShardCheckpoint> capture_spare_ ABSL_GUARDED_BY(capture_mu_);
 
   mutable absl::Mutex steps_mu_;
   // Steps from completed_step_ on that a header has been seen for.

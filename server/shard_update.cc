@@ -195,6 +195,11 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   }
   GiveBack(payloads);
   if (!summed.empty()) payloads_->Give(std::move(summed));
+  // Still the only owner of the chunk's arrays: its next step cannot start.
+  if (const uint64_t every = capture_every_.load(std::memory_order_relaxed);
+      every != 0 && step % every == 0) {
+    CaptureChunk(chunk_index, step, tensor_steps);
+  }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();

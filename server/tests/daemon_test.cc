@@ -13,6 +13,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "server/tests/checkpoint_test_util.h"
 #include "server/tests/test_util.h"
 #include "wire/wire.h"
 
@@ -307,6 +308,30 @@ TEST_F(DaemonTest, ShutdownRefusesNewRpcsButLetsOpenStepsFinish) {
     EXPECT_TRUE(s.ok()) << s.error_message();
   }
   shutdown.join();
+}
+
+// Two servers writing one directory would overwrite each other's
+// checkpoints: the second one does not start.
+TEST(DaemonCheckpointDirTest, SecondServerOnOneDirectoryFailsToStart) {
+  testing::TempDir temp;
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.metrics_listen = "";
+  options.threads = 1;
+  options.memory_limit_bytes = 1 << 20;
+  options.checkpoint_dir = temp.path() + "/ckpt";
+  options.checkpoint_every_steps = 1;
+  const ServerOptions resolved = ResolveServerOptions(options).value();
+  absl::StatusOr<std::unique_ptr<DepotDaemon>> first =
+      DepotDaemon::Start(resolved);
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<std::unique_ptr<DepotDaemon>> second =
+      DepotDaemon::Start(resolved);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(second.status().message().find("its own --checkpoint_dir"),
+            absl::string_view::npos)
+      << second.status();
+  (*first)->Shutdown();
 }
 
 }  // namespace

@@ -49,6 +49,15 @@ TEST(ResolveServerOptionsTest, EmptyMetricsAddressDisablesMetrics) {
   EXPECT_TRUE(ResolveServerOptions(given).ok());
 }
 
+TEST(ResolveServerOptionsTest, CheckpointDirAloneOnlyRestores) {
+  ServerOptions given;
+  given.checkpoint_dir = "/tmp/x";
+  absl::StatusOr<ServerOptions> resolved = ResolveServerOptions(given);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->checkpoint_every_steps, 0u);
+  EXPECT_EQ(resolved->checkpoint_keep, 3);
+}
+
 TEST(ResolveServerOptionsTest, RejectsBadValuesNamingTheFlag) {
   ServerOptions threads;
   threads.threads = -1;
@@ -60,11 +69,18 @@ TEST(ResolveServerOptionsTest, RejectsBadValuesNamingTheFlag) {
   stalled.stalled_step_threshold = absl::Seconds(-1);
   ServerOptions stalled_forever;
   stalled_forever.stalled_step_threshold = absl::InfiniteDuration();
+  ServerOptions checkpoints_nowhere;
+  checkpoints_nowhere.checkpoint_every_steps = 10;
+  ServerOptions keep_none;
+  keep_none.checkpoint_dir = "/tmp/x";
+  keep_none.checkpoint_keep = 0;
   for (const auto& [options, flag] :
        {std::pair{threads, "--threads"}, std::pair{grace, "--shutdown_grace"},
         std::pair{listen, "--listen"},
         std::pair{stalled, "--stalled_step_seconds"},
-        std::pair{stalled_forever, "--stalled_step_seconds"}}) {
+        std::pair{stalled_forever, "--stalled_step_seconds"},
+        std::pair{checkpoints_nowhere, "--checkpoint_dir"},
+        std::pair{keep_none, "--checkpoint_keep"}}) {
     absl::Status s = ResolveServerOptions(options).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << flag;
     EXPECT_NE(s.message().find(flag), absl::string_view::npos) << s;

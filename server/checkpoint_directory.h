@@ -1,0 +1,105 @@
+// CheckpointDirectory: one server's --checkpoint_dir (docs/checkpoints.md):
+//
+//   <root>/LOCK                                    flock: one server per root
+//   <root>/job-<escaped name>/step-<20 digits>/shard-<s>-of-<n>.ckpt
+//   <root>/job-<escaped name>/step-<20 digits>/manifest-<s>-of-<n>
+//
+// A step is complete on this server once its manifest exists: the manifest
+// is written (atomically and durably) only after the shard file is. Readers
+// verify both before they trust them.
+//
+// Not thread-safe: the checkpointer's one writer thread and the daemon's
+// start-up (before that thread runs) use it.
+#ifndef DEPOT_SERVER_CHECKPOINT_DIRECTORY_H_
+#define DEPOT_SERVER_CHECKPOINT_DIRECTORY_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "server/checkpoint_format.h"
+#include "server/durable_file.h"
+
+namespace depot {
+
+class CheckpointDirectory {
+ public:
+  // Opens `root`, creating it (not its parents) if needed, and locks it for
+  // this process. FAILED_PRECONDITION when another process holds the lock
+  // (two servers must not share a directory); other codes for I/O errors.
+  static absl::StatusOr<std::unique_ptr<CheckpointDirectory>> Open(
+      const std::string& root, FileSyncFn sync = SystemFileSync());
+
+  ~CheckpointDirectory();
+  CheckpointDirectory(const CheckpointDirectory&) = delete;
+  CheckpointDirectory& operator=(const CheckpointDirectory&) = delete;
+
+  const std::string& root() const { return root_; }
+
+  // Writes the shard file of `checkpoint` and then its manifest, each
+  // through WriteFileDurably. Returns the bytes written. On failure nothing
+  // of the step is left that looks complete (the manifest is removed if its
+  // directory's fsync failed), and the error names the file and what failed.
+  absl::StatusOr<uint64_t> Write(const ShardCheckpoint& checkpoint);
+
+  // The job's steps that have a manifest, newest first.
+  std::vector<uint64_t> CompleteSteps(const std::string& job_name) const;
+
+  // Reads and verifies step `step` of the job: its manifest, then the shard
+  // file it names, which must agree with it (job, step, fingerprint, server,
+  // size). DATA_LOSS naming the file and section when either is damaged;
+  // NOT_FOUND when the step has no manifest.
+  absl::StatusOr<ShardCheckpoint> Load(const std::string& job_name,
+                                       uint64_t step) const;
+
+  // The newest complete step that loads. Each newer one that fails is passed
+  // to `on_skipped` with its error. NOT_FOUND when none loads.
+  absl::StatusOr<ShardCheckpoint> LoadNewest(
+      const std::string& job_name,
+      const std::function<void(uint64_t step, const absl::Status&)>& on_skipped)
+      const;
+
+  // Keeps the newest `keep` complete steps of the job and removes every
+  // other step directory (older ones, and incomplete ones: leftovers of
+  // crashed or failed writes). REQUIRES: keep >= 1 and no write of the job
+  // in progress.
+  absl::Status Prune(const std::string& job_name, int keep);
+
+  // Removes every checkpoint of the job.
+  absl::Status RemoveJob(const std::string& job_name);
+
+  // Renames the job's directory, if it has one, to
+  // "unrestored-<escaped name>-<unix seconds>", which restores ignore: for a
+  // job created afresh while checkpoints of its name exist (they did not
+  // restore), so they are kept for a person to look at but never mixed with
+  // the new job's. Returns the new path, or "" when there was none.
+  absl::StatusOr<std::string> SetAside(const std::string& job_name);
+
+  // The names of the jobs that have a directory here.
+  std::vector<std::string> JobNames() const;
+
+  // Where the job's checkpoints live.
+  std::string JobDirectory(const std::string& job_name) const;
+  std::string StepDirectory(const std::string& job_name, uint64_t step) const;
+
+ private:
+  CheckpointDirectory(std::string root, int lock_fd, FileSyncFn sync);
+
+  // Every step directory of the job, newest first.
+  std::vector<uint64_t> AllSteps(const std::string& job_name) const;
+  // The manifest file in a step directory; "" when there is none.
+  absl::StatusOr<std::string> ManifestIn(const std::string& step_dir) const;
+  absl::Status RemoveStep(const std::string& step_dir);
+
+  const std::string root_;
+  const int lock_fd_;
+  const FileSyncFn sync_;
+};
+
+}  // namespace depot
+
+#endif  // DEPOT_SERVER_CHECKPOINT_DIRECTORY_H_

@@ -1,0 +1,199 @@
+#include "server/checkpointer.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+
+namespace depot {
+
+Checkpointer::Checkpointer(CheckpointDirectory* directory,
+                           CheckpointPolicy policy, ServerMetrics* metrics,
+                           std::function<void(const std::string&)> log)
+    : directory_(directory),
+      policy_(policy),
+      metrics_(metrics),
+      log_(std::move(log)),
+      writer_([this] { RunWriter(); }) {}
+
+Checkpointer::~Checkpointer() { Stop(); }
+
+void Checkpointer::JobAdded(const std::shared_ptr<ShardState>& shard,
+                            bool restored) {
+  const std::string name = shard->shape().config().name;
+  if (!restored) {
+    // Checkpoints of this name that were not restored belong to another
+    // job (or failed to verify): keep them apart from this job's.
+    Enqueue([this, name] {
+      absl::StatusOr<std::string> aside = directory_->SetAside(name);
+      if (!aside.ok()) {
+        log_(absl::StrFormat(
+            "cannot set aside old checkpoints of job \"%s\": %s", name,
+            aside.status().ToString()));
+      } else if (!aside->empty()) {
+        log_(absl::StrFormat(
+            "job \"%s\" was created afresh; its earlier checkpoints, which "
+            "were not restored, were moved to %s",
+            name, *aside));
+      }
+    });
+  }
+  if (policy_.every_steps == 0) return;
+  CaptureHooks hooks;
+  hooks.every_steps = policy_.every_steps;
+  std::weak_ptr<ShardState> job = shard;
+  hooks.on_captured = [this, job](std::unique_ptr<ShardCheckpoint> capture) {
+    // The task owns the capture until it runs; a shared_ptr makes the task
+    // copyable.
+    auto held =
+        std::make_shared<std::unique_ptr<ShardCheckpoint>>(std::move(capture));
+    Enqueue([this, job, held] { Write(job, std::move(*held)); });
+  };
+  hooks.on_skipped = [this, name](uint64_t step) {
+    metrics_->checkpoints_skipped.Increment();
+    log_(absl::StrFormat(
+        "checkpoint of job \"%s\" at step %d skipped: the previous one is "
+        "still being written",
+        name, step));
+  };
+  shard->EnableCaptures(std::move(hooks));
+}
+
+void Checkpointer::JobDeleted(const std::shared_ptr<ShardState>& shard) {
+  RemoveCheckpoints(shard->shape().config().name, "deleted job");
+}
+
+void Checkpointer::JobStateReplaced(const std::shared_ptr<ShardState>& shard) {
+  RemoveCheckpoints(shard->shape().config().name,
+                    "job whose state was replaced by ImportState:");
+}
+
+void Checkpointer::RemoveCheckpoints(const std::string& name,
+                                     const std::string& why) {
+  // Queued after any write of the job's last capture, so it removes that
+  // one too.
+  Enqueue([this, name, why] {
+    if (absl::Status s = directory_->RemoveJob(name); !s.ok()) {
+      log_(absl::StrFormat("cannot remove the checkpoints of %s \"%s\": %s",
+                           why, name, s.ToString()));
+    } else {
+      log_(absl::StrFormat("removed the checkpoints of %s \"%s\"", why, name));
+    }
+  });
+}
+
+void Checkpointer::Enqueue(Task task) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(task));
+}
+
+void Checkpointer::RunWriter() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || !queue_.empty();
+    };
+    mu_.Await(absl::Condition(&ready));
+    if (queue_.empty()) return;  // stopping, nothing left
+    Task task = std::move(queue_.front());
+    queue_.pop_front();
+    running_task_ = true;
+    mu_.Unlock();
+    task();
+    mu_.Lock();
+    running_task_ = false;
+  }
+}
+
+void Checkpointer::Flush() {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.empty() && !running_task_;
+  };
+  mu_.Await(absl::Condition(&idle));
+}
+
+void Checkpointer::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  writer_.join();
+}
+
+void Checkpointer::Write(const std::weak_ptr<ShardState>& job,
+                         std::unique_ptr<ShardCheckpoint> capture) {
+  std::shared_ptr<ShardState> shard = job.lock();
+  if (shard == nullptr || shard->deleted()) return;
+  const std::string& name = capture->config.name;
+  const uint64_t step = capture->step;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<uint64_t> bytes = directory_->Write(*capture);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  if (!bytes.ok()) {
+    metrics_->checkpoint_failures.Increment();
+    log_(absl::StrFormat(
+        "CHECKPOINT FAILED: job \"%s\" step %d was not checkpointed: %s (the "
+        "next checkpoint step writes a new file)",
+        name, step, bytes.status().ToString()));
+  } else {
+    metrics_->checkpoints_written.Increment();
+    metrics_->checkpoint_bytes.Increment(static_cast<double>(*bytes));
+    metrics_->checkpoint_write_seconds.Observe(seconds);
+    metrics_->checkpoint_last_success.Set(absl::ToUnixSeconds(absl::Now()));
+    log_(absl::StrFormat(
+        "checkpoint of job \"%s\" at step %d written to %s "
+        "(%d bytes, %.3f s)",
+        name, step, directory_->StepDirectory(name, step), *bytes, seconds));
+    if (absl::Status s = directory_->Prune(name, policy_.keep); !s.ok()) {
+      log_(absl::StrFormat("cannot prune old checkpoints of job \"%s\": %s",
+                           name, s.ToString()));
+    }
+  }
+  shard->ReleaseCapture(std::move(capture));
+}
+
+int RestoreJobs(const CheckpointDirectory& directory, JobStore& jobs,
+                ServerMetrics& metrics,
+                const std::function<void(const std::string&)>& log) {
+  int restored = 0;
+  for (const std::string& name : directory.JobNames()) {
+    absl::StatusOr<ShardCheckpoint> checkpoint =
+        directory.LoadNewest(name, [&](uint64_t step, const absl::Status& why) {
+          log(absl::StrFormat(
+              "checkpoint of job \"%s\" at step %d cannot be used, trying "
+              "an older one: %s",
+              name, step, why.ToString()));
+        });
+    if (!checkpoint.ok()) {
+      metrics.job_restore_failures.Increment();
+      log(absl::StrFormat("job \"%s\" NOT restored: %s", name,
+                          checkpoint.status().ToString()));
+      continue;
+    }
+    const uint64_t step = checkpoint->step;
+    const uint32_t server = checkpoint->server_index;
+    absl::StatusOr<std::shared_ptr<ShardState>> shard =
+        jobs.Restore(*std::move(checkpoint));
+    if (!shard.ok()) {
+      metrics.job_restore_failures.Increment();
+      log(absl::StrFormat("job \"%s\" NOT restored from step %d: %s", name,
+                          step, shard.status().ToString()));
+      continue;
+    }
+    metrics.jobs_restored.Increment();
+    ++restored;
+    log(absl::StrFormat(
+        "restored job %d \"%s\" (server %d of %d) at step %d from %s",
+        (*shard)->job_id(), name, server,
+        (*shard)->shape().config().num_servers, step,
+        directory.StepDirectory(name, step)));
+  }
+  return restored;
+}
+
+}  // namespace depot

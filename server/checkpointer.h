@@ -1,0 +1,104 @@
+// Checkpointer: takes and writes the server's checkpoints in the background
+// (docs/checkpoints.md). As the JobStore's listener it arms each new job's
+// captures (ShardState::EnableCaptures); each complete capture is queued to
+// one writer thread, which writes it to the CheckpointDirectory, prunes the
+// job's older checkpoints to the last `keep`, and gives the capture back.
+// Training never waits for a write: a capture step that comes while the
+// job's previous capture is still out is skipped (counted and logged), so a
+// job has at most one capture in memory and one write in progress.
+//
+// The writer thread also removes the checkpoints of a job deleted or whose
+// state was replaced by an import, and sets aside
+// the leftovers of a job created afresh, in the order these happened, so
+// that a job's files are only ever touched by one thread.
+//
+// Thread safety: all methods may be called concurrently.
+#ifndef DEPOT_SERVER_CHECKPOINTER_H_
+#define DEPOT_SERVER_CHECKPOINTER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "server/checkpoint_directory.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
+#include "server/shard_state.h"
+
+namespace depot {
+
+struct CheckpointPolicy {
+  // Checkpoint at every step that is a multiple of this; 0: never (restores
+  // and the removal of deleted jobs' checkpoints still happen).
+  uint64_t every_steps = 0;
+  // Complete checkpoints kept per job (older ones are removed). >= 1.
+  int keep = 3;
+};
+
+class Checkpointer : public JobListener {
+ public:
+  // `directory` and `metrics` must outlive the checkpointer; `log` receives
+  // one line per event worth a person's attention (a write failed, a step
+  // skipped, a job's files removed).
+  Checkpointer(CheckpointDirectory* directory, CheckpointPolicy policy,
+               ServerMetrics* metrics,
+               std::function<void(const std::string&)> log);
+  // Stop().
+  ~Checkpointer() override;
+
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  void JobAdded(const std::shared_ptr<ShardState>& shard,
+                bool restored) override;
+  void JobDeleted(const std::shared_ptr<ShardState>& shard) override;
+  // Removes the job's checkpoints: they hold a history the job has left (a
+  // crash must not bring it back). The next capture step writes a new one.
+  void JobStateReplaced(const std::shared_ptr<ShardState>& shard) override;
+
+  // Waits until everything queued so far has been done.
+  void Flush();
+  // Finishes what is queued, then ends the writer thread; later captures are
+  // given back unwritten. Idempotent.
+  void Stop();
+
+ private:
+  using Task = std::function<void()>;
+
+  void Enqueue(Task task);
+  // Queues the removal of every checkpoint of job `name`; `why` says whose
+  // they are in the log line.
+  void RemoveCheckpoints(const std::string& name, const std::string& why);
+  void RunWriter();
+  void Write(const std::weak_ptr<ShardState>& job,
+             std::unique_ptr<ShardCheckpoint> capture);
+
+  CheckpointDirectory* const directory_;
+  const CheckpointPolicy policy_;
+  ServerMetrics* const metrics_;
+  const std::function<void(const std::string&)> log_;
+
+  absl::Mutex mu_;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_task_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread writer_;
+};
+
+// Restores every job of `directory` into `jobs` from its newest complete
+// checkpoint that verifies (CheckpointDirectory::LoadNewest), logging each
+// job restored, each checkpoint skipped (with the reason: DATA_LOSS naming
+// the file and section) and each job that could not be restored. Returns the
+// number of jobs restored.
+int RestoreJobs(const CheckpointDirectory& directory, JobStore& jobs,
+                ServerMetrics& metrics,
+                const std::function<void(const std::string&)>& log);
+
+}  // namespace depot
+
+#endif  // DEPOT_SERVER_CHECKPOINTER_H_

@@ -1,0 +1,74 @@
+// ShardState's checkpoint captures: the shard's state copied at a step
+// boundary, chunk by chunk as each chunk applies the step (EnableCaptures).
+#include <utility>
+
+#include "server/shard_state.h"
+
+namespace depot {
+
+void ShardState::EnableCaptures(CaptureHooks hooks) {
+  absl::MutexLock lock(&capture_mu_);
+  capture_every_.store(hooks.every_steps, std::memory_order_relaxed);
+  capture_hooks_ = std::move(hooks);
+}
+
+void ShardState::ReleaseCapture(std::unique_ptr<ShardCheckpoint> capture) {
+  absl::MutexLock lock(&capture_mu_);
+  capture_spare_ = std::move(capture);
+  capture_out_ = false;
+}
+
+void ShardState::DropCapture(uint64_t imported_step) {
+  absl::MutexLock lock(&capture_mu_);
+  if (capture_ != nullptr) capture_spare_ = std::move(capture_);
+  captured_chunks_ = 0;
+  // Steps up to the imported one are over; the next capture step is later.
+  capture_decided_step_ = imported_step;
+}
+
+void ShardState::CaptureChunk(uint64_t chunk_index, uint64_t step,
+                              const std::vector<uint64_t>& tensor_steps) {
+  const ShardRange& shard = shape_.shard();
+  ChunkSnapshot* target = nullptr;
+  std::function<void(uint64_t)> on_skipped;
+  {
+    absl::MutexLock lock(&capture_mu_);
+    if (capture_ != nullptr && capture_->step == step) {
+      target = &capture_->chunks[chunk_index - shard.first_chunk];
+    } else if (step > capture_decided_step_) {
+      // The first chunk of the step decides for the whole shard.
+      capture_decided_step_ = step;
+      if (capture_ != nullptr || capture_out_) {
+        on_skipped = capture_hooks_.on_skipped;
+      } else {
+        capture_ = capture_spare_ != nullptr
+                       ? std::move(capture_spare_)
+                       : std::make_unique<ShardCheckpoint>();
+        capture_->config = shape_.config();
+        capture_->fingerprint = shape_.fingerprint();
+        capture_->server_index = shape_.server_index();
+        capture_->step = step;
+        capture_->chunks.resize(shard.num_chunks());
+        captured_chunks_ = 0;
+        target = &capture_->chunks[chunk_index - shard.first_chunk];
+      }
+    }
+  }
+  if (on_skipped) on_skipped(step);
+  if (target == nullptr) return;
+  // Outside the lock: chunks are copied in parallel, each into its own
+  // entry, and the capture is not handed on before every copy is counted.
+  CopyChunk(chunk_index, step, tensor_steps, *target);
+  std::unique_ptr<ShardCheckpoint> complete;
+  std::function<void(std::unique_ptr<ShardCheckpoint>)> on_captured;
+  {
+    absl::MutexLock lock(&capture_mu_);
+    if (++captured_chunks_ < shard.num_chunks()) return;
+    complete = std::move(capture_);
+    capture_out_ = true;
+    on_captured = capture_hooks_.on_captured;
+  }
+  on_captured(std::move(complete));
+}
+
+}  // namespace depot

@@ -1,0 +1,163 @@
+// The checkpoint file format (server/checkpoint_format.h): what is written
+// reads back bit for bit, and any truncation or flipped bit is DATA_LOSS
+// naming the file and the section.
+#include "server/checkpoint_format.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/durable_file.h"
+#include "server/tests/checkpoint_test_util.h"
+
+namespace depot {
+namespace {
+
+using ::depot::testing::CheckpointTestConfig;
+using ::depot::testing::ExpectSameCheckpoint;
+using ::depot::testing::RandomCheckpoint;
+using ::depot::testing::ReadFileBytes;
+using ::depot::testing::TempDir;
+using ::depot::testing::WriteFileBytes;
+using ::testing::HasSubstr;
+
+class CheckpointFormatTest : public ::testing::Test {
+ protected:
+  // Server 1's shard (chunks 1 and 2) at step 9.
+  CheckpointFormatTest()
+      : checkpoint_(RandomCheckpoint(CheckpointTestConfig(), 1, 9, 5)),
+        path_(dir_.path() + "/shard.ckpt") {
+    absl::Status written = WriteFileDurably(
+        path_,
+        [&](const ByteSink& sink) {
+          return EncodeShardCheckpoint(checkpoint_, sink, &encoded_bytes_);
+        },
+        SystemFileSync());
+    EXPECT_TRUE(written.ok()) << written;
+    bytes_ = ReadFileBytes(path_);
+  }
+
+  // Reads `bytes` written as the shard file; expects DATA_LOSS naming the
+  // file and returns the message.
+  std::string ExpectDataLoss(const std::string& bytes,
+                             const std::string& what) {
+    WriteFileBytes(path_, bytes);
+    absl::StatusOr<ShardCheckpoint> read = ReadShardCheckpoint(path_);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss)
+        << what << ": " << read.status();
+    EXPECT_THAT(read.status().message(), HasSubstr(path_)) << what;
+    EXPECT_THAT(read.status().message(), HasSubstr("section '")) << what;
+    return std::string(read.status().message());
+  }
+
+  TempDir dir_;
+  ShardCheckpoint checkpoint_;
+  std::string path_;
+  uint64_t encoded_bytes_ = 0;
+  std::string bytes_;
+};
+
+TEST_F(CheckpointFormatTest, RoundTripKeepsEveryField) {
+  EXPECT_EQ(bytes_.size(), encoded_bytes_);
+  EXPECT_EQ(ShardCheckpointBytes(checkpoint_), encoded_bytes_);
+  absl::StatusOr<ShardCheckpoint> read = ReadShardCheckpoint(path_);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectSameCheckpoint(*read, checkpoint_);
+  EXPECT_EQ(read->config.name, "ckpt-job");
+  EXPECT_EQ(read->config.optimizer.exp_avg_sq_dtype, DType::kBFloat16);
+}
+
+TEST_F(CheckpointFormatTest, FileStartsWithMagicAndVersion) {
+  ASSERT_GE(bytes_.size(), 12u);
+  EXPECT_EQ(bytes_.substr(0, 8), "DEPOTCKP");
+  EXPECT_EQ(static_cast<unsigned char>(bytes_[8]), kCheckpointFormatVersion);
+}
+
+TEST_F(CheckpointFormatTest, EveryTruncationIsDataLoss) {
+  for (size_t size = 0; size < bytes_.size(); ++size) {
+    ExpectDataLoss(bytes_.substr(0, size),
+                   "truncated to " + std::to_string(size));
+  }
+}
+
+TEST_F(CheckpointFormatTest, TruncationNamesTheSectionItCuts) {
+  const std::string message =
+      ExpectDataLoss(bytes_.substr(0, bytes_.size() - 5), "last chunk cut");
+  EXPECT_THAT(message, HasSubstr("section 'chunk 2'"));
+  EXPECT_THAT(message, HasSubstr("truncated"));
+}
+
+TEST_F(CheckpointFormatTest, EveryBitFlipIsDataLoss) {
+  for (size_t byte = 0; byte < bytes_.size(); ++byte) {
+    for (int bit : {0, 5}) {
+      std::string flipped = bytes_;
+      flipped[byte] ^= static_cast<char>(1 << bit);
+      ExpectDataLoss(flipped, "bit " + std::to_string(bit) + " of byte " +
+                                  std::to_string(byte));
+    }
+  }
+}
+
+TEST_F(CheckpointFormatTest, BitFlipNamesTheSectionAndTheCrc) {
+  std::string flipped = bytes_;
+  flipped.back() ^= 0x01;  // the last byte of chunk 2's last slot
+  const std::string message = ExpectDataLoss(flipped, "chunk 2 payload");
+  EXPECT_THAT(message, HasSubstr("section 'chunk 2'"));
+  EXPECT_THAT(message, HasSubstr("CRC-32C mismatch"));
+
+  flipped = bytes_;
+  flipped[40] ^= 0x01;  // inside the job section's header
+  EXPECT_THAT(ExpectDataLoss(flipped, "job section header"),
+              HasSubstr("section 'job'"));
+}
+
+TEST_F(CheckpointFormatTest, TrailingBytesAreDataLoss) {
+  EXPECT_THAT(ExpectDataLoss(bytes_ + "x", "one byte appended"),
+              HasSubstr("more bytes follow"));
+}
+
+TEST_F(CheckpointFormatTest, MissingFileIsNotFound) {
+  EXPECT_EQ(ReadShardCheckpoint(dir_.path() + "/absent.ckpt").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(CheckpointFormatTest, ManifestRoundTripsAndDetectsDamage) {
+  CheckpointManifest manifest;
+  manifest.job_name = "a job/with odd name";
+  manifest.fingerprint = 0x0123456789ABCDEFull;
+  manifest.server_index = 1;
+  manifest.num_servers = 2;
+  manifest.step = 9;
+  manifest.shard_file = "shard-1-of-2.ckpt";
+  manifest.shard_file_bytes = encoded_bytes_;
+  const std::string path = dir_.path() + "/manifest";
+  ASSERT_TRUE(
+      WriteFileDurably(
+          path,
+          [&](const ByteSink& sink) { return EncodeManifest(manifest, sink); },
+          SystemFileSync())
+          .ok());
+  absl::StatusOr<CheckpointManifest> read = ReadManifest(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->job_name, manifest.job_name);
+  EXPECT_EQ(read->fingerprint, manifest.fingerprint);
+  EXPECT_EQ(read->server_index, 1u);
+  EXPECT_EQ(read->num_servers, 2u);
+  EXPECT_EQ(read->step, 9u);
+  EXPECT_EQ(read->shard_file, manifest.shard_file);
+  EXPECT_EQ(read->shard_file_bytes, encoded_bytes_);
+
+  const std::string bytes = ReadFileBytes(path);
+  for (size_t byte = 0; byte < bytes.size(); ++byte) {
+    std::string flipped = bytes;
+    flipped[byte] ^= 0x04;
+    WriteFileBytes(path, flipped);
+    EXPECT_EQ(ReadManifest(path).status().code(), absl::StatusCode::kDataLoss)
+        << "byte " << byte;
+  }
+  // A shard file is not a manifest, nor the other way round.
+  EXPECT_EQ(ReadManifest(path_).status().code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace depot
