@@ -53,6 +53,16 @@ absl::StatusOr<OpenedJob> JobStore::CreateOrAttach(JobConfig config,
           "one, delete this job or choose another name",
           name, existing->job_id(), differences));
     }
+    // Not in the fingerprint (a state moves between server counts), but a
+    // job's servers must agree on how many they are.
+    if (have.config().num_servers != shape->config().num_servers) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "job \"%s\" already exists (id %d) sharded over %d servers, the "
+          "request says %d: every worker must open a job with the same "
+          "config; to start a new one, delete this job or choose another name",
+          name, existing->job_id(), have.config().num_servers,
+          shape->config().num_servers));
+    }
     if (have.server_index() != shape->server_index()) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "job \"%s\" already exists (id %d) as server index %d, the request "

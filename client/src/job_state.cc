@@ -56,6 +56,7 @@ std::string JobImpl::SavedConfigDifferences(const StateBlob& blob) const {
     absl::StatusOr<JobConfig> saved = JobConfigFromProto(*blob.spec);
     if (saved.ok()) {
       saved->name = config().name;  // a state loads into a job of any name
+      if (blob.version >= 3) saved->num_servers = config().num_servers;
       const std::string differences = DescribeJobConfigDifferences(
           *saved, "checkpoint", config(), "this job");
       if (!differences.empty()) return differences;
@@ -64,21 +65,44 @@ std::string JobImpl::SavedConfigDifferences(const StateBlob& blob) const {
   // A state saved before the blob carried its config, or one whose config
   // this client cannot read: only the fingerprints can be compared.
   return absl::StrFormat("state fingerprint %#x, this job's %#x",
-                         blob.fingerprint, StateFingerprint(config()));
+                         blob.fingerprint,
+                         StateFingerprint(config(), blob.version));
 }
 
 absl::StatusOr<StateBlob> JobImpl::DecodeOwnStateBlob(
     const std::string& bytes) const {
   absl::StatusOr<StateBlob> blob = DecodeStateBlob(bytes);
   if (!blob.ok()) return blob.status();
-  if (blob->fingerprint != StateFingerprint(config()) ||
-      blob->servers.size() != plan().num_servers()) {
+  if (blob->fingerprint != StateFingerprint(config(), blob->version)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the saved state is of another job config (",
         SavedConfigDifferences(*blob),
         "): load it into a job with the config it was saved from (the name "
-        "may differ)"));
+        "and, from state format 3 on, the number of servers may differ)"));
   }
+  if (blob->servers.size() == plan().num_servers()) return blob;
+  if (blob->version < 3) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the saved state (format version ", blob->version, ") is of ",
+        blob->servers.size(), " servers and this job has ",
+        plan().num_servers(), ": states saved before format 3 load only onto "
+        "as many servers; load it into a job of ", blob->servers.size(),
+        " servers and save it again to move it"));
+  }
+  // The same chunks (the chunk size is in the fingerprint), owned by other
+  // servers: each goes to its owner in this job's plan, in index order.
+  std::vector<std::vector<v1::StateChunk>> owned(plan().num_servers());
+  for (std::vector<v1::StateChunk>& server : blob->servers) {
+    for (v1::StateChunk& chunk : server) {
+      if (chunk.index() >= plan().num_chunks()) {
+        return absl::DataLossError(absl::StrCat(
+            "the saved state does not fit the job's shard plan: chunk ",
+            chunk.index(), " of ", plan().num_chunks()));
+      }
+      owned[plan().ServerOfChunk(chunk.index())].push_back(std::move(chunk));
+    }
+  }
+  blob->servers = std::move(owned);
   return blob;
 }
 

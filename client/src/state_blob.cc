@@ -9,8 +9,11 @@ namespace depot::client_internal {
 namespace {
 
 constexpr char kMagic[8] = {'D', 'E', 'P', 'O', 'T', 'S', 'T', '\0'};
-constexpr uint32_t kVersion = 2;
-// The first format: no JobSpec.
+// Version 3: the fingerprint leaves the server count out, so the state loads
+// onto any number of servers. Version 2 had the same layout with a
+// fingerprint that included it; version 1 had no JobSpec either.
+constexpr uint32_t kVersion = kStateBlobVersion;
+constexpr uint32_t kVersionWithServerCount = 2;
 constexpr uint32_t kVersionWithoutSpec = 1;
 // magic, version, servers, fingerprint, hash.
 constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8 + 8;
@@ -78,10 +81,11 @@ absl::Status Corrupt(absl::string_view what) {
 
 }  // namespace
 
-uint64_t StateFingerprint(const JobConfig& config) {
+uint64_t StateFingerprint(const JobConfig& config, uint32_t version) {
   JobConfig unnamed = config;
   unnamed.name.clear();
-  return Fingerprint(unnamed);
+  return version >= 3 ? Fingerprint(unnamed)
+                      : FingerprintWithServerCount(unnamed);
 }
 
 std::string EncodeStateBlob(const StateBlob& blob) {
@@ -99,7 +103,7 @@ std::string EncodeStateBlob(const StateBlob& blob) {
     }
   }
   std::string out(kMagic, sizeof(kMagic));
-  PutU32(out, kVersion);
+  PutU32(out, blob.version);
   PutU32(out, static_cast<uint32_t>(blob.servers.size()));
   PutU64(out, blob.fingerprint);
   PutU64(out, Fnv1a64(body));
@@ -120,15 +124,16 @@ absl::StatusOr<StateBlob> DecodeStateBlob(std::string_view bytes) {
   reader.U32(servers);
   reader.U64(blob.fingerprint);
   reader.U64(hash);
-  if (version != kVersion && version != kVersionWithoutSpec) {
+  if (version < kVersionWithoutSpec || version > kVersion) {
     return Corrupt(absl::StrCat("format version ", version,
                                 ", this client reads ", kVersionWithoutSpec,
-                                " and ", kVersion));
+                                " to ", kVersion));
   }
+  blob.version = version;
   if (Fnv1a64(bytes.substr(kHeaderBytes)) != hash) {
     return Corrupt("its hash does not match its contents");
   }
-  if (version == kVersion) {
+  if (version >= kVersionWithServerCount) {
     uint64_t length = 0;
     std::string_view spec;
     if (!reader.U64(length) || !reader.Bytes(length, spec)) {

@@ -175,7 +175,11 @@ class FingerprintHasher {
 };
 
 // The encoding's version; bump it when the encoding below changes.
-constexpr std::string_view kFingerprintTag = "depot.JobConfig.v2";
+constexpr std::string_view kFingerprintTag = "depot.JobConfig.v3";
+// The encoding before the server count left the fingerprint
+// (FingerprintWithServerCount: state blobs of format 1 and 2).
+constexpr std::string_view kFingerprintTagWithServerCount =
+    "depot.JobConfig.v2";
 
 }  // namespace
 
@@ -398,9 +402,11 @@ absl::StatusOr<JobGeometry> MakeJobGeometry(const JobConfig& config) {
   return JobGeometry{*std::move(layout), *std::move(plan)};
 }
 
-uint64_t Fingerprint(const JobConfig& config) {
+namespace {
+
+uint64_t FingerprintOf(const JobConfig& config, bool with_server_count) {
   FingerprintHasher h;
-  h.Str(kFingerprintTag);
+  h.Str(with_server_count ? kFingerprintTagWithServerCount : kFingerprintTag);
   h.Str(config.name);
   h.U64(config.tensors.size());
   for (const TensorSpec& tensor : config.tensors) {
@@ -414,7 +420,7 @@ uint64_t Fingerprint(const JobConfig& config) {
   h.U64(static_cast<uint64_t>(config.weight_dtype));
   h.U64(config.chunk_elems);
   h.U64(config.alignment_elems);
-  h.U64(config.num_servers);
+  if (with_server_count) h.U64(config.num_servers);
   HashOptimizerFlags(h, config.optimizer);
   if (!config.group_optimizers.empty()) {
     h.Str("group_optimizers");
@@ -426,6 +432,16 @@ uint64_t Fingerprint(const JobConfig& config) {
     }
   }
   return h.Finish();
+}
+
+}  // namespace
+
+uint64_t Fingerprint(const JobConfig& config) {
+  return FingerprintOf(config, /*with_server_count=*/false);
+}
+
+uint64_t FingerprintWithServerCount(const JobConfig& config) {
+  return FingerprintOf(config, /*with_server_count=*/true);
 }
 
 const OptimizerConfig& GroupOptimizer(const JobConfig& config,

@@ -1,5 +1,6 @@
-// The SaveState blob format (client/src/state_blob.h): version 2 carries the
-// job spec it was saved from; version 1 blobs, saved before, still decode.
+// The SaveState blob format (client/src/state_blob.h): version 3's
+// fingerprint leaves the server count out; version 2 carries the job spec it
+// was saved from; version 1 and 2 blobs, saved before, still decode.
 #include "state_blob.h"
 
 #include <string>
@@ -13,6 +14,7 @@ StateBlob TwoServerBlob() {
   StateBlob blob;
   blob.fingerprint = 0x1234;
   blob.servers.resize(2);
+  blob.version = 2;
   v1::StateChunk& chunk = blob.servers[1].emplace_back();
   chunk.set_index(3);
   chunk.set_applied_step(7);
@@ -35,6 +37,7 @@ TEST(StateBlobTest, CarriesTheJobSpecItWasSavedFrom) {
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   ASSERT_TRUE(decoded->spec.has_value());
   EXPECT_EQ(decoded->spec->name(), "run7");
+  EXPECT_EQ(decoded->version, 2u);
   EXPECT_EQ(decoded->fingerprint, 0x1234u);
   ASSERT_EQ(decoded->servers[1].size(), 1u);
   EXPECT_EQ(decoded->servers[1][0].tensor_steps_size(), 2);
@@ -63,9 +66,36 @@ TEST(StateBlobTest, VersionOneBlobsWithoutASpecStillDecode) {
   EXPECT_EQ(decoded->servers[1][0].applied_step(), 7u);
 }
 
+TEST(StateBlobTest, VersionThreeIsWrittenByDefaultAndDecodes) {
+  StateBlob blob = TwoServerBlob();
+  blob.version = StateBlob().version;
+  EXPECT_EQ(blob.version, 3u);
+  absl::StatusOr<StateBlob> decoded = DecodeStateBlob(EncodeStateBlob(blob));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->version, 3u);
+}
+
+TEST(StateBlobTest, OnlyVersionsBeforeThreeFingerprintTheServerCount) {
+  JobConfig config;
+  config.name = "a";
+  config.tensors = {{"w", 1000, 0}};
+  config.num_servers = 3;
+  JobConfig other = config;
+  other.num_servers = 4;
+  other.name = "b";  // never part of a state's fingerprint
+  EXPECT_EQ(StateFingerprint(config), StateFingerprint(other));
+  EXPECT_EQ(StateFingerprint(config, 3), StateFingerprint(other, 3));
+  EXPECT_NE(StateFingerprint(config, 2), StateFingerprint(other, 2));
+  other.num_servers = 3;
+  EXPECT_EQ(StateFingerprint(config, 2), StateFingerprint(other, 2));
+  EXPECT_NE(StateFingerprint(config, 2), StateFingerprint(config, 3));
+  other.chunk_elems *= 2;  // everything else still counts
+  EXPECT_NE(StateFingerprint(config), StateFingerprint(other));
+}
+
 TEST(StateBlobTest, UnknownVersionIsDataLoss) {
   std::string bytes = EncodeStateBlob(TwoServerBlob());
-  PutU32At(bytes, 8, 3);
+  PutU32At(bytes, 8, 4);
   EXPECT_EQ(DecodeStateBlob(bytes).status().code(),
             absl::StatusCode::kDataLoss);
 }

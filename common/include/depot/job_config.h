@@ -170,9 +170,16 @@ struct JobGeometry {
 // INVALID_ARGUMENT as ValidateJobConfig (which it runs first).
 DEPOT_API absl::StatusOr<JobGeometry> MakeJobGeometry(const JobConfig& config);
 
-// A 64-bit hash of every field of `config`, stable across processes, builds and
-// machines (it hashes a canonical byte encoding, not memory).
+// A 64-bit hash of every field of `config` but num_servers, stable across
+// processes, builds and machines (it hashes a canonical byte encoding, not
+// memory). The server count is left out so that a job's state moves between
+// server counts (a saved state or a checkpoint restores onto any number of
+// servers); servers check num_servers on its own where it matters.
 DEPOT_API uint64_t Fingerprint(const JobConfig& config);
+
+// The fingerprint of earlier versions, which included num_servers: what state
+// blobs of format version 1 and 2 carry.
+uint64_t FingerprintWithServerCount(const JobConfig& config);
 
 // Number of state slots per parameter besides the master weight:
 // Adam/AdamW 2 (exp_avg, exp_avg_sq), 3 with amsgrad (max_exp_avg_sq);
