@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
 namespace depot {
@@ -123,10 +124,42 @@ void Checkpointer::Stop() {
   writer_.join();
 }
 
-void Checkpointer::Write(const std::weak_ptr<ShardState>& job,
-                         std::unique_ptr<ShardCheckpoint> capture) {
+absl::StatusOr<uint64_t> Checkpointer::CheckpointNow(
+    const std::shared_ptr<ShardState>& shard) {
+  absl::StatusOr<std::unique_ptr<ShardCheckpoint>> capture =
+      shard->CaptureNow();
+  if (!capture.ok()) return capture.status();
+  const uint64_t step = (*capture)->step;
+  auto held = std::make_shared<std::unique_ptr<ShardCheckpoint>>(
+      *std::move(capture));
+  auto done = std::make_shared<absl::Notification>();
+  auto result = std::make_shared<absl::Status>();
+  std::weak_ptr<ShardState> job = shard;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      // The writer may be gone: nothing queued now would run.
+      shard->ReleaseCapture(std::move(*held));
+      return absl::UnavailableError(
+          "the server is shutting down: no checkpoint is taken");
+    }
+    queue_.push_back([this, job, held, done, result] {
+      *result = Write(job, std::move(*held));
+      done->Notify();
+    });
+  }
+  done->WaitForNotification();
+  if (!result->ok()) return *result;
+  return step;
+}
+
+absl::Status Checkpointer::Write(const std::weak_ptr<ShardState>& job,
+                                 std::unique_ptr<ShardCheckpoint> capture) {
   std::shared_ptr<ShardState> shard = job.lock();
-  if (shard == nullptr || shard->deleted()) return;
+  if (shard == nullptr || shard->deleted()) {
+    return absl::AbortedError("the job was deleted before its checkpoint "
+                              "was written");
+  }
   const std::string& name = capture->config.name;
   const uint64_t step = capture->step;
   const auto start = std::chrono::steady_clock::now();
@@ -140,6 +173,8 @@ void Checkpointer::Write(const std::weak_ptr<ShardState>& job,
         "CHECKPOINT FAILED: job \"%s\" step %d was not checkpointed: %s (the "
         "next checkpoint step writes a new file)",
         name, step, bytes.status().ToString()));
+    shard->ReleaseCapture(std::move(capture));
+    return bytes.status();
   } else {
     metrics_->checkpoints_written.Increment();
     metrics_->checkpoint_bytes.Increment(static_cast<double>(*bytes));
@@ -155,6 +190,7 @@ void Checkpointer::Write(const std::weak_ptr<ShardState>& job,
     }
   }
   shard->ReleaseCapture(std::move(capture));
+  return absl::OkStatus();
 }
 
 int RestoreJobs(const CheckpointDirectory& directory, JobStore& jobs,

@@ -61,6 +61,14 @@ class Checkpointer : public JobListener {
   // crash must not bring it back). The next capture step writes a new one.
   void JobStateReplaced(const std::shared_ptr<ShardState>& shard) override;
 
+  // The Checkpoint RPC: captures `shard` now (ShardState::CaptureNow) and
+  // writes it with the periodic ones' rules (atomically, the manifest last,
+  // the last `keep` kept), then returns the step written. Its errors, or
+  // the write's (UNAVAILABLE for a failed fsync, as the periodic ones).
+  // The capture is a copy of the shard's state for the length of the write.
+  absl::StatusOr<uint64_t> CheckpointNow(
+      const std::shared_ptr<ShardState>& shard);
+
   // Waits until everything queued so far has been done.
   void Flush();
   // Finishes what is queued, then ends the writer thread; later captures are
@@ -75,8 +83,9 @@ class Checkpointer : public JobListener {
   // they are in the log line.
   void RemoveCheckpoints(const std::string& name, const std::string& why);
   void RunWriter();
-  void Write(const std::weak_ptr<ShardState>& job,
-             std::unique_ptr<ShardCheckpoint> capture);
+  // Writes and gives the capture back; the write's status.
+  absl::Status Write(const std::weak_ptr<ShardState>& job,
+                     std::unique_ptr<ShardCheckpoint> capture);
 
   CheckpointDirectory* const directory_;
   const CheckpointPolicy policy_;

@@ -110,8 +110,8 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
     RestoreJobs(*daemon->checkpoint_dir_, *daemon->jobs_, *daemon->metrics_,
                 &LogLine);
   }
-  daemon->service_ = std::make_unique<DepotService>(daemon->jobs_.get(),
-                                                    daemon->metrics_.get());
+  daemon->service_ = std::make_unique<DepotService>(
+      daemon->jobs_.get(), daemon->metrics_.get(), daemon->checkpointer_.get());
   if (options.stalled_step_threshold > absl::ZeroDuration()) {
     daemon->stall_monitor_ = std::make_unique<StallMonitor>(
         daemon->jobs_.get(), daemon->metrics_.get(),

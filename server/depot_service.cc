@@ -15,7 +15,8 @@ namespace {
 
 constexpr const char* kRpcNames[kNumRpcs] = {
     "CreateJob", "InitWeights", "Step",        "PullWeights",
-    "GetJob",    "DeleteJob",   "ExportState", "ImportState"};
+    "GetJob",    "DeleteJob",   "ExportState", "ImportState",
+    "Checkpoint"};
 
 void Log(const std::string& line) {
   std::fprintf(stderr, "depot-server: %s\n", line.c_str());
@@ -23,8 +24,9 @@ void Log(const std::string& line) {
 
 }  // namespace
 
-DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics)
-    : jobs_(jobs), metrics_(metrics) {}
+DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
+                           Checkpointer* checkpointer)
+    : jobs_(jobs), metrics_(metrics), checkpointer_(checkpointer) {}
 
 grpc::Status DepotService::Serve(Rpc rpc,
                                  absl::FunctionRef<absl::Status()> body) {
@@ -215,6 +217,29 @@ grpc::Status DepotService::ImportState(
     v1::ImportStateResponse* response) {
   return Serve(Rpc::kImportState,
                [&] { return DoImportState(reader, response); });
+}
+
+grpc::Status DepotService::Checkpoint(grpc::ServerContext*,
+                                      const v1::CheckpointRequest* request,
+                                      v1::CheckpointResponse* response) {
+  return Serve(Rpc::kCheckpoint,
+               [&] { return DoCheckpoint(*request, response); });
+}
+
+absl::Status DepotService::DoCheckpoint(const v1::CheckpointRequest& request,
+                                        v1::CheckpointResponse* response) {
+  absl::StatusOr<std::shared_ptr<ShardState>> shard =
+      jobs_->Find(request.job_id(), request.fingerprint());
+  if (!shard.ok()) return shard.status();
+  if (checkpointer_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this server has no --checkpoint_dir: start it with one to take "
+        "checkpoints");
+  }
+  absl::StatusOr<uint64_t> step = checkpointer_->CheckpointNow(*shard);
+  if (!step.ok()) return step.status();
+  response->set_step(*step);
+  return absl::OkStatus();
 }
 
 absl::Status DepotService::DoExportState(

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "depot/v1/depot.grpc.pb.h"
+#include "server/checkpointer.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/step_stream.h"
@@ -30,8 +31,10 @@ namespace depot {
 class DepotService final
     : public v1::Depot::WithRawCallbackMethod_Step<v1::Depot::Service> {
  public:
-  // `jobs` and `metrics` must outlive the service.
-  DepotService(JobStore* jobs, ServerMetrics* metrics);
+  // `jobs`, `metrics` and `checkpointer` (null: the server has no
+  // --checkpoint_dir) must outlive the service.
+  DepotService(JobStore* jobs, ServerMetrics* metrics,
+               Checkpointer* checkpointer = nullptr);
 
   grpc::Status CreateJob(grpc::ServerContext* context,
                          const v1::CreateJobRequest* request,
@@ -56,6 +59,9 @@ class DepotService final
   grpc::Status ImportState(grpc::ServerContext* context,
                            grpc::ServerReader<v1::ImportStateRequest>* reader,
                            v1::ImportStateResponse* response) override;
+  grpc::Status Checkpoint(grpc::ServerContext* context,
+                          const v1::CheckpointRequest* request,
+                          v1::CheckpointResponse* response) override;
 
   // From now on every new RPC fails with UNAVAILABLE; RPCs already running,
   // Step streams included, go on.
@@ -89,6 +95,8 @@ class DepotService final
                              grpc::ServerWriter<v1::StateChunk>* writer);
   absl::Status DoImportState(grpc::ServerReader<v1::ImportStateRequest>* reader,
                              v1::ImportStateResponse* response);
+  absl::Status DoCheckpoint(const v1::CheckpointRequest& request,
+                            v1::CheckpointResponse* response);
 
   // Records an open Step stream and its job (0 until its header is read), or
   // updates its job.
@@ -99,6 +107,7 @@ class DepotService final
 
   JobStore* const jobs_;
   ServerMetrics* const metrics_;
+  Checkpointer* const checkpointer_;
   std::atomic<bool> accepting_{true};
 
   mutable absl::Mutex streams_mu_;

@@ -36,7 +36,8 @@ prometheus::Histogram& Histogram(
 
 constexpr const char* kRpcLabels[kNumRpcs] = {
     "create_job", "init_weights", "step",         "pull_weights",
-    "get_job",    "delete_job",   "export_state", "import_state"};
+    "get_job",    "delete_job",   "export_state", "import_state",
+    "checkpoint"};
 
 }  // namespace
 

@@ -25,8 +25,9 @@ enum class Rpc {
   kDeleteJob,
   kExportState,
   kImportState,
+  kCheckpoint,
 };
-inline constexpr int kNumRpcs = 8;
+inline constexpr int kNumRpcs = 9;
 
 class ServerMetrics {
  public:

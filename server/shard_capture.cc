@@ -1,6 +1,10 @@
 // ShardState's checkpoint captures: the shard's state copied at a step
 // boundary, chunk by chunk as each chunk applies the step (EnableCaptures).
+#include <optional>
 #include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/chunk_state.h"
 
 #include "server/shard_state.h"
 
@@ -16,6 +20,62 @@ void ShardState::ReleaseCapture(std::unique_ptr<ShardCheckpoint> capture) {
   absl::MutexLock lock(&capture_mu_);
   capture_spare_ = std::move(capture);
   capture_out_ = false;
+}
+
+absl::StatusOr<std::unique_ptr<ShardCheckpoint>> ShardState::CaptureNow() {
+  if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  std::unique_ptr<ShardCheckpoint> capture;
+  {
+    absl::MutexLock lock(&capture_mu_);
+    if (capture_ != nullptr || capture_out_) {
+      return absl::UnavailableError(
+          "a checkpoint of this job is being taken or written; try again "
+          "once it is done");
+    }
+    capture = capture_spare_ != nullptr ? std::move(capture_spare_)
+                                        : std::make_unique<ShardCheckpoint>();
+    // Periodic captures skip while this one is out.
+    capture_out_ = true;
+  }
+  const ShardRange& shard = shape_.shard();
+  capture->config = shape_.config();
+  capture->fingerprint = shape_.fingerprint();
+  capture->server_index = shape_.server_index();
+  capture->chunks.resize(shard.num_chunks());
+  std::optional<uint64_t> step;
+  absl::Status status;
+  for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
+    ChunkState& chunk = chunk_state(index);
+    absl::MutexLock lock(&chunk.mu);
+    chunk.mu.Await(absl::Condition(&chunk, &ChunkState::Idle));
+    if (chunk.pending != nullptr &&
+        (chunk.pending->count > 0 || chunk.pending->complete)) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "step ", chunk.applied_step + 1, " is in flight (chunk ", index,
+          " holds contributions): take a checkpoint between steps"));
+      break;
+    }
+    if (step.has_value() && chunk.applied_step != *step) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "a step is half applied (chunk ", index, " is at step ",
+          chunk.applied_step, ", earlier ones at ", *step,
+          "): take a checkpoint between steps"));
+      break;
+    }
+    step = chunk.applied_step;
+    CopyChunk(index, chunk.applied_step, chunk.tensor_steps,
+              capture->chunks[index - shard.first_chunk]);
+  }
+  if (status.ok() && !step.has_value()) {
+    status = absl::FailedPreconditionError(
+        "this server's shard of the job has no chunks: nothing to checkpoint");
+  }
+  if (!status.ok()) {
+    ReleaseCapture(std::move(capture));
+    return status;
+  }
+  capture->step = *step;
+  return capture;
 }
 
 void ShardState::DropCapture(uint64_t imported_step) {

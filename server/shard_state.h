@@ -299,6 +299,13 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   void EnableCaptures(CaptureHooks hooks);
   // Gives a capture back once written; its buffers serve the next one.
   void ReleaseCapture(std::unique_ptr<ShardCheckpoint> capture);
+  // An on-demand capture (the Checkpoint RPC): the whole shard now, at its
+  // completed step, which must be a step boundary. Give it back with
+  // ReleaseCapture. FAILED_PRECONDITION: a step is in flight (a chunk holds
+  // contributions, or the chunks are at different steps); UNAVAILABLE
+  // (retryable): a capture of this job is being taken or written; ABORTED:
+  // the job was deleted.
+  absl::StatusOr<std::unique_ptr<ShardCheckpoint>> CaptureNow();
 
   // Marks the job deleted: later InitChunk, BeginStep and Contribute calls fail
   // with ABORTED. Updates already queued still run.

@@ -228,6 +228,17 @@ int depot_job_step(depot_job_t* job, uint64_t step, const void* grads,
   });
 }
 
+int depot_job_checkpoint(depot_job_t* job, uint64_t* step) {
+  constexpr const char* kFunction = "depot_job_checkpoint";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    absl::StatusOr<uint64_t> taken = job->job->Checkpoint();
+    if (!taken.ok()) return taken.status();
+    if (step != nullptr) *step = *taken;
+    return absl::OkStatus();
+  });
+}
+
 int depot_job_pull(depot_job_t* job, uint64_t begin, uint64_t end,
                    int32_t dtype, void* out) {
   constexpr const char* kFunction = "depot_job_pull";

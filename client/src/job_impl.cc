@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "call_group.h"
 #include "grpcpp/client_context.h"
@@ -586,6 +587,41 @@ absl::StatusOr<std::vector<ServerJobStatus>> JobImpl::Status(
       });
   if (!status.ok()) return status;
   return statuses;
+}
+
+absl::StatusOr<uint64_t> JobImpl::Checkpoint() {
+  // A checkpoint writes the whole shard: give it the step's deadline.
+  const absl::Time deadline = absl::Now() + options_.step_timeout;
+  const std::vector<uint32_t> servers = ServersWithChunks();
+  std::vector<uint64_t> steps(plan().num_servers(), 0);
+  absl::Status status = RunOnServers(
+      *connections_, servers, [&](uint32_t server, CallGroup& group) {
+        GroupContext context(group, deadline);
+        v1::CheckpointRequest request;
+        request.set_job_id(job_ids_[server]);
+        request.set_fingerprint(fingerprint());
+        v1::CheckpointResponse response;
+        absl::Status rpc = FromGrpcStatus(
+            (*connections_)[server]->depot->Checkpoint(context.get(), request,
+                                                       &response));
+        steps[server] = response.step();
+        return rpc;
+      });
+  if (!status.ok()) return status;
+  for (uint32_t server : servers) {
+    if (steps[server] != steps[servers.front()]) {
+      std::vector<std::string> each;
+      for (uint32_t s : servers) {
+        each.push_back(absl::StrCat((*connections_)[s]->address, " at step ",
+                                    steps[s]));
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the servers checkpointed different steps (",
+          absl::StrJoin(each, ", "),
+          "): a step was in flight; take checkpoints between steps"));
+    }
+  }
+  return servers.empty() ? uint64_t{0} : steps[servers.front()];
 }
 
 absl::Status JobImpl::Delete() {

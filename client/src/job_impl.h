@@ -36,6 +36,7 @@ class JobImpl : public Job {
   absl::StatusOr<std::vector<ServerJobStatus>> Status(
       bool with_checksum) override;
   absl::Status Delete() override;
+  absl::StatusOr<uint64_t> Checkpoint() override;
   // job_state.cc
   absl::StatusOr<std::string> SaveState() override;
   absl::Status LoadState(const std::string& blob) override;

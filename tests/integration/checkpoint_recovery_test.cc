@@ -330,5 +330,78 @@ TEST_F(CheckpointRecoveryTest, KillDuringACheckpointWriteRestoresACompleteOne) {
   EXPECT_TRUE(BitwiseEqual(reference_master, *master));
 }
 
+// The Checkpoint RPC (Job::Checkpoint): a checkpoint of step 7, not a
+// multiple of the periodic 5, taken on demand; after SIGKILL both servers
+// restore it, and the run resumes bitwise. While a step is in flight (one of
+// two workers has sent its gradients) it is refused, and nothing changes.
+TEST_F(CheckpointRecoveryTest, OnDemandCheckpointIsRestoredAfterAKill) {
+  std::vector<uint64_t> whole_checksums_at_7;
+  std::vector<float> whole_master;
+  {
+    std::unique_ptr<ClientTraining> whole = Open("whole");
+    ASSERT_NE(whole, nullptr);
+    ASSERT_TRUE(whole->InitWeights(kSeed, DType::kFloat32).ok());
+    Train(*whole, 1, 7);
+    whole_checksums_at_7 = whole->StateChecksums().value();
+    Train(*whole, 8, 12);
+    whole_master = whole->PullMaster().value();
+  }
+  {
+    std::unique_ptr<ClientTraining> training = Open("on-demand");
+    ASSERT_NE(training, nullptr);
+    ASSERT_TRUE(training->InitWeights(kSeed, DType::kFloat32).ok());
+    Train(*training, 1, 7);
+    absl::StatusOr<uint64_t> step = training->job(0).Checkpoint();
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_EQ(*step, 7u);
+    for (uint32_t s = 0; s < num_servers_; ++s) {
+      EXPECT_TRUE(fs::exists(Manifest("on-demand", s, 7)));
+    }
+    // Step 8 in flight: worker 0 has sent, worker 1 has not.
+    BackgroundStep first(*training, kSeed, 8, 0);
+    absl::Status refused;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      absl::StatusOr<uint64_t> again = training->job(1).Checkpoint();
+      if (!again.ok()) {
+        refused = again.status();
+        break;
+      }
+      EXPECT_EQ(*again, 7u);  // before worker 0's gradients arrived
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition)
+        << refused;
+    EXPECT_THAT(refused.message(), ::testing::HasSubstr("in flight"));
+    BackgroundStep second(*training, kSeed, 8, 1);
+    ASSERT_TRUE(first.Join().status.ok());
+    ASSERT_TRUE(second.Join().status.ok());
+    Train(*training, 9, 9);  // past the checkpoint, lost with the kill
+  }
+  KillServers();
+  StartServers();
+  std::unique_ptr<ClientTraining> resumed = Open("on-demand");
+  ASSERT_NE(resumed, nullptr);
+  EXPECT_THAT(Steps(*resumed), ::testing::Each(7u));
+  EXPECT_EQ(resumed->StateChecksums().value(), whole_checksums_at_7);
+  Train(*resumed, 8, 12);
+  absl::StatusOr<std::vector<float>> master = resumed->PullMaster();
+  ASSERT_TRUE(master.ok()) << master.status();
+  EXPECT_TRUE(BitwiseEqual(whole_master, *master));
+}
+
+TEST(CheckpointRpcTest, AServerWithoutACheckpointDirSaysSo) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<ClientTraining>> training =
+      ClientTraining::Open({(*server)->grpc_address()},
+                           SmallJobConfig("plain", 1, 1));
+  ASSERT_TRUE(training.ok()) << training.status();
+  absl::StatusOr<uint64_t> step = (*training)->job(0).Checkpoint();
+  EXPECT_EQ(step.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(step.status().message(),
+              ::testing::HasSubstr("no --checkpoint_dir"));
+}
+
 }  // namespace
 }  // namespace depot::testing

@@ -247,6 +247,16 @@ class DEPOT_API Job {
   // Deletes the job on every server, freeing its state.
   virtual absl::Status Delete() = 0;
 
+  // Has every server write its shard of the job to its --checkpoint_dir now
+  // (docs/checkpoints.md) and returns the step the checkpoint holds, once
+  // every shard is durable: a restarted server restores it by itself. Call it
+  // between steps, with no Step in flight on any worker (one worker calls
+  // it). FAILED_PRECONDITION: a server has no --checkpoint_dir, a step is in
+  // flight, or the servers are at different steps (each named);
+  // UNAVAILABLE: a server is writing a checkpoint of the job already, or a
+  // write failed (fsync): retry.
+  virtual absl::StatusOr<uint64_t> Checkpoint() = 0;
+
   // The whole optimizer state of the job (master weights, optimizer slots, the
   // step counters of every chunk) as an opaque byte string for LoadState
   // (format: client/src/state_blob.h). Call it between steps, with no Step in

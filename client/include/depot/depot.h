@@ -388,6 +388,12 @@ DEPOT_API int depot_job_encode_state(const depot_job_t* job,
                                      const depot_flat_state_t* state,
                                      void** data, size_t* size);
 
+/* depot::Job::Checkpoint: every server writes its shard to its
+ * --checkpoint_dir now; *step (may be NULL) gets the step the checkpoint
+ * holds. Call between steps. FAILED_PRECONDITION: no --checkpoint_dir, or a
+ * step in flight; UNAVAILABLE: retry. */
+DEPOT_API int depot_job_checkpoint(depot_job_t* job, uint64_t* step);
+
 /* Frees a buffer the library allocated. NULL is ignored. */
 DEPOT_API void depot_buffer_free(void* data);
 

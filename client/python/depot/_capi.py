@@ -229,6 +229,8 @@ _PROTOTYPES = {
     "depot_job_encode_state": (ctypes.c_int, [
         c_void_p, _p(FlatState), ctypes.POINTER(c_void_p),
         ctypes.POINTER(c_size_t)]),
+    "depot_job_checkpoint": (ctypes.c_int, [
+        c_void_p, ctypes.POINTER(c_uint64)]),
     "depot_buffer_free": (None, [c_void_p]),
     "depot_engine_options_init": (None, [_p(EngineOptions)]),
     "depot_engine_unique_id": (ctypes.c_int, [

@@ -489,6 +489,18 @@ class Job(OwnedHandle):
             ctypes.POINTER(_capi.c_uint64))
         return c_state
 
+    def checkpoint(self) -> int:
+        """Has every server write its shard of the job to its
+        --checkpoint_dir now (docs/checkpoints.md); returns the step the
+        checkpoint holds once every shard is durable. Call it between steps,
+        on one worker. FailedPreconditionError: a server has no
+        --checkpoint_dir, or a step is in flight; UnavailableError: retry."""
+        step = _capi.c_uint64()
+        with self._lock:
+            _capi.check(_capi.lib().depot_job_checkpoint(
+                self._live_handle(), ctypes.byref(step)))
+        return step.value
+
     def delete(self) -> None:
         """Deletes the job on every server, freeing its state."""
         with self._lock:

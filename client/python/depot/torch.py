@@ -180,6 +180,11 @@ class DepotOptimizer(torch.optim.Optimizer):
       wait_timeout: seconds to wait for the servers to be up.
       engine: None (a transfer engine for CUDA parameters, none for CPU
         ones), "cuda", or "host" (the engine on CPU parameters).
+      resume: continue the job if it already exists on the servers at one
+        step (after they restored it from their --checkpoint_dir, say): the
+        parameters take the servers' weights, resumed_step says the step,
+        and the trainer moves its data position there. Without it such a
+        job is refused (a new run needs a new job).
       delayed_update, offload_fraction, local_rank, local_ranks, node_id,
         bucket_chunks, find_unused_parameters, engine_options: the engine's
         (module docstring; docs/gpu.md).
@@ -195,13 +200,15 @@ class DepotOptimizer(torch.optim.Optimizer):
                  delayed_update=False, offload_fraction=1.0, local_rank=0,
                  local_ranks=1, node_id=None, bucket_chunks=None,
                  find_unused_parameters=False, engine_options=None,
-                 **hparams):
+                 resume=False, **hparams):
         kind = optimizer.lower() if isinstance(optimizer, str) else optimizer
         if kind not in args.KINDS:
             raise ValueError(f"optimizer must be one of "
                              f"{', '.join(map(repr, args.KINDS))}, not "
                              f"{optimizer!r}")
         self._kind = kind
+        self._resume = bool(resume)
+        self.resumed_step = None
         self._engine_kind = engine
         self._driver = None
         args.check_hparams(kind, hparams)
@@ -253,6 +260,10 @@ class DepotOptimizer(torch.optim.Optimizer):
             local_rank=local_rank, local_ranks=local_ranks,
             unique_id=node_id, bucket_chunks=bucket_chunks)
         self._engine_device = engine_device(self._all_params(), engine)
+        if self._engine_device is None and self._resume:
+            # The step to resume from is known at construction.
+            self._open_job()
+            self._init_weights()
         if self._engine_device is None:
             if engine_options or delayed_update or offload_fraction != 1.0 \
                     or local_ranks != 1 or node_id is not None or \
@@ -377,14 +388,45 @@ class DepotOptimizer(torch.optim.Optimizer):
         try:
             self._job.init_weights(flat)
         except depot.FailedPreconditionError:
-            for status in self._job.status():
+            statuses = self._job.status()
+            steps = {status.step for status in statuses}
+            if self._resume and len(steps) == 1 and min(steps) > 0:
+                self._resume_from(min(steps))
+                return
+            for status in statuses:
                 if status.step > 0:
+                    if self._resume:
+                        raise depot.FailedPreconditionError(
+                            f'job "{self._job.name}" is at different steps '
+                            f"on its servers ("
+                            + ", ".join(f"{s.server}: {s.step}"
+                                        for s in statuses)
+                            + "): it cannot be resumed until they agree")\
+                            from None
                     raise depot.FailedPreconditionError(
                         f'job "{self._job.name}" has already been trained '
                         f"to step {status.step} on {status.server}; "
                         f"DepotOptimizer starts a job at step 1: use another "
-                        f"job_name, or delete the job") from None
+                        f"job_name, delete the job, or pass resume=True to "
+                        f"continue it") from None
         self._initialized = True
+
+    def _resume_from(self, step):
+        """resume=True: the job exists at `step` on every server (restored
+        from their checkpoints, or left by an earlier run): the parameters
+        take the servers' weights and the next step is step + 1."""
+        self._depot_step = step
+        self._initialized = True
+        self.resumed_step = step
+        self._state_cache = None
+        weights = torch.empty(self._job.total_elems,
+                              dtype=_TORCH_DTYPES[self._weight_dtype])
+        self._job.pull(dtype=self._weight_dtype, out=weights)
+        if self._weights is not None:
+            self._weights.copy_(weights)
+        with torch.no_grad():
+            for p, offset, numel in self._slots:
+                p.copy_(weights[offset:offset + numel].view_as(p))
 
     def _group_hparams(self):
         """This step's (depot group, lr, weight_decay) of every group."""
@@ -487,6 +529,14 @@ class DepotOptimizer(torch.optim.Optimizer):
         if self._driver is None:
             return contextlib.nullcontext()
         return self._driver.no_sync()
+
+    def checkpoint(self):
+        """Has the servers write the job's state to their --checkpoint_dir
+        now (after finishing any step in flight: synchronize()); returns the
+        step it holds. A restarted server restores it by itself. Call it on
+        one worker, between steps."""
+        self.synchronize()
+        return self._open_job().checkpoint()
 
     def attach(self, model):
         """Engine mode: forward waits per bucket. Each module of `model`
