@@ -106,10 +106,12 @@ class TransferEngine::Impl {
     // Guarded by the engine's mu_.
     absl::Status error;
     bool aborted = false;
-      std::vector<uint64_t> ready_order, d2h_order;
+    std::vector<uint64_t> ready_order, d2h_order;
     std::vector<bool> named, weights_recorded, h2d_waited;
     std::vector<uint64_t> h2d_pending;
     std::vector<int> d2h_slot_of_chunk;
+    // Per route of the step: its chunks queued for D2H or in a D2H slot.
+    std::vector<int> route_in_slots;
 
     absl::Status Accept(uint64_t index, uint64_t bytes,
                         const std::function<void(char*)>& copy) override {
@@ -378,6 +380,8 @@ class TransferEngine::Impl {
     run->h2d_waited.assign(buckets, false);
     run->h2d_pending = owned_in_bucket_;
     run->d2h_slot_of_chunk.assign(job_.plan().num_chunks(), -1);
+    run->route_in_slots.assign((two_phase ? routes_two_phase_ : routes_).size(),
+                               0);
     StepRun* r = run.get();
     StreamedStep streamed;
     streamed.step = step;
@@ -407,13 +411,15 @@ class TransferEngine::Impl {
       runs_.push_back(std::move(run));
     }
     begun_ = step;
+    // The copies first: the first chunk's D2H is the step's first latency,
+    // and opening the Step streams (a gRPC call per route) has that long.
+    r->comm_thread = std::thread([this, r] { RunCollectives(*r); });
+    r->d2h_thread = std::thread([this, r] { RunDeviceToHost(*r); });
     r->step_thread = std::thread([this, r, streamed = std::move(streamed)] {
       absl::Status status =
           client_internal::RunStreamedStep(job_, streamed, &r->result);
       if (!status.ok()) Fail(*r, status);
     });
-    r->comm_thread = std::thread([this, r] { RunCollectives(*r); });
-    r->d2h_thread = std::thread([this, r] { RunDeviceToHost(*r); });
     return absl::OkStatus();
   }
 
@@ -663,6 +669,7 @@ class TransferEngine::Impl {
       absl::MutexLock lock(&mu_);
       slot = run.d2h_slot_of_chunk[index];
       run.d2h_slot_of_chunk[index] = -1;
+      if (slot >= 0) --run.route_in_slots[RouteOfChunk(run, index)];
     }
     if (slot < 0) return;
     // gRPC read the slot until now: no copy may have been writing it.
@@ -689,9 +696,11 @@ class TransferEngine::Impl {
       run.d2h_slot_of_chunk[index] = slot;
       if (options_.faults.d2h_slot_free_at_handoff) d2h_.free.push_back(slot);
     }
-    const std::vector<uint32_t>& routes =
-        run.two_phase ? route_two_phase_of_chunk_ : route_of_chunk_;
-    run.queues[routes[index]]->Push(index, d2h_.slot(slot));
+    run.queues[RouteOfChunk(run, index)]->Push(index, d2h_.slot(slot));
+  }
+
+  uint32_t RouteOfChunk(const StepRun& run, uint64_t index) const {
+    return (run.two_phase ? route_two_phase_of_chunk_ : route_of_chunk_)[index];
   }
 
   // Waits until `list` of `run` has more than `i` entries; nullopt once
@@ -858,36 +867,102 @@ class TransferEngine::Impl {
     run.weights_recorded[bucket] = true;
   }
 
-  // The D2H stream's work: each bucket's owned chunks into free slots, in the
-  // order the reduce-scatters were queued.
+  // The D2H stream's work: every owned chunk of the step into a free slot.
+  // A bucket's turn comes in the order its reduce-scatter was queued
+  // (d2h_order). Which chunk next, once a slot is free: the next chunk of
+  // the first bucket with chunks left, or of a later bucket whose gradients
+  // are already complete on the device (its event reached, so that waiting
+  // for it cannot hold the stream up), whichever goes to the route with the
+  // fewest chunks queued or in slots; ties to the earlier bucket. Backward's
+  // buckets lie in one server's shard after another: copied strictly in
+  // order, they would fill every slot with chunks for one server's stream
+  // while the other servers idle.
   void RunDeviceToHost(StepRun& run) {
+    // A bucket whose turn has come and that has chunks left.
+    struct Turn {
+      uint64_t bucket;
+      uint64_t next, end;     // its owned chunks not yet copied
+      bool waited = false;    // its event's wait is queued
+      bool complete = false;  // its event was seen reached
+    };
+    // How many later buckets are looked at for a chunk: bounds the event
+    // queries per chunk.
+    constexpr size_t kLookahead = 16;
     const uint64_t buckets = partition_.num_buckets();
-    for (size_t i = 0; i < buckets; ++i) {
-      const std::optional<uint64_t> b = Nth(run, run.d2h_order, i);
-      if (!b.has_value()) return;
-      const ChunkSpan owned = partition_.owned(*b, options_.local_rank);
-      if (owned.empty()) continue;
-      absl::Status s;
-      if (!options_.faults.d2h_skip_ready_wait) {
-        s = device_.Wait(*d2h_stream_, collective_ != nullptr
-                                           ? *rs_done_[run.parity][*b]
-                                           : *ready_[run.parity][*b]);
+    std::deque<Turn> turns;
+    size_t taken = 0;  // entries of d2h_order taken into turns
+    while (taken < buckets || !turns.empty()) {
+      const int slot = Acquire(run, d2h_);
+      if (slot < 0) return;
+      std::vector<int> in_slots;
+      {
+        absl::MutexLock lock(&mu_);
+        while (true) {
+          for (; taken < run.d2h_order.size(); ++taken) {
+            const uint64_t b = run.d2h_order[taken];
+            const ChunkSpan owned = partition_.owned(b, options_.local_rank);
+            if (!owned.empty())
+              turns.push_back(Turn{b, owned.first, owned.end});
+          }
+          if (!turns.empty() || taken == buckets) break;
+          const auto more = [&run, taken]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return run.aborted || run.d2h_order.size() > taken;
+          };
+          mu_.Await(absl::Condition(&more));
+          if (run.aborted) return;
+        }
+        in_slots = run.route_in_slots;
       }
-      for (uint64_t c = owned.first; s.ok() && c < owned.end; ++c) {
-        const int slot = Acquire(run, d2h_);
-        if (slot < 0) return;
-        const uint64_t bytes = job_.plan().chunk(c).size() * grad_size_;
+      if (turns.empty()) {  // the last buckets own no chunk of this rank
+        Free(d2h_, slot);
+        break;
+      }
+      size_t pick = 0;
+      for (size_t i = 1; i < turns.size() && i <= kLookahead; ++i) {
+        Turn& turn = turns[i];
+        if (!turn.complete) {
+          absl::StatusOr<bool> reached =
+              device_.Query(D2hEvent(run, turn.bucket));
+          turn.complete = reached.ok() && *reached;
+        }
+        if (turn.complete &&
+            in_slots[RouteOfChunk(run, turn.next)] <
+                in_slots[RouteOfChunk(run, turns[pick].next)]) {
+          pick = i;
+        }
+      }
+      Turn& turn = turns[pick];
+      const uint64_t c = turn.next++;
+      absl::Status s;
+      if (!turn.waited && !options_.faults.d2h_skip_ready_wait) {
+        s = device_.Wait(*d2h_stream_, D2hEvent(run, turn.bucket));
+      }
+      turn.waited = true;
+      {
+        absl::MutexLock lock(&mu_);
+        ++run.route_in_slots[RouteOfChunk(run, c)];
+      }
+      const uint64_t bytes = job_.plan().chunk(c).size() * grad_size_;
+      if (s.ok()) {
         s = device_.CopyAsync(
             *d2h_stream_, d2h_.slot(slot),
             run.grads + c * partition_.chunk_elems() * grad_size_, bytes,
             CopyKind::kDeviceToHost);
-        if (s.ok()) {
-          s = device_.LaunchHostFunc(
-              *d2h_stream_, [this, &run, c, slot] { HandOff(run, c, slot); });
-        }
+      }
+      if (s.ok()) {
+        s = device_.LaunchHostFunc(
+            *d2h_stream_, [this, &run, c, slot] { HandOff(run, c, slot); });
       }
       if (!s.ok()) return Fail(run, s);
+      if (turn.next == turn.end) turns.erase(turns.begin() + pick);
     }
+  }
+
+  // The event a bucket's D2H copies wait for: its reduce-scatter's, or with
+  // one local rank its ready event.
+  Event& D2hEvent(const StepRun& run, uint64_t bucket) const {
+    return collective_ != nullptr ? *rs_done_[run.parity][bucket]
+                                  : *ready_[run.parity][bucket];
   }
 
   void JoinRun(StepRun& run) {
