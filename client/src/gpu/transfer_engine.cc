@@ -114,7 +114,7 @@ class TransferEngine::Impl {
     std::vector<int> route_in_slots;
 
     absl::Status Accept(uint64_t index, uint64_t bytes,
-                        const std::function<void(char*)>& copy) override {
+                        const CopyWeights& copy) override {
       return engine->Accept(*this, index, bytes, copy);
     }
   };
@@ -556,75 +556,103 @@ class TransferEngine::Impl {
     return result;
   }
 
-  // StepRun::Accept: a chunk's weights, on a stream's reader thread.
+  // StepRun::Accept: a chunk's weights, on a stream's reader thread. They go
+  // into a free H2D slot in up to four parts (H2dPartBytes), each part's H2D
+  // copy queued as soon as the part is in, so that the link starts on the
+  // chunk while the host still writes the rest of it.
   absl::Status Accept(StepRun& run, uint64_t index, uint64_t bytes,
-                      const std::function<void(char*)>& copy) {
+                      const WeightSink::CopyWeights& copy) {
     const int slot = Acquire(run, h2d_);
     if (slot < 0) return Aborted(run);
     char* data = h2d_.slot(slot);
     const uint64_t bucket = partition_.BucketOfChunk(index);
-    char* dst = WeightsTarget(run) + index * partition_.chunk_elems() * weight_size_;
-    if (!options_.faults.h2d_before_fill) {
-      if (absl::Status s = Fill(run, data, bytes, copy); !s.ok()) return s;
-    }
+    char* dst =
+        WeightsTarget(run) + index * partition_.chunk_elems() * weight_size_;
+    const bool fill_first = !options_.faults.h2d_before_fill;
+    const uint64_t part = H2dPartBytes(bytes);
     absl::Status status;
-    {
-      absl::MutexLock h2d_lock(&h2d_mu_);
-      bool first;
-      {
-        absl::MutexLock lock(&mu_);
-        first = !run.h2d_waited[bucket];
-        run.h2d_waited[bucket] = true;
-      }
-      // Backward may still read this bucket's weights until its ready point
-      // (with the delayed update: the forward before it applied step - 2's
-      // weights out of the buffer this step writes).
-      if (first) {
-        status = device_.Wait(*h2d_stream_, *ready_[run.parity][bucket]);
-      }
+    for (uint64_t offset = 0; status.ok() && offset < bytes;) {
+      const uint64_t n = std::min(part, bytes - offset);
+      if (fill_first) status = Fill(run, data, offset, n, copy);
       if (status.ok()) {
-        status = device_.CopyAsync(*h2d_stream_, dst, data, bytes,
-                                   CopyKind::kHostToDevice);
+        status = QueueH2d(run, bucket, dst + offset, data + offset, n,
+                          offset + n == bytes ? slot : -1);
       }
-      if (status.ok()) {
-        if (options_.faults.h2d_slot_free_at_enqueue) {
-          Free(h2d_, slot);
-        } else {
-          status = device_.LaunchHostFunc(*h2d_stream_,
-                                          [this, slot] { Free(h2d_, slot); });
-        }
-      }
-      // The bucket's last chunk: its event is recorded before the count
-      // says so, because the comm thread waits on the event once it does.
-      bool last = false;
-      if (status.ok()) {
-        absl::MutexLock lock(&mu_);
-        last = run.h2d_pending[bucket] == 1;
-      }
-      if (status.ok() && last) {
-        status = device_.Record(*h2d_done_[run.parity][bucket], *h2d_stream_);
-      }
-      if (status.ok()) {
-        absl::MutexLock lock(&mu_);
-        --run.h2d_pending[bucket];
-      }
+      offset += n;
     }
-    if (status.ok() && options_.faults.h2d_before_fill) {
-      status = Fill(run, data, bytes, copy);
-    }
+    if (status.ok() && !fill_first) status = Fill(run, data, 0, bytes, copy);
     if (!status.ok()) Fail(run, status);
     return status;
   }
 
  private:
-  absl::Status Fill(StepRun& run, char* data, uint64_t bytes,
-                    const std::function<void(char*)>& copy) {
-    if (absl::Status s = device_.CheckHostAccess(data, bytes, /*write=*/true);
+  // The bytes of each H2D copy of a chunk of `bytes` bytes: a quarter of
+  // it, in whole 4 KiB pages, but not below 64 KiB (a copy's fixed cost on
+  // a GPU is a few microseconds).
+  static uint64_t H2dPartBytes(uint64_t bytes) {
+    constexpr uint64_t kPage = 4096, kLeast = uint64_t{64} << 10;
+    const uint64_t quarter = (bytes / 4 + kPage - 1) / kPage * kPage;
+    return std::max(quarter, kLeast);
+  }
+
+  // Queues the H2D copy of `n` bytes of a chunk of `bucket` from its slot;
+  // after the chunk's last part (`slot` >= 0), the slot's release and, for
+  // the bucket's last chunk, its event.
+  absl::Status QueueH2d(StepRun& run, uint64_t bucket, char* dst,
+                        const char* src, uint64_t n, int slot) {
+    absl::MutexLock h2d_lock(&h2d_mu_);
+    bool first;
+    {
+      absl::MutexLock lock(&mu_);
+      first = !run.h2d_waited[bucket];
+      run.h2d_waited[bucket] = true;
+    }
+    absl::Status status;
+    // Backward may still read this bucket's weights until its ready point
+    // (with the delayed update: the forward before it applied step - 2's
+    // weights out of the buffer this step writes).
+    if (first) {
+      status = device_.Wait(*h2d_stream_, *ready_[run.parity][bucket]);
+    }
+    if (status.ok()) {
+      status =
+          device_.CopyAsync(*h2d_stream_, dst, src, n, CopyKind::kHostToDevice);
+    }
+    if (!status.ok() || slot < 0) return status;
+    if (options_.faults.h2d_slot_free_at_enqueue) {
+      Free(h2d_, slot);
+    } else {
+      status = device_.LaunchHostFunc(*h2d_stream_,
+                                      [this, slot] { Free(h2d_, slot); });
+    }
+    // The bucket's last chunk: its event is recorded before the count says
+    // so, because the comm thread waits on the event once it does.
+    bool last = false;
+    if (status.ok()) {
+      absl::MutexLock lock(&mu_);
+      last = run.h2d_pending[bucket] == 1;
+    }
+    if (status.ok() && last) {
+      status = device_.Record(*h2d_done_[run.parity][bucket], *h2d_stream_);
+    }
+    if (status.ok()) {
+      absl::MutexLock lock(&mu_);
+      --run.h2d_pending[bucket];
+    }
+    return status;
+  }
+
+  // Writes bytes [offset, offset + n) of a chunk's weights into the same
+  // place of the slot at `data`.
+  absl::Status Fill(StepRun& run, char* data, uint64_t offset, uint64_t n,
+                    const WeightSink::CopyWeights& copy) {
+    if (absl::Status s =
+            device_.CheckHostAccess(data + offset, n, /*write=*/true);
         !s.ok()) {
       Fail(run, s);
       return s;
     }
-    copy(data);
+    copy(data + offset, offset, n);
     return absl::OkStatus();
   }
 
