@@ -750,14 +750,7 @@ class TransferEngine::Impl {
   // rank's collectives come in one order, and so that a chunk is sent for
   // this step only after the servers applied the previous step to it.
   void RunCollectives(StepRun& run) {
-    {
-      absl::MutexLock lock(&mu_);
-      const auto done = [this, &run]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return run.aborted || collectives_through_ + 1 >= run.step;
-      };
-      mu_.Await(absl::Condition(&done));
-      if (run.aborted) return;
-    }
+    if (!AwaitPreviousCollectives(run)) return;
     const uint64_t buckets = partition_.num_buckets();
     const uint32_t rank = options_.local_rank;
     const uint64_t chunk_elems = partition_.chunk_elems();
@@ -776,9 +769,9 @@ class TransferEngine::Impl {
         }
         if (s.ok()) s = device_.Record(*rs_done_[run.parity][*b], *comm_);
         if (!s.ok()) return Fail(run, s);
+        absl::MutexLock lock(&mu_);
+        run.d2h_order.push_back(*b);
       }
-      absl::MutexLock lock(&mu_);
-      run.d2h_order.push_back(*b);
     }
     char* target = WeightsTarget(run);
     for (size_t i = 0; i < buckets; ++i) {
@@ -822,6 +815,18 @@ class TransferEngine::Impl {
     }
     absl::MutexLock lock(&mu_);
     collectives_through_ = run.step;
+  }
+
+  // Waits until the previous step's collectives are all queued (the comm
+  // thread's and, with one local rank, the D2H thread's start); false once
+  // `run` is aborted.
+  bool AwaitPreviousCollectives(StepRun& run) {
+    absl::MutexLock lock(&mu_);
+    const auto done = [this, &run]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return run.aborted || collectives_through_ + 1 >= run.step;
+    };
+    mu_.Await(absl::Condition(&done));
+    return !run.aborted;
   }
 
   // The offload fraction's part of BeginStep: the kept tensors join the
@@ -897,14 +902,15 @@ class TransferEngine::Impl {
 
   // The D2H stream's work: every owned chunk of the step into a free slot.
   // A bucket's turn comes in the order its reduce-scatter was queued
-  // (d2h_order). Which chunk next, once a slot is free: the next chunk of
-  // the first bucket with chunks left, or of a later bucket whose gradients
-  // are already complete on the device (its event reached, so that waiting
-  // for it cannot hold the stream up), whichever goes to the route with the
-  // fewest chunks queued or in slots; ties to the earlier bucket. Backward's
-  // buckets lie in one server's shard after another: copied strictly in
-  // order, they would fill every slot with chunks for one server's stream
-  // while the other servers idle.
+  // (d2h_order), or with one local rank in the order GradientsReady named
+  // it (ready_order: no thread between the trainer and the D2H stream). Which
+  // chunk next, once a slot is free: the next chunk of the first bucket with
+  // chunks left, or of a later bucket whose gradients are already complete on
+  // the device (its event reached, so that waiting for it cannot hold the
+  // stream up), whichever goes to the route with the fewest chunks queued or in
+  // slots; ties to the earlier bucket. Backward's buckets lie in one server's
+  // shard after another: copied strictly in order, they would fill every slot
+  // with chunks for one server's stream while the other servers idle.
   void RunDeviceToHost(StepRun& run) {
     // A bucket whose turn has come and that has chunks left.
     struct Turn {
@@ -917,8 +923,11 @@ class TransferEngine::Impl {
     // queries per chunk.
     constexpr size_t kLookahead = 16;
     const uint64_t buckets = partition_.num_buckets();
+    if (collective_ == nullptr && !AwaitPreviousCollectives(run)) return;
+    const std::vector<uint64_t>& order =
+        collective_ != nullptr ? run.d2h_order : run.ready_order;
     std::deque<Turn> turns;
-    size_t taken = 0;  // entries of d2h_order taken into turns
+    size_t taken = 0;  // entries of `order` taken into turns
     while (taken < buckets || !turns.empty()) {
       const int slot = Acquire(run, d2h_);
       if (slot < 0) return;
@@ -926,15 +935,15 @@ class TransferEngine::Impl {
       {
         absl::MutexLock lock(&mu_);
         while (true) {
-          for (; taken < run.d2h_order.size(); ++taken) {
-            const uint64_t b = run.d2h_order[taken];
+          for (; taken < order.size(); ++taken) {
+            const uint64_t b = order[taken];
             const ChunkSpan owned = partition_.owned(b, options_.local_rank);
             if (!owned.empty())
               turns.push_back(Turn{b, owned.first, owned.end});
           }
           if (!turns.empty() || taken == buckets) break;
-          const auto more = [&run, taken]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-            return run.aborted || run.d2h_order.size() > taken;
+          const auto more = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return run.aborted || order.size() > taken;
           };
           mu_.Await(absl::Condition(&more));
           if (run.aborted) return;
