@@ -928,31 +928,37 @@ class TransferEngine::Impl {
         collective_ != nullptr ? run.d2h_order : run.ready_order;
     std::deque<Turn> turns;
     size_t taken = 0;  // entries of `order` taken into turns
-    while (taken < buckets || !turns.empty()) {
+    const auto take = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (; taken < order.size(); ++taken) {
+        const uint64_t b = order[taken];
+        const ChunkSpan owned = partition_.owned(b, options_.local_rank);
+        if (!owned.empty()) turns.push_back(Turn{b, owned.first, owned.end});
+      }
+    };
+    while (true) {
+      // A bucket with chunks left first, then a slot: a slot is never held
+      // while waiting for a bucket (with the delayed update the next step's
+      // D2H waits for this step's, which needs every slot).
+      {
+        absl::MutexLock lock(&mu_);
+        take();
+        const auto more = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return run.aborted || order.size() > taken;
+        };
+        while (turns.empty() && taken < buckets) {
+          mu_.Await(absl::Condition(&more));
+          if (run.aborted) return;
+          take();
+        }
+      }
+      if (turns.empty()) return;  // every chunk is queued
       const int slot = Acquire(run, d2h_);
       if (slot < 0) return;
       std::vector<int> in_slots;
       {
         absl::MutexLock lock(&mu_);
-        while (true) {
-          for (; taken < order.size(); ++taken) {
-            const uint64_t b = order[taken];
-            const ChunkSpan owned = partition_.owned(b, options_.local_rank);
-            if (!owned.empty())
-              turns.push_back(Turn{b, owned.first, owned.end});
-          }
-          if (!turns.empty() || taken == buckets) break;
-          const auto more = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-            return run.aborted || order.size() > taken;
-          };
-          mu_.Await(absl::Condition(&more));
-          if (run.aborted) return;
-        }
+        take();  // buckets named while waiting for the slot
         in_slots = run.route_in_slots;
-      }
-      if (turns.empty()) {  // the last buckets own no chunk of this rank
-        Free(d2h_, slot);
-        break;
       }
       size_t pick = 0;
       for (size_t i = 1; i < turns.size() && i <= kLookahead; ++i) {
