@@ -312,10 +312,11 @@ class StepStream {
                        kind.status().message()));
     }
     if (*kind == wire::MessageKind::kChunk) {
-      return AcceptWeights(chunk.index, chunk.payload_size, [&](char* out) {
-        wire::CopyMessageBytes(pieces, chunk.payload_offset, chunk.payload_size,
-                               out);
-      });
+      return AcceptWeights(chunk.index, chunk.payload_size,
+                           [&](char* out, uint64_t offset, uint64_t n) {
+                             wire::CopyMessageBytes(
+                                 pieces, chunk.payload_offset + offset, n, out);
+                           });
     }
     v1::StepResponse response;
     if (absl::Status s =
@@ -328,9 +329,10 @@ class StepStream {
         return AcceptStats(response.stats());
       case v1::StepResponse::kChunk: {
         const std::string& payload = response.chunk().payload();
-        return AcceptWeights(
-            response.chunk().index(), payload.size(),
-            [&](char* out) { payload.copy(out, payload.size()); });
+        return AcceptWeights(response.chunk().index(), payload.size(),
+                             [&](char* out, uint64_t offset, uint64_t n) {
+                               payload.copy(out, n, offset);
+                             });
       }
       case v1::StepResponse::kAck:
         return AcceptAck(response.ack());
@@ -414,8 +416,8 @@ class StepStream {
     return absl::OkStatus();
   }
 
-  // Chunk `index`'s weights, `bytes` bytes that copy_payload writes to the
-  // pointer it is given.
+  // Chunk `index`'s weights, `bytes` bytes, of which copy_payload(dst,
+  // offset, n) writes [offset, offset + n) to dst.
   template <typename CopyPayload>
   absl::Status AcceptWeights(uint64_t index, uint64_t bytes,
                              const CopyPayload& copy_payload) {
@@ -436,13 +438,14 @@ class StepStream {
     }
     if (params_.sink != nullptr) {
       if (absl::Status s = params_.sink->Accept(
-              index, expected, std::function<void(char*)>(copy_payload));
+              index, expected, WeightSink::CopyWeights(copy_payload));
           !s.ok()) {
         return s;
       }
     } else {
-      copy_payload(static_cast<char*>(params_.weights_out) +
-                   range.begin * weight_size);
+      copy_payload(
+          static_cast<char*>(params_.weights_out) + range.begin * weight_size,
+          0, expected);
     }
     seen_[index - params_.first_chunk] = true;
     ++stats_.chunks;

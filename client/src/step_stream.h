@@ -67,11 +67,15 @@ class WeightSink {
  public:
   virtual ~WeightSink() = default;
   // Chunk `index`'s weights, `bytes` bytes (already checked against the
-  // chunk), which copy(dst) writes to dst. Called on a stream's reader
-  // thread, concurrently for different chunks; may block (backpressure). An
-  // error ends the stream with it.
+  // chunk); copy(dst, offset, n) writes bytes [offset, offset + n) of them
+  // to dst, so that the sink may take them in parts (and start moving the
+  // first before the last is written). Called on a stream's reader thread,
+  // concurrently for different chunks; may block (backpressure). An error
+  // ends the stream with it.
+  using CopyWeights =
+      std::function<void(char* dst, uint64_t offset, uint64_t n)>;
   virtual absl::Status Accept(uint64_t index, uint64_t bytes,
-                              const std::function<void(char*)>& copy) = 0;
+                              const CopyWeights& copy) = 0;
 };
 
 struct StepStreamParams {

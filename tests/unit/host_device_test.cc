@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace depot::gpu {
@@ -160,6 +162,101 @@ TEST_F(HostDeviceTest, ObjectsOfAnotherDeviceAreRejected) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(device_.SynchronizeStream(*stream).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A throttled HostDevice is a DMA link (host_device.h, "Timing"): copies on
+// a stream take bytes / rate each, back to back, and never less.
+class ThrottledHostDeviceTest : public ::testing::Test {
+ protected:
+  static constexpr double kRate = 200e6;  // bytes per second
+  static constexpr size_t kBytes = size_t{1} << 20;
+  static absl::Duration LinkTime(size_t bytes) {
+    return absl::Seconds(static_cast<double>(bytes) / kRate);
+  }
+
+  HostDevice device_{HostDevice::Options{kRate, 0}};
+};
+
+TEST_F(ThrottledHostDeviceTest, CopiesOnAStreamTakeTheLinksTimeAndNoLess) {
+  auto stream = Value(device_.CreateStream());
+  auto device = Value(device_.Allocate(kBytes));
+  auto pinned = Value(device_.AllocatePinned(kBytes));
+  constexpr int kCopies = 8;
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < kCopies; ++i) {
+    ASSERT_TRUE(device_
+                    .CopyAsync(*stream, pinned->data(), device->data(), kBytes,
+                               CopyKind::kDeviceToHost)
+                    .ok());
+  }
+  ASSERT_TRUE(device_.SynchronizeStream(*stream).ok());
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, kCopies * LinkTime(kBytes));
+  // Generous: a loaded machine may wake the stream late, but its copies do
+  // not each add their memmove and wake-up to the link's time.
+  EXPECT_LT(took, 3 * kCopies * LinkTime(kBytes));
+}
+
+TEST_F(ThrottledHostDeviceTest, ACopysBytesLandAtItsEnd) {
+  auto stream = Value(device_.CreateStream());
+  const size_t bytes = 4 * kBytes;  // 21 ms
+  auto device = Value(device_.Allocate(bytes));
+  const std::vector<unsigned char> host(bytes, 0x5A);
+  const auto* out = static_cast<const unsigned char*>(device->data());
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(device_
+                  .CopyAsync(*stream, device->data(), host.data(), bytes,
+                             CopyKind::kHostToDevice)
+                  .ok());
+  const unsigned char first = out[0], last = out[bytes - 1];
+  // The bytes move in the copy's second half at the earliest.
+  if (absl::Now() - start < LinkTime(bytes) / 2) {
+    EXPECT_EQ(first, 0xA5);
+    EXPECT_EQ(last, 0xA5);
+  }
+  ASSERT_TRUE(device_.SynchronizeStream(*stream).ok());
+  EXPECT_GE(absl::Now() - start, LinkTime(bytes));
+  EXPECT_EQ(out[0], 0x5A);
+  EXPECT_EQ(out[bytes - 1], 0x5A);
+}
+
+TEST_F(ThrottledHostDeviceTest, ACopyAfterAWaitStartsWhenTheEventIsReached) {
+  auto producer = Value(device_.CreateStream());
+  auto consumer = Value(device_.CreateStream());
+  auto event = Value(device_.CreateEvent());
+  auto device = Value(device_.Allocate(2 * kBytes));
+  auto pinned = Value(device_.AllocatePinned(2 * kBytes));
+  char* d = static_cast<char*>(device->data());
+  char* p = static_cast<char*>(pinned->data());
+  const absl::Time start = absl::Now();
+  // Both copies are queued now; the consumer's may start only once the
+  // producer's copy has ended.
+  ASSERT_TRUE(
+      device_.CopyAsync(*producer, d, p, kBytes, CopyKind::kHostToDevice).ok());
+  ASSERT_TRUE(device_.Record(*event, *producer).ok());
+  ASSERT_TRUE(device_.Wait(*consumer, *event).ok());
+  ASSERT_TRUE(
+      device_
+          .CopyAsync(*consumer, p + kBytes, d, kBytes, CopyKind::kDeviceToHost)
+          .ok());
+  ASSERT_TRUE(device_.SynchronizeStream(*consumer).ok());
+  EXPECT_GE(absl::Now() - start, 2 * LinkTime(kBytes));
+}
+
+TEST_F(ThrottledHostDeviceTest, ACopyAfterAHostFunctionStartsWhenItReturns) {
+  auto stream = Value(device_.CreateStream());
+  auto device = Value(device_.Allocate(kBytes));
+  auto pinned = Value(device_.AllocatePinned(kBytes));
+  const absl::Duration busy = absl::Milliseconds(20);
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(
+      device_.LaunchHostFunc(*stream, [busy] { absl::SleepFor(busy); }).ok());
+  ASSERT_TRUE(device_
+                  .CopyAsync(*stream, pinned->data(), device->data(), kBytes,
+                             CopyKind::kDeviceToHost)
+                  .ok());
+  ASSERT_TRUE(device_.SynchronizeStream(*stream).ok());
+  EXPECT_GE(absl::Now() - start, busy + LinkTime(kBytes));
 }
 
 }  // namespace

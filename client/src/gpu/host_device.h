@@ -9,6 +9,22 @@
 // has not finished with: the bugs the engine must not have (a pinned slot
 // reused before its copy finished, weights read before their copy's event)
 // become errors in tests instead of silent corruption.
+//
+// Timing. A throttled HostDevice models a DMA link: each stream keeps a
+// device time, the time at which the modelled device finished the stream's
+// work so far. A piece of work starts at the later of the time it was queued
+// and the stream's device time; a copy then ends exactly `bytes / rate`
+// later, as a copy engine's would, with its memmove inside that time (started
+// as late as it can be and still end in time, never in the copy's first half,
+// so the bytes land at the copy's end); a wait ends at the device time of the
+// record it waits for; a host function takes its own time. The stream's thread
+// sleeps until a copy's end before it finishes it, so a copy is never seen done
+// earlier than the link allows, but it does not add its memmove, nor a late
+// wake-up from that sleep, to the stream's later copies: those start at the
+// device time, as back-to-back DMA transfers do. (Sleeping bytes / rate and
+// then moving the bytes would make every copy slower than the link by its
+// memmove and its wake-up delay, which on a busy host is 5-10%: a property of
+// the host, not of a PCIe link.)
 #ifndef DEPOT_CLIENT_SRC_GPU_HOST_DEVICE_H_
 #define DEPOT_CLIENT_SRC_GPU_HOST_DEVICE_H_
 
@@ -27,9 +43,10 @@ namespace depot::gpu {
 class HostDevice : public Device {
  public:
   struct Options {
-    // > 0: host<->device copies take at least bytes / this many seconds, as
-    // over a PCIe link of that bandwidth (each stream is one copy engine);
-    // device-to-device copies are not slowed. 0: memcpy speed.
+    // > 0: host<->device copies take bytes / this many seconds of device
+    // time ("Timing" above), as over a PCIe link of that bandwidth (each
+    // stream is one copy engine); device-to-device copies are not slowed.
+    // 0: memcpy speed.
     double copy_bytes_per_second = 0;
     // > 0: host-to-device copies at this rate instead (a link slower one way,
     // or a test that needs weights to arrive faster than they are copied).

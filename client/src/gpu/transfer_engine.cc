@@ -106,13 +106,15 @@ class TransferEngine::Impl {
     // Guarded by the engine's mu_.
     absl::Status error;
     bool aborted = false;
-      std::vector<uint64_t> ready_order, d2h_order;
+    std::vector<uint64_t> ready_order, d2h_order;
     std::vector<bool> named, weights_recorded, h2d_waited;
     std::vector<uint64_t> h2d_pending;
     std::vector<int> d2h_slot_of_chunk;
+    // Per route of the step: its chunks queued for D2H or in a D2H slot.
+    std::vector<int> route_in_slots;
 
     absl::Status Accept(uint64_t index, uint64_t bytes,
-                        const std::function<void(char*)>& copy) override {
+                        const CopyWeights& copy) override {
       return engine->Accept(*this, index, bytes, copy);
     }
   };
@@ -381,6 +383,8 @@ class TransferEngine::Impl {
     run->h2d_waited.assign(buckets, false);
     run->h2d_pending = owned_in_bucket_;
     run->d2h_slot_of_chunk.assign(job_.plan().num_chunks(), -1);
+    run->route_in_slots.assign((two_phase ? routes_two_phase_ : routes_).size(),
+                               0);
     StepRun* r = run.get();
     StreamedStep streamed;
     streamed.step = step;
@@ -410,13 +414,15 @@ class TransferEngine::Impl {
       runs_.push_back(std::move(run));
     }
     begun_ = step;
+    // The copies first: the first chunk's D2H is the step's first latency,
+    // and opening the Step streams (a gRPC call per route) has that long.
+    r->comm_thread = std::thread([this, r] { RunCollectives(*r); });
+    r->d2h_thread = std::thread([this, r] { RunDeviceToHost(*r); });
     r->step_thread = std::thread([this, r, streamed = std::move(streamed)] {
       absl::Status status =
           client_internal::RunStreamedStep(job_, streamed, &r->result);
       if (!status.ok()) Fail(*r, status);
     });
-    r->comm_thread = std::thread([this, r] { RunCollectives(*r); });
-    r->d2h_thread = std::thread([this, r] { RunDeviceToHost(*r); });
     return absl::OkStatus();
   }
 
@@ -553,75 +559,103 @@ class TransferEngine::Impl {
     return result;
   }
 
-  // StepRun::Accept: a chunk's weights, on a stream's reader thread.
+  // StepRun::Accept: a chunk's weights, on a stream's reader thread. They go
+  // into a free H2D slot in up to four parts (H2dPartBytes), each part's H2D
+  // copy queued as soon as the part is in, so that the link starts on the
+  // chunk while the host still writes the rest of it.
   absl::Status Accept(StepRun& run, uint64_t index, uint64_t bytes,
-                      const std::function<void(char*)>& copy) {
+                      const WeightSink::CopyWeights& copy) {
     const int slot = Acquire(run, h2d_);
     if (slot < 0) return Aborted(run);
     char* data = h2d_.slot(slot);
     const uint64_t bucket = partition_.BucketOfChunk(index);
-    char* dst = WeightsTarget(run) + index * partition_.chunk_elems() * weight_size_;
-    if (!options_.faults.h2d_before_fill) {
-      if (absl::Status s = Fill(run, data, bytes, copy); !s.ok()) return s;
-    }
+    char* dst =
+        WeightsTarget(run) + index * partition_.chunk_elems() * weight_size_;
+    const bool fill_first = !options_.faults.h2d_before_fill;
+    const uint64_t part = H2dPartBytes(bytes);
     absl::Status status;
-    {
-      absl::MutexLock h2d_lock(&h2d_mu_);
-      bool first;
-      {
-        absl::MutexLock lock(&mu_);
-        first = !run.h2d_waited[bucket];
-        run.h2d_waited[bucket] = true;
-      }
-      // Backward may still read this bucket's weights until its ready point
-      // (with the delayed update: the forward before it applied step - 2's
-      // weights out of the buffer this step writes).
-      if (first) {
-        status = device_.Wait(*h2d_stream_, *ready_[run.parity][bucket]);
-      }
+    for (uint64_t offset = 0; status.ok() && offset < bytes;) {
+      const uint64_t n = std::min(part, bytes - offset);
+      if (fill_first) status = Fill(run, data, offset, n, copy);
       if (status.ok()) {
-        status = device_.CopyAsync(*h2d_stream_, dst, data, bytes,
-                                   CopyKind::kHostToDevice);
+        status = QueueH2d(run, bucket, dst + offset, data + offset, n,
+                          offset + n == bytes ? slot : -1);
       }
-      if (status.ok()) {
-        if (options_.faults.h2d_slot_free_at_enqueue) {
-          Free(h2d_, slot);
-        } else {
-          status = device_.LaunchHostFunc(*h2d_stream_,
-                                          [this, slot] { Free(h2d_, slot); });
-        }
-      }
-      // The bucket's last chunk: its event is recorded before the count
-      // says so, because the comm thread waits on the event once it does.
-      bool last = false;
-      if (status.ok()) {
-        absl::MutexLock lock(&mu_);
-        last = run.h2d_pending[bucket] == 1;
-      }
-      if (status.ok() && last) {
-        status = device_.Record(*h2d_done_[run.parity][bucket], *h2d_stream_);
-      }
-      if (status.ok()) {
-        absl::MutexLock lock(&mu_);
-        --run.h2d_pending[bucket];
-      }
+      offset += n;
     }
-    if (status.ok() && options_.faults.h2d_before_fill) {
-      status = Fill(run, data, bytes, copy);
-    }
+    if (status.ok() && !fill_first) status = Fill(run, data, 0, bytes, copy);
     if (!status.ok()) Fail(run, status);
     return status;
   }
 
  private:
-  absl::Status Fill(StepRun& run, char* data, uint64_t bytes,
-                    const std::function<void(char*)>& copy) {
-    if (absl::Status s = device_.CheckHostAccess(data, bytes, /*write=*/true);
+  // The bytes of each H2D copy of a chunk of `bytes` bytes: a quarter of
+  // it, in whole 4 KiB pages, but not below 64 KiB (a copy's fixed cost on
+  // a GPU is a few microseconds).
+  static uint64_t H2dPartBytes(uint64_t bytes) {
+    constexpr uint64_t kPage = 4096, kLeast = uint64_t{64} << 10;
+    const uint64_t quarter = (bytes / 4 + kPage - 1) / kPage * kPage;
+    return std::max(quarter, kLeast);
+  }
+
+  // Queues the H2D copy of `n` bytes of a chunk of `bucket` from its slot;
+  // after the chunk's last part (`slot` >= 0), the slot's release and, for
+  // the bucket's last chunk, its event.
+  absl::Status QueueH2d(StepRun& run, uint64_t bucket, char* dst,
+                        const char* src, uint64_t n, int slot) {
+    absl::MutexLock h2d_lock(&h2d_mu_);
+    bool first;
+    {
+      absl::MutexLock lock(&mu_);
+      first = !run.h2d_waited[bucket];
+      run.h2d_waited[bucket] = true;
+    }
+    absl::Status status;
+    // Backward may still read this bucket's weights until its ready point
+    // (with the delayed update: the forward before it applied step - 2's
+    // weights out of the buffer this step writes).
+    if (first) {
+      status = device_.Wait(*h2d_stream_, *ready_[run.parity][bucket]);
+    }
+    if (status.ok()) {
+      status =
+          device_.CopyAsync(*h2d_stream_, dst, src, n, CopyKind::kHostToDevice);
+    }
+    if (!status.ok() || slot < 0) return status;
+    if (options_.faults.h2d_slot_free_at_enqueue) {
+      Free(h2d_, slot);
+    } else {
+      status = device_.LaunchHostFunc(*h2d_stream_,
+                                      [this, slot] { Free(h2d_, slot); });
+    }
+    // The bucket's last chunk: its event is recorded before the count says
+    // so, because the comm thread waits on the event once it does.
+    bool last = false;
+    if (status.ok()) {
+      absl::MutexLock lock(&mu_);
+      last = run.h2d_pending[bucket] == 1;
+    }
+    if (status.ok() && last) {
+      status = device_.Record(*h2d_done_[run.parity][bucket], *h2d_stream_);
+    }
+    if (status.ok()) {
+      absl::MutexLock lock(&mu_);
+      --run.h2d_pending[bucket];
+    }
+    return status;
+  }
+
+  // Writes bytes [offset, offset + n) of a chunk's weights into the same
+  // place of the slot at `data`.
+  absl::Status Fill(StepRun& run, char* data, uint64_t offset, uint64_t n,
+                    const WeightSink::CopyWeights& copy) {
+    if (absl::Status s =
+            device_.CheckHostAccess(data + offset, n, /*write=*/true);
         !s.ok()) {
       Fail(run, s);
       return s;
     }
-    copy(data);
+    copy(data + offset, offset, n);
     return absl::OkStatus();
   }
 
@@ -666,6 +700,7 @@ class TransferEngine::Impl {
       absl::MutexLock lock(&mu_);
       slot = run.d2h_slot_of_chunk[index];
       run.d2h_slot_of_chunk[index] = -1;
+      if (slot >= 0) --run.route_in_slots[RouteOfChunk(run, index)];
     }
     if (slot < 0) return;
     // gRPC read the slot until now: no copy may have been writing it.
@@ -692,9 +727,11 @@ class TransferEngine::Impl {
       run.d2h_slot_of_chunk[index] = slot;
       if (options_.faults.d2h_slot_free_at_handoff) d2h_.free.push_back(slot);
     }
-    const std::vector<uint32_t>& routes =
-        run.two_phase ? route_two_phase_of_chunk_ : route_of_chunk_;
-    run.queues[routes[index]]->Push(index, d2h_.slot(slot));
+    run.queues[RouteOfChunk(run, index)]->Push(index, d2h_.slot(slot));
+  }
+
+  uint32_t RouteOfChunk(const StepRun& run, uint64_t index) const {
+    return (run.two_phase ? route_two_phase_of_chunk_ : route_of_chunk_)[index];
   }
 
   // Waits until `list` of `run` has more than `i` entries; nullopt once
@@ -716,14 +753,7 @@ class TransferEngine::Impl {
   // rank's collectives come in one order, and so that a chunk is sent for
   // this step only after the servers applied the previous step to it.
   void RunCollectives(StepRun& run) {
-    {
-      absl::MutexLock lock(&mu_);
-      const auto done = [this, &run]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return run.aborted || collectives_through_ + 1 >= run.step;
-      };
-      mu_.Await(absl::Condition(&done));
-      if (run.aborted) return;
-    }
+    if (!AwaitPreviousCollectives(run)) return;
     const uint64_t buckets = partition_.num_buckets();
     const uint32_t rank = options_.local_rank;
     const uint64_t chunk_elems = partition_.chunk_elems();
@@ -742,9 +772,9 @@ class TransferEngine::Impl {
         }
         if (s.ok()) s = device_.Record(*rs_done_[run.parity][*b], *comm_);
         if (!s.ok()) return Fail(run, s);
+        absl::MutexLock lock(&mu_);
+        run.d2h_order.push_back(*b);
       }
-      absl::MutexLock lock(&mu_);
-      run.d2h_order.push_back(*b);
     }
     char* target = WeightsTarget(run);
     for (size_t i = 0; i < buckets; ++i) {
@@ -788,6 +818,18 @@ class TransferEngine::Impl {
     }
     absl::MutexLock lock(&mu_);
     collectives_through_ = run.step;
+  }
+
+  // Waits until the previous step's collectives are all queued (the comm
+  // thread's and, with one local rank, the D2H thread's start); false once
+  // `run` is aborted.
+  bool AwaitPreviousCollectives(StepRun& run) {
+    absl::MutexLock lock(&mu_);
+    const auto done = [this, &run]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return run.aborted || collectives_through_ + 1 >= run.step;
+    };
+    mu_.Await(absl::Condition(&done));
+    return !run.aborted;
   }
 
   // The offload fraction's part of BeginStep: the kept tensors join the
@@ -861,36 +903,112 @@ class TransferEngine::Impl {
     run.weights_recorded[bucket] = true;
   }
 
-  // The D2H stream's work: each bucket's owned chunks into free slots, in the
-  // order the reduce-scatters were queued.
+  // The D2H stream's work: every owned chunk of the step into a free slot.
+  // A bucket's turn comes in the order its reduce-scatter was queued
+  // (d2h_order), or with one local rank in the order GradientsReady named
+  // it (ready_order: no thread between the trainer and the D2H stream). Which
+  // chunk next, once a slot is free: the next chunk of the first bucket with
+  // chunks left, or of a later bucket whose gradients are already complete on
+  // the device (its event reached, so that waiting for it cannot hold the
+  // stream up), whichever goes to the route with the fewest chunks queued or in
+  // slots; ties to the earlier bucket. Backward's buckets lie in one server's
+  // shard after another: copied strictly in order, they would fill every slot
+  // with chunks for one server's stream while the other servers idle.
   void RunDeviceToHost(StepRun& run) {
+    // A bucket whose turn has come and that has chunks left.
+    struct Turn {
+      uint64_t bucket;
+      uint64_t next, end;     // its owned chunks not yet copied
+      bool waited = false;    // its event's wait is queued
+      bool complete = false;  // its event was seen reached
+    };
+    // How many later buckets are looked at for a chunk: bounds the event
+    // queries per chunk.
+    constexpr size_t kLookahead = 16;
     const uint64_t buckets = partition_.num_buckets();
-    for (size_t i = 0; i < buckets; ++i) {
-      const std::optional<uint64_t> b = Nth(run, run.d2h_order, i);
-      if (!b.has_value()) return;
-      const ChunkSpan owned = partition_.owned(*b, options_.local_rank);
-      if (owned.empty()) continue;
-      absl::Status s;
-      if (!options_.faults.d2h_skip_ready_wait) {
-        s = device_.Wait(*d2h_stream_, collective_ != nullptr
-                                           ? *rs_done_[run.parity][*b]
-                                           : *ready_[run.parity][*b]);
+    if (collective_ == nullptr && !AwaitPreviousCollectives(run)) return;
+    const std::vector<uint64_t>& order =
+        collective_ != nullptr ? run.d2h_order : run.ready_order;
+    std::deque<Turn> turns;
+    size_t taken = 0;  // entries of `order` taken into turns
+    const auto take = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (; taken < order.size(); ++taken) {
+        const uint64_t b = order[taken];
+        const ChunkSpan owned = partition_.owned(b, options_.local_rank);
+        if (!owned.empty()) turns.push_back(Turn{b, owned.first, owned.end});
       }
-      for (uint64_t c = owned.first; s.ok() && c < owned.end; ++c) {
-        const int slot = Acquire(run, d2h_);
-        if (slot < 0) return;
-        const uint64_t bytes = job_.plan().chunk(c).size() * grad_size_;
+    };
+    while (true) {
+      // A bucket with chunks left first, then a slot: a slot is never held
+      // while waiting for a bucket (with the delayed update the next step's
+      // D2H waits for this step's, which needs every slot).
+      {
+        absl::MutexLock lock(&mu_);
+        take();
+        const auto more = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return run.aborted || order.size() > taken;
+        };
+        while (turns.empty() && taken < buckets) {
+          mu_.Await(absl::Condition(&more));
+          if (run.aborted) return;
+          take();
+        }
+      }
+      if (turns.empty()) return;  // every chunk is queued
+      const int slot = Acquire(run, d2h_);
+      if (slot < 0) return;
+      std::vector<int> in_slots;
+      {
+        absl::MutexLock lock(&mu_);
+        take();  // buckets named while waiting for the slot
+        in_slots = run.route_in_slots;
+      }
+      size_t pick = 0;
+      for (size_t i = 1; i < turns.size() && i <= kLookahead; ++i) {
+        Turn& turn = turns[i];
+        if (!turn.complete) {
+          absl::StatusOr<bool> reached =
+              device_.Query(D2hEvent(run, turn.bucket));
+          turn.complete = reached.ok() && *reached;
+        }
+        if (turn.complete &&
+            in_slots[RouteOfChunk(run, turn.next)] <
+                in_slots[RouteOfChunk(run, turns[pick].next)]) {
+          pick = i;
+        }
+      }
+      Turn& turn = turns[pick];
+      const uint64_t c = turn.next++;
+      absl::Status s;
+      if (!turn.waited && !options_.faults.d2h_skip_ready_wait) {
+        s = device_.Wait(*d2h_stream_, D2hEvent(run, turn.bucket));
+      }
+      turn.waited = true;
+      {
+        absl::MutexLock lock(&mu_);
+        ++run.route_in_slots[RouteOfChunk(run, c)];
+      }
+      const uint64_t bytes = job_.plan().chunk(c).size() * grad_size_;
+      if (s.ok()) {
         s = device_.CopyAsync(
             *d2h_stream_, d2h_.slot(slot),
             run.grads + c * partition_.chunk_elems() * grad_size_, bytes,
             CopyKind::kDeviceToHost);
-        if (s.ok()) {
-          s = device_.LaunchHostFunc(
-              *d2h_stream_, [this, &run, c, slot] { HandOff(run, c, slot); });
-        }
+      }
+      if (s.ok()) {
+        s = device_.LaunchHostFunc(
+            *d2h_stream_, [this, &run, c, slot] { HandOff(run, c, slot); });
       }
       if (!s.ok()) return Fail(run, s);
+      if (turn.next == turn.end) turns.erase(turns.begin() + pick);
     }
+  }
+
+  // The event a bucket's D2H copies wait for: its reduce-scatter's, or with
+  // one local rank its ready event.
+  Event& D2hEvent(const StepRun& run, uint64_t bucket) const {
+    return collective_ != nullptr ? *rs_done_[run.parity][bucket]
+                                  : *ready_[run.parity][bucket];
   }
 
   void JoinRun(StepRun& run) {
