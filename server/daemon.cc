@@ -89,6 +89,8 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
   }
   daemon->pool_ =
       std::make_unique<ThreadPool>(options.threads, options.pin_threads);
+  daemon->metrics_->checkpoint_every_steps.Set(
+      static_cast<double>(options.checkpoint_every_steps));
   daemon->payloads_ = PayloadPool::Create(JobStore::kPayloadPoolFreeBytes);
   daemon->jobs_ = std::make_unique<JobStore>(
       options.memory_limit_bytes, daemon->pool_.get(), daemon->metrics_.get(),

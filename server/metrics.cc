@@ -141,7 +141,15 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
       job_restore_failures(Counter(
           registry, "depot_job_restore_failures_total",
           "Jobs in --checkpoint_dir that could not be restored at start-up "
-          "(no complete checkpoint verified, or no room in the budget).")) {
+          "(no complete checkpoint verified, or no room in the budget).")),
+      checkpoint_every_steps(Gauge(
+          registry, "depot_checkpoint_every_steps",
+          "The server's --checkpoint_every_steps: jobs are checkpointed at "
+          "every step that is a multiple of it; 0 when they are not.")),
+      start_time(Gauge(registry, "process_start_time_seconds",
+                       "Start time of the process since unix epoch in "
+                       "seconds.")) {
+  start_time.SetToCurrentTime();
   for (int i = 0; i < kNumRpcs; ++i) {
     rpcs_[i] = &families.rpcs.Add({{"rpc", kRpcLabels[i]}});
   }

@@ -79,6 +79,13 @@ class ServerMetrics {
   // that could not be restored.
   prometheus::Counter& jobs_restored;
   prometheus::Counter& job_restore_failures;
+  // The daemon's --checkpoint_every_steps (0: it takes no checkpoints), so
+  // that an alert on the checkpoints' age knows whether to expect any.
+  prometheus::Gauge& checkpoint_every_steps;
+  // When these metrics were created, unix seconds: the process's start, as
+  // the standard process_start_time_seconds (prometheus-cpp exports no
+  // process metrics). A change of it is a restart.
+  prometheus::Gauge& start_time;
 
  private:
   struct Families;
