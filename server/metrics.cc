@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include <chrono>
 #include <string>
 
 #include "prometheus/family.h"
@@ -149,7 +150,11 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
       start_time(Gauge(registry, "process_start_time_seconds",
                        "Start time of the process since unix epoch in "
                        "seconds.")) {
-  start_time.SetToCurrentTime();
+  // Not SetToCurrentTime, which has whole seconds: a server killed and
+  // restarted within a second must still show a new start time.
+  start_time.Set(std::chrono::duration<double>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count());
   for (int i = 0; i < kNumRpcs; ++i) {
     rpcs_[i] = &families.rpcs.Add({{"rpc", kRpcLabels[i]}});
   }
