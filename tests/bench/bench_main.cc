@@ -15,6 +15,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "depot/flags_usage.h"
+#include "tests/bench/checkpoint_bench.h"
 #include "tests/bench/gpu_bench.h"
 #include "tests/bench/kernel_bench.h"
 #include "tests/bench/memory_bench.h"
@@ -52,13 +53,14 @@ int main(int argc, char** argv) {
   depot::SetFlagsUsage(
       "tests/bench/",
       "Depot benchmarks. Usage: depot-bench "
-      "kernel|memory|transport|step|pipeline|gpu "
+      "kernel|memory|transport|step|pipeline|gpu|checkpoint "
       "[flags]; each measures its limit in the same run and prints a ratio "
       "(docs/performance.md).");
   const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     std::fprintf(stderr,
-                 "usage: depot-bench kernel|memory|transport|step|pipeline|gpu "
+                 "usage: depot-bench "
+                 "kernel|memory|transport|step|pipeline|gpu|checkpoint "
                  "[flags] (--help)\n");
     return 2;
   }
@@ -94,10 +96,12 @@ int main(int argc, char** argv) {
     status = depot::bench::RunPipelineCommand(json);
   } else if (command == "gpu") {
     status = depot::bench::RunGpuCommand(json);
+  } else if (command == "checkpoint") {
+    status = depot::bench::RunCheckpointCommand(json);
   } else {
     std::fprintf(stderr,
                  "unknown subcommand '%s': use kernel, memory, transport, "
-                 "step, pipeline or gpu\n",
+                 "step, pipeline, gpu or checkpoint\n",
                  command.c_str());
     return 2;
   }

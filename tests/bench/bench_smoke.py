@@ -23,6 +23,9 @@ KEYS = {
                  "pinned_allocated_bytes", "pinned_peak_bytes",
                  "pinned_quarter_model_bytes"},
     "gpu": {"bench", "ratio", "part", "device"},
+    "checkpoint": {"bench", "ratio", "normal_s", "capture_s", "writing_s",
+                   "checkpoints", "checkpoint_bytes", "checkpoint_gb_per_s",
+                   "disk_gb_per_s", "write_ratio"},
 }
 GPU_KEYS = {
     "pipeline": {"memcpy_d2h_gb_per_s", "memcpy_h2d_gb_per_s",
@@ -32,7 +35,7 @@ GPU_KEYS = {
     "kernel": {"update_gb_per_s", "copy_gb_per_s", "bytes_per_param"},
 }
 EXPECTED_LINES = {"kernel": 1, "memory": 4, "transport": 1, "step": 1,
-                  "pipeline": 1, "gpu": 2}
+                  "pipeline": 1, "gpu": 2, "checkpoint": 1}
 
 
 def run(binary, command, args):
@@ -101,6 +104,11 @@ def main():
             "no CUDA device" in out.stderr or "without CUDA" in out.stderr):
         sys.exit(f"depot-bench gpu without a device exited {out.returncode} "
                  f"without the reason:\n{out.stderr}")
+    [line] = run(binary, "checkpoint",
+                 ["--checkpoint_params=65536", "--checkpoint_steps=40",
+                  "--checkpoint_every=20", "--checkpoint_threads=1"])
+    if line["checkpoints"] < 1 or line["checkpoint_bytes"] <= 0:
+        sys.exit(f"checkpoint: no checkpoint written: {line}")
     print("depot-bench smoke OK")
 
 
