@@ -186,6 +186,10 @@ class TransferEngineTest : public TwoServers {
                        gpu::Collective* collective, RankRun& run) {
     ClientOptions options;
     options.servers = Addresses();
+    // Steps take milliseconds here. A deliberately broken engine can leave a
+    // stream waiting on an error path (under load, see the issue 11 note);
+    // it then fails by this deadline instead of the client's 5 minutes.
+    options.step_timeout = absl::Seconds(30);
     auto client = Client::Connect(options);
     if (!client.ok()) return client.status();
     auto job = (*client)->OpenJob(config, node);
