@@ -134,9 +134,7 @@ absl::Status RunCheckpointCommand(bool json) {
   std::vector<uint16_t> weights((*job)->total_elems());
 
   std::vector<double> normal, capture, writing;
-  double written = 0;
   const std::string written_series = "depot_checkpoints_written_total";
-  // Warm up outside the checkpoint cadence's first capture.
   for (int step = 1; step <= steps; ++step) {
     // A write is in progress when fewer checkpoints have been counted than
     // capture steps have passed.
@@ -151,7 +149,8 @@ absl::Status RunCheckpointCommand(bool json) {
       return s;
     }
     const double seconds = SecondsSince(start);
-    if (step <= every) continue;  // warm-up: before the first capture
+    // Warm-up: the steps before the first capture.
+    if (step <= every) continue;
     if (step % every == 0) {
       capture.push_back(seconds);
     } else if (write_pending) {
@@ -186,7 +185,7 @@ absl::Status RunCheckpointCommand(bool json) {
   if (!ckpt_bytes.ok()) return ckpt_bytes.status();
   if (!ckpt_seconds.ok()) return ckpt_seconds.status();
   if (!ckpt_count.ok()) return ckpt_count.status();
-  written = *ckpt_count;
+  const double written = *ckpt_count;
   const double bytes_each = *ckpt_bytes / std::max(written, 1.0);
   absl::StatusOr<double> disk = DiskProbe(dir, static_cast<uint64_t>(bytes_each));
   if (!disk.ok()) return disk.status();

@@ -264,12 +264,15 @@ class _EngineDriver:
         edited = self._edited_indices()
         if not edited and not self.opt._sync_all:
             return False
-        if self.delayed or not self.offloads_all or self.local_ranks > 1:
+        blocker = ("the delayed update" if self.delayed else
+                   "an offload fraction" if not self.offloads_all else
+                   "a node of several local ranks" if self.local_ranks > 1
+                   else None)
+        if blocker is not None:
             raise RuntimeError(
                 f"DepotOptimizer: parameter(s) {edited[:8]} changed outside "
-                f"the optimizer since the last step. With "
-                f"{'the delayed update' if self.delayed else 'an offload fraction' if not self.offloads_all else 'a node of several local ranks'}"
-                f" the engine cannot take new master weights: change weights "
+                f"the optimizer since the last step. With {blocker} the "
+                f"engine cannot take new master weights: change weights "
                 f"only through the optimizer (or load_state_dict of the "
                 f"optimizer), or run without that option")
         return True
@@ -316,9 +319,8 @@ class _EngineDriver:
         self._after_step()
         if surprises:
             raise RuntimeError(
-                f"DepotOptimizer: parameter(s) {surprises[:8]} "
-                f"{'had' if surprises else ''} a gradient that differed from "
-                f"what the step declared when it began during backward (a "
+                f"DepotOptimizer: parameter(s) {surprises[:8]} had a "
+                f"gradient that differed from what the step declared when it began during backward (a "
                 f"parameter with requires_grad that received no gradient, "
                 f"or one without requires_grad that got one). The step was "
                 f"applied with a missing gradient as zeros, where "

@@ -209,7 +209,6 @@ class DepotOptimizer(torch.optim.Optimizer):
         self._kind = kind
         self._resume = bool(resume)
         self.resumed_step = None
-        self._engine_kind = engine
         self._driver = None
         args.check_hparams(kind, hparams)
         self._scaling = args.scaling_fields(
