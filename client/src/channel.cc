@@ -42,6 +42,16 @@ StepChannel::StepChannel(std::shared_ptr<grpc::Channel> channel_in)
       step_method("/depot.v1.Depot/Step",
                   grpc::internal::RpcMethod::BIDI_STREAMING, channel) {}
 
+void StepChannel::AwaitSettled(absl::Time deadline) const {
+  grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
+  while (state == GRPC_CHANNEL_IDLE || state == GRPC_CHANNEL_CONNECTING) {
+    if (!channel->WaitForStateChange(state, absl::ToChronoTime(deadline))) {
+      return;  // the deadline: the call will say so
+    }
+    state = channel->GetState(/*try_to_connect=*/true);
+  }
+}
+
 std::unique_ptr<ServerConnection> Connect(const std::string& address,
                                           int connections) {
   // Several channels connect at once: without this, gRPC 1.51 can fail one of
@@ -61,6 +71,10 @@ std::unique_ptr<ServerConnection> Connect(const std::string& address,
     connection->step_channels.push_back(
         std::make_unique<StepChannel>(grpc::CreateCustomChannel(
             address, grpc::InsecureChannelCredentials(), args)));
+  }
+  // Every channel starts connecting now, not at its first call.
+  for (const std::unique_ptr<StepChannel>& step : connection->step_channels) {
+    step->channel->GetState(/*try_to_connect=*/true);
   }
   const std::shared_ptr<grpc::Channel>& first =
       connection->step_channels.front()->channel;

@@ -40,6 +40,12 @@ inline constexpr int kMaxConnectionsPerServer = 16;
 struct StepChannel {
   StepChannel(std::shared_ptr<grpc::Channel> channel_in);
 
+  // Waits, until `deadline` at the latest, while the channel is idle or
+  // connecting, so that a Step call starts on a connected channel (or fails
+  // fast with UNAVAILABLE on one that cannot connect) instead of waiting
+  // inside gRPC for its connection with the caller's gradients lent to it.
+  void AwaitSettled(absl::Time deadline) const;
+
   std::shared_ptr<grpc::Channel> channel;
   grpc::internal::RpcMethod step_method;
 };

@@ -116,8 +116,17 @@ class ClientImpl : public Client {
     const absl::Time deadline = absl::Now() + timeout;
     return RunOnServers(*connections_, AllServers(connections_->size()),
                         [&](uint32_t server, CallGroup& group) {
-                          return WaitUntilServing(*(*connections_)[server],
-                                                  deadline, timeout, group);
+                          const ServerConnection& connection =
+                              *(*connections_)[server];
+                          absl::Status serving = WaitUntilServing(
+                              connection, deadline, timeout, group);
+                          // The step connections too, not only the first.
+                          if (serving.ok()) {
+                            for (const auto& step : connection.step_channels) {
+                              step->AwaitSettled(deadline);
+                            }
+                          }
+                          return serving;
                         });
   }
 

@@ -488,6 +488,7 @@ class StepStream {
 absl::StatusOr<StepStreamStats> RunStepStream(const StepChannel& channel,
                                               const StepStreamParams& params,
                                               CallGroup& group) {
+  channel.AwaitSettled(params.deadline);
   auto lent = std::make_shared<LentSlices>();
   absl::StatusOr<StepStreamStats> stats;
   {

@@ -66,6 +66,11 @@ void ApplyClientTransportArgs(grpc::ChannelArguments* args) {
       // Not grpc.min_reconnect_backoff_ms: gRPC also takes it as the
       // shortest time a connection attempt may take (20 s by default), and
       // a loaded server may need more than a short one.
+      // No gRPC-level retries: the client retries steps itself
+      // (job_impl.cc), and gRPC 1.51's retry filter holds a call's sent
+      // messages until the call commits (a Step stream's lent gradient
+      // slices among them).
+      {GRPC_ARG_ENABLE_RETRIES, 0},
       {GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100},
       {GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000},
   };
