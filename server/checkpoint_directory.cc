@@ -309,6 +309,17 @@ absl::Status CheckpointDirectory::Prune(const std::string& job_name, int keep) {
   return absl::OkStatus();
 }
 
+absl::Status CheckpointDirectory::RemoveStepsAfter(const std::string& job_name,
+                                                   uint64_t step) {
+  for (const uint64_t later : AllSteps(job_name)) {
+    if (later <= step) break;  // newest first
+    if (absl::Status s = RemoveStep(StepDirectory(job_name, later)); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckpointDirectory::RemoveJob(const std::string& job_name) {
   for (const uint64_t step : AllSteps(job_name)) {
     if (absl::Status s = RemoveStep(StepDirectory(job_name, step)); !s.ok()) {

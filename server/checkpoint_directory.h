@@ -69,6 +69,9 @@ class CheckpointDirectory {
   // in progress.
   absl::Status Prune(const std::string& job_name, int keep);
 
+  // Removes every step directory of the job after `step` (complete or not):
+  // the checkpoints of a history the job was rolled back from.
+  absl::Status RemoveStepsAfter(const std::string& job_name, uint64_t step);
   // Removes every checkpoint of the job.
   absl::Status RemoveJob(const std::string& job_name);
 

@@ -49,7 +49,7 @@ void Checkpointer::JobAdded(const std::shared_ptr<ShardState>& shard,
     // copyable.
     auto held =
         std::make_shared<std::unique_ptr<ShardCheckpoint>>(std::move(capture));
-    Enqueue([this, job, held] { Write(job, std::move(*held)); });
+    Enqueue([this, job, held] { Write(job, std::move(*held)).IgnoreError(); });
   };
   hooks.on_skipped = [this, name](uint64_t step) {
     metrics_->checkpoints_skipped.Increment();
@@ -80,6 +80,58 @@ void Checkpointer::RemoveCheckpoints(const std::string& name,
                            why, name, s.ToString()));
     } else {
       log_(absl::StrFormat("removed the checkpoints of %s \"%s\"", why, name));
+    }
+  });
+}
+
+absl::Status Checkpointer::RunOnWriter(Task task) {
+  auto done = std::make_shared<absl::Notification>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      return absl::UnavailableError(
+          "the server is shutting down: its checkpoints cannot be read");
+    }
+    queue_.push_back([task = std::move(task), done] {
+      task();
+      done->Notify();
+    });
+  }
+  done->WaitForNotification();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint64_t>> Checkpointer::CompleteSteps(
+    const std::string& name) {
+  std::vector<uint64_t> steps;
+  if (absl::Status s = RunOnWriter(
+          [this, &name, &steps] { steps = directory_->CompleteSteps(name); });
+      !s.ok()) {
+    return s;
+  }
+  return steps;
+}
+
+absl::StatusOr<ShardCheckpoint> Checkpointer::Load(const std::string& name,
+                                                   uint64_t step) {
+  absl::StatusOr<ShardCheckpoint> loaded =
+      absl::UnavailableError("not read");
+  if (absl::Status s = RunOnWriter([this, &name, step, &loaded] {
+        loaded = directory_->Load(name, step);
+      });
+      !s.ok()) {
+    return s;
+  }
+  return loaded;
+}
+
+void Checkpointer::RemoveStepsAfter(const std::string& name, uint64_t step) {
+  Enqueue([this, name, step] {
+    if (absl::Status s = directory_->RemoveStepsAfter(name, step); !s.ok()) {
+      log_(absl::StrFormat(
+          "cannot remove the checkpoints of \"%s\" after step %d, which it "
+          "was rolled back to: %s",
+          name, step, s.ToString()));
     }
   });
 }

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -69,6 +70,17 @@ class Checkpointer : public JobListener {
   absl::StatusOr<uint64_t> CheckpointNow(
       const std::shared_ptr<ShardState>& shard);
 
+  // Rolling back (the RollBack RPC), on the writer thread after everything
+  // queued so far. The job's complete steps, newest first.
+  absl::StatusOr<std::vector<uint64_t>> CompleteSteps(const std::string& name);
+  // Reads and verifies the job's checkpoint of `step` on this server
+  // (CheckpointDirectory::Load: NOT_FOUND, DATA_LOSS naming the file).
+  absl::StatusOr<ShardCheckpoint> Load(const std::string& name, uint64_t step);
+  // Queues the removal of the job's checkpoints after `step`: the job was
+  // rolled back to `step`, and a restart must not bring back the steps it
+  // left.
+  void RemoveStepsAfter(const std::string& name, uint64_t step);
+
   // Waits until everything queued so far has been done.
   void Flush();
   // Finishes what is queued, then ends the writer thread; later captures are
@@ -79,6 +91,9 @@ class Checkpointer : public JobListener {
   using Task = std::function<void()>;
 
   void Enqueue(Task task);
+  // Queues `task` and waits until the writer thread has run it; UNAVAILABLE
+  // (without running it) once the checkpointer is stopping.
+  absl::Status RunOnWriter(Task task);
   // Queues the removal of every checkpoint of job `name`; `why` says whose
   // they are in the log line.
   void RemoveCheckpoints(const std::string& name, const std::string& why);

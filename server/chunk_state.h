@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/shard_state.h"
 #include "server/weights_sink.h"
@@ -61,6 +63,31 @@ struct ShardState::ChunkState {
   // update task touches the chunk's master weights and slots.
   bool updating ABSL_GUARDED_BY(mu) = false;
   std::unique_ptr<PendingStep> pending ABSL_GUARDED_BY(mu);
+};
+
+// BeginStep, OverrideWeights, Contribute and Commit hold one for their length:
+// a rollback (BeginRollBack) waits for them, and they fail at once while it
+// runs.
+class ShardState::Accepting {
+ public:
+  explicit Accepting(ShardState& shard)
+      : shard_(shard), held_(shard.rollback_mu_.ReaderTryLock()) {}
+  ~Accepting() {
+    if (held_) shard_.rollback_mu_.ReaderUnlock();
+  }
+  Accepting(const Accepting&) = delete;
+  Accepting& operator=(const Accepting&) = delete;
+
+  absl::Status status() const {
+    if (held_) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat(
+        "job ", shard_.job_id_,
+        " is being rolled back on this server: retry once it is done"));
+  }
+
+ private:
+  ShardState& shard_;
+  const bool held_;
 };
 
 }  // namespace depot

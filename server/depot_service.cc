@@ -1,5 +1,6 @@
 #include "server/depot_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "wire/wire.h"
 
 namespace depot {
@@ -16,7 +18,7 @@ namespace {
 constexpr const char* kRpcNames[kNumRpcs] = {
     "CreateJob", "InitWeights", "Step",        "PullWeights",
     "GetJob",    "DeleteJob",   "ExportState", "ImportState",
-    "Checkpoint"};
+    "Checkpoint", "ListCheckpoints", "RollBack"};
 
 void Log(const std::string& line) {
   std::fprintf(stderr, "depot-server: %s\n", line.c_str());
@@ -166,6 +168,7 @@ absl::Status DepotService::DoGetJob(const v1::GetJobRequest& request,
   response->set_fingerprint(shape.fingerprint());
   response->set_server_index(shape.server_index());
   response->set_step((*shard)->completed_step());
+  response->set_newest_step((*shard)->newest_step());
   response->set_shard_begin(shape.shard().begin);
   response->set_shard_end(shape.shard().end);
   response->set_shard_params(shape.shard().size());
@@ -192,14 +195,9 @@ absl::Status DepotService::DoDeleteJob(const v1::DeleteJobRequest& request) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
       jobs_->Delete(request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
-  {
-    const absl::Status aborted = absl::AbortedError(
-        absl::StrCat("job ", request.job_id(), " was deleted"));
-    absl::MutexLock lock(&streams_mu_);
-    for (const auto& [stream, job_id] : streams_) {
-      if (job_id == request.job_id()) stream->Fail(aborted);
-    }
-  }
+  FailStreamsOf(request.job_id(),
+                absl::AbortedError(
+                    absl::StrCat("job ", request.job_id(), " was deleted")));
   Log(absl::StrFormat("deleted job %d \"%s\"", request.job_id(),
                       (*shard)->shape().config().name));
   return absl::OkStatus();
@@ -239,6 +237,130 @@ absl::Status DepotService::DoCheckpoint(const v1::CheckpointRequest& request,
   absl::StatusOr<uint64_t> step = checkpointer_->CheckpointNow(*shard);
   if (!step.ok()) return step.status();
   response->set_step(*step);
+  return absl::OkStatus();
+}
+
+void DepotService::FailStreamsOf(uint64_t job_id, const absl::Status& status) {
+  absl::MutexLock lock(&streams_mu_);
+  for (const auto& [stream, stream_job] : streams_) {
+    if (stream_job == job_id) stream->Fail(status);
+  }
+}
+
+grpc::Status DepotService::ListCheckpoints(
+    grpc::ServerContext*, const v1::ListCheckpointsRequest* request,
+    v1::ListCheckpointsResponse* response) {
+  return Serve(Rpc::kListCheckpoints,
+               [&] { return DoListCheckpoints(*request, response); });
+}
+
+absl::Status DepotService::DoListCheckpoints(
+    const v1::ListCheckpointsRequest& request,
+    v1::ListCheckpointsResponse* response) {
+  absl::StatusOr<std::shared_ptr<ShardState>> shard =
+      jobs_->Find(request.job_id(), request.fingerprint());
+  if (!shard.ok()) return shard.status();
+  response->set_step((*shard)->completed_step());
+  response->set_newest_step((*shard)->newest_step());
+  // Without a --checkpoint_dir there are none: the list is empty.
+  if (checkpointer_ == nullptr) return absl::OkStatus();
+  absl::StatusOr<std::vector<uint64_t>> steps =
+      checkpointer_->CompleteSteps((*shard)->shape().config().name);
+  if (!steps.ok()) return steps.status();
+  for (const uint64_t step : *steps) response->add_steps(step);
+  return absl::OkStatus();
+}
+
+grpc::Status DepotService::RollBack(grpc::ServerContext*,
+                                    const v1::RollBackRequest* request,
+                                    v1::RollBackResponse* response) {
+  return Serve(Rpc::kRollBack, [&] { return DoRollBack(*request, response); });
+}
+
+absl::Status DepotService::DoRollBack(const v1::RollBackRequest& request,
+                                      v1::RollBackResponse* response) {
+  absl::StatusOr<std::shared_ptr<ShardState>> found =
+      jobs_->Find(request.job_id(), request.fingerprint());
+  if (!found.ok()) return found.status();
+  ShardState& shard = **found;
+  const std::string& name = shard.shape().config().name;
+  const uint64_t step = request.step();
+  // Checked before anything changes: a step the shard has not reached, or
+  // one it has left without a checkpoint to go back to.
+  const uint64_t completed = shard.completed_step();
+  if (step > completed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot roll job ", request.job_id(), " back to step ", step,
+        ": this server has completed only step ", completed));
+  }
+  const bool at_step = step == completed && shard.newest_step() == step;
+  if (!at_step) {
+    if (checkpointer_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot roll job ", request.job_id(), " back to step ", step,
+          ": it is at step ", completed,
+          " and this server has no --checkpoint_dir to restore from"));
+    }
+    absl::StatusOr<std::vector<uint64_t>> steps =
+        checkpointer_->CompleteSteps(name);
+    if (!steps.ok()) return steps.status();
+    if (std::find(steps->begin(), steps->end(), step) == steps->end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "job ", request.job_id(), " has no complete checkpoint of step ",
+          step, " on this server (it has: ", absl::StrJoin(*steps, ", "),
+          ")"));
+    }
+  }
+  const absl::Status aborted = absl::AbortedError(absl::StrCat(
+      "job ", request.job_id(), " is being rolled back to step ", step,
+      " (a client asked for it: a server restarted behind the others, or an "
+      "operator's rollback); open the job again and resume after step ",
+      step));
+  // Before and after the shard stops taking contributions: a stream that
+  // opened in between may have added some.
+  FailStreamsOf(request.job_id(), aborted);
+  shard.BeginRollBack();
+  FailStreamsOf(request.job_id(), aborted);
+  const uint64_t dropped = shard.DropInFlight();
+  absl::Status status;
+  bool restored = false;
+  if (!(shard.completed_step() == step && shard.newest_step() == step)) {
+    absl::StatusOr<ShardCheckpoint> loaded = checkpointer_ == nullptr
+        ? absl::FailedPreconditionError("no --checkpoint_dir")
+        : checkpointer_->Load(name, step);
+    if (loaded.ok() && (loaded->fingerprint != shard.shape().fingerprint() ||
+                        loaded->server_index != shard.shape().server_index() ||
+                        loaded->chunks.size() != shard.shape().shard().num_chunks())) {
+      loaded = absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint of step ", step, " is of another shard or config "
+          "than the job's"));
+    }
+    status = loaded.ok() ? shard.ImportChunks(std::move(loaded->chunks))
+                         : loaded.status();
+    restored = status.ok();
+  }
+  shard.EndRollBack();
+  metrics_->rollback_dropped_contributions.Increment(
+      static_cast<double>(dropped));
+  if (!status.ok()) {
+    Log(absl::StrFormat(
+        "job %d \"%s\" NOT rolled back to step %d (it stays at step %d; %d "
+        "contributions in flight were dropped): %s",
+        request.job_id(), name, step, shard.completed_step(), dropped,
+        status.ToString()));
+    return status;
+  }
+  if (checkpointer_ != nullptr) checkpointer_->RemoveStepsAfter(name, step);
+  metrics_->rollbacks.Increment();
+  Log(absl::StrFormat(
+      "job %d \"%s\" rolled back to step %d (%s; %d contributions in flight "
+      "dropped)",
+      request.job_id(), name, step,
+      restored ? "restored from its checkpoint" : "it was at that step",
+      dropped));
+  response->set_step(step);
+  response->set_restored(restored);
+  response->set_dropped_contributions(dropped);
   return absl::OkStatus();
 }
 

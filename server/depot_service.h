@@ -62,6 +62,12 @@ class DepotService final
   grpc::Status Checkpoint(grpc::ServerContext* context,
                           const v1::CheckpointRequest* request,
                           v1::CheckpointResponse* response) override;
+  grpc::Status ListCheckpoints(grpc::ServerContext* context,
+                               const v1::ListCheckpointsRequest* request,
+                               v1::ListCheckpointsResponse* response) override;
+  grpc::Status RollBack(grpc::ServerContext* context,
+                        const v1::RollBackRequest* request,
+                        v1::RollBackResponse* response) override;
 
   // From now on every new RPC fails with UNAVAILABLE; RPCs already running,
   // Step streams included, go on.
@@ -97,6 +103,12 @@ class DepotService final
                              v1::ImportStateResponse* response);
   absl::Status DoCheckpoint(const v1::CheckpointRequest& request,
                             v1::CheckpointResponse* response);
+  absl::Status DoListCheckpoints(const v1::ListCheckpointsRequest& request,
+                                 v1::ListCheckpointsResponse* response);
+  absl::Status DoRollBack(const v1::RollBackRequest& request,
+                          v1::RollBackResponse* response);
+  // Fails every open Step stream of job `job_id` with `status`.
+  void FailStreamsOf(uint64_t job_id, const absl::Status& status);
 
   // Records an open Step stream and its job (0 until its header is read), or
   // updates its job.

@@ -38,7 +38,7 @@ prometheus::Histogram& Histogram(
 constexpr const char* kRpcLabels[kNumRpcs] = {
     "create_job", "init_weights", "step",         "pull_weights",
     "get_job",    "delete_job",   "export_state", "import_state",
-    "checkpoint"};
+    "checkpoint", "list_checkpoints", "roll_back"};
 
 }  // namespace
 
@@ -143,6 +143,13 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
           registry, "depot_job_restore_failures_total",
           "Jobs in --checkpoint_dir that could not be restored at start-up "
           "(no complete checkpoint verified, or no room in the budget).")),
+      rollbacks(Counter(registry, "depot_rollbacks_total",
+                        "Jobs rolled back to an earlier step on this server "
+                        "(the RollBack RPC: after a server restarted behind "
+                        "the others, or an operator's rollback).")),
+      rollback_dropped_contributions(Counter(
+          registry, "depot_rollback_dropped_contributions_total",
+          "Chunk contributions in flight that rollbacks dropped.")),
       checkpoint_every_steps(Gauge(
           registry, "depot_checkpoint_every_steps",
           "The server's --checkpoint_every_steps: jobs are checkpointed at "

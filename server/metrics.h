@@ -26,8 +26,10 @@ enum class Rpc {
   kExportState,
   kImportState,
   kCheckpoint,
+  kListCheckpoints,
+  kRollBack,
 };
-inline constexpr int kNumRpcs = 9;
+inline constexpr int kNumRpcs = 11;
 
 class ServerMetrics {
  public:
@@ -79,6 +81,10 @@ class ServerMetrics {
   // that could not be restored.
   prometheus::Counter& jobs_restored;
   prometheus::Counter& job_restore_failures;
+  // Jobs rolled back on this server (the RollBack RPC), and the chunk
+  // contributions in flight that rollbacks dropped.
+  prometheus::Counter& rollbacks;
+  prometheus::Counter& rollback_dropped_contributions;
   // The daemon's --checkpoint_every_steps (0: it takes no checkpoints), so
   // that an alert on the checkpoints' age knows whether to expect any.
   prometheus::Gauge& checkpoint_every_steps;

@@ -226,6 +226,8 @@ absl::Status ShardState::BeginStep(
     const std::shared_ptr<WeightsSink>& stats_sink,
     std::string no_grad_tensors, NodeShape node_shape) {
   if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  const Accepting accepting(*this);
+  if (absl::Status s = accepting.status(); !s.ok()) return s;
   const uint32_t workers = shape_.config().num_workers;
   if (worker_rank >= workers) {
     return absl::InvalidArgumentError(
@@ -331,6 +333,8 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
                                          WeightsPiece piece,
                                          const NodeSender& sender) {
   if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  const Accepting accepting(*this);
+  if (absl::Status s = accepting.status(); !s.ok()) return s;
   const ShardRange& shard = shape_.shard();
   if (chunk_index < shard.first_chunk || chunk_index >= shard.end_chunk) {
     return absl::OutOfRangeError(absl::StrCat(
@@ -388,6 +392,8 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
 
 absl::Status ShardState::Contribute(Contribution contribution) {
   if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  const Accepting accepting(*this);
+  if (absl::Status s = accepting.status(); !s.ok()) return s;
   const uint64_t index = contribution.chunk_index;
   const uint64_t step = contribution.step;
   const uint32_t worker = contribution.worker_rank;
@@ -448,12 +454,12 @@ absl::Status ShardState::Contribute(Contribution contribution) {
         if (++pending.count == config.num_workers) {
           pending.complete = true;
           if (two_phase) {
-            pool_->Schedule([self = shared_from_this(), index, step] {
+            ScheduleTask([self = shared_from_this(), index, step] {
               self->RunSum(index, step);
             });
           } else {
             chunk.updating = true;
-            pool_->Schedule([self = shared_from_this(), index, step] {
+            ScheduleTask([self = shared_from_this(), index, step] {
               self->RunUpdate(index, step);
             });
           }

@@ -257,6 +257,23 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
 
   // The last step applied to every chunk of the shard (0 before the first).
   uint64_t completed_step() const;
+  // The newest step applied to some chunk of the shard: completed_step() + 1
+  // while a step is half applied. Reads each chunk's step under its lock.
+  uint64_t newest_step() const;
+
+  // Rolling back (the RollBack RPC; server/shard_rollback.cc). Between
+  // BeginRollBack and EndRollBack, BeginStep, OverrideWeights, Contribute
+  // and Commit are UNAVAILABLE ("the job is being rolled back"), and
+  // BeginRollBack waits for those already running to return, so that
+  // nothing new arrives while DropInFlight empties the shard.
+  void BeginRollBack() ABSL_EXCLUSIVE_LOCK_FUNCTION(rollback_mu_);
+  void EndRollBack() ABSL_UNLOCK_FUNCTION(rollback_mu_);
+  // Drops every contribution in flight: waits for the sums and updates that
+  // run, gives the payloads back, and forgets the headers of the steps after
+  // the completed one. Returns the number of (chunk, worker) contributions
+  // dropped. The streams that sent them are not told: the caller fails
+  // them. REQUIRES: inside BeginRollBack / EndRollBack.
+  uint64_t DropInFlight();
 
   // The oldest step that has contributions waiting on some chunk, and which
   // workers it waits for (server/pending_step_report.cc). Reads each chunk's
@@ -340,6 +357,9 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   void InitChunkState(uint64_t chunk_index);
 
   absl::Status CheckNotDeleted() const;
+  // Held shared by BeginStep, OverrideWeights, Contribute and Commit for
+  // their length (UNAVAILABLE instead of waiting while a rollback holds it).
+  class Accepting;
   // INVALID_ARGUMENT unless `bitmap` is a valid no_grad_tensors (BeginStep).
   absl::Status ValidateNoGradTensors(const std::string& bitmap) const;
   // OUT_OF_RANGE unless the chunk is in the shard; INVALID_ARGUMENT unless
@@ -357,6 +377,10 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The same into out, which holds (end - begin) elements of `dtype`.
   void EncodeMasterInto(uint64_t begin, uint64_t end, DType dtype,
                         void* out) const;
+
+  // Runs `task` (a sum or an update) on the pool, counted in tasks_running_
+  // until it has returned.
+  void ScheduleTask(std::function<void()> task);
 
   void NoteContributionStart(uint64_t step);
   // Two-phase steps: runs on the pool once every worker has contributed
@@ -422,6 +446,13 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   bool capture_out_ ABSL_GUARDED_BY(capture_mu_) = false;
   // A released capture, whose buffers the next one reuses.
   std::unique_ptr<ShardCheckpoint> capture_spare_ ABSL_GUARDED_BY(capture_mu_);
+
+  // Held by a rollback, shared by the calls that add to the shard (Accepting).
+  absl::Mutex rollback_mu_;
+  // Sums and updates scheduled and not yet returned (a rollback waits for
+  // them: an update's last bookkeeping runs after it let go of its chunk).
+  absl::Mutex tasks_mu_;
+  int tasks_running_ ABSL_GUARDED_BY(tasks_mu_) = 0;
 
   mutable absl::Mutex steps_mu_;
   // Steps from completed_step_ on that a header has been seen for.

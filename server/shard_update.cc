@@ -93,6 +93,8 @@ void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
 
 absl::Status ShardState::Commit(uint64_t step, const CommitDecision& commit) {
   if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  const Accepting accepting(*this);
+  if (absl::Status s = accepting.status(); !s.ok()) return s;
   std::shared_ptr<TwoPhaseStep> two_phase = TwoPhaseOf(step);
   if (two_phase == nullptr) {
     return absl::FailedPreconditionError(
@@ -114,7 +116,7 @@ absl::Status ShardState::Commit(uint64_t step, const CommitDecision& commit) {
       continue;
     }
     chunk.updating = true;
-    pool_->Schedule([self = shared_from_this(), index, step] {
+    ScheduleTask([self = shared_from_this(), index, step] {
       self->RunUpdate(index, step);
     });
   }

@@ -37,6 +37,10 @@ uint32_t depot_api_version(void) { return DEPOT_API_VERSION; }
 
 const char* depot_last_error(void) { return depot::c_api::LastError(); }
 
+int depot_last_error_rolled_back(uint64_t* step) {
+  return depot::c_api::LastRolledBack(step) ? 1 : 0;
+}
+
 const char* depot_status_name(int code) {
   // Indexed by code: absl::StatusCode's names.
   static constexpr const char* kNames[] = {"OK",
@@ -225,6 +229,26 @@ int depot_job_step(depot_job_t* job, uint64_t step, const void* grads,
     if (stepped.ok() && result != nullptr)
       depot::c_api::ToC(step_result, result);
     return stepped;
+  });
+}
+
+int depot_job_reconcile(depot_job_t* job, uint64_t* step, int* rolled_back) {
+  constexpr const char* kFunction = "depot_job_reconcile";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    absl::StatusOr<depot::Reconciled> reconciled = job->job->Reconcile();
+    if (!reconciled.ok()) return reconciled.status();
+    if (step != nullptr) *step = reconciled->step;
+    if (rolled_back != nullptr) *rolled_back = reconciled->rolled_back ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
+int depot_job_roll_back(depot_job_t* job, uint64_t step) {
+  constexpr const char* kFunction = "depot_job_roll_back";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    return job->job->RollBack(step);
   });
 }
 

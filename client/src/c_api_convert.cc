@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -12,9 +13,14 @@ namespace depot::c_api {
 
 namespace {
 thread_local std::string last_error;
+thread_local bool last_rolled_back = false;
+thread_local uint64_t last_rolled_back_step = 0;
 }  // namespace
 
 int Record(const absl::Status& status) noexcept {
+  const std::optional<uint64_t> rolled_back = RolledBackStep(status);
+  last_rolled_back = rolled_back.has_value();
+  last_rolled_back_step = rolled_back.value_or(0);
   try {
     last_error.assign(status.message().data(), status.message().size());
   } catch (...) {
@@ -24,6 +30,11 @@ int Record(const absl::Status& status) noexcept {
 }
 
 const char* LastError() noexcept { return last_error.c_str(); }
+
+bool LastRolledBack(uint64_t* step) noexcept {
+  if (last_rolled_back && step != nullptr) *step = last_rolled_back_step;
+  return last_rolled_back;
+}
 namespace {
 
 absl::Status CheckPositiveSeconds(double seconds, const char* field) {

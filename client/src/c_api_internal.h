@@ -40,6 +40,8 @@ int Record(const absl::Status& status) noexcept;
 
 // The message depot_last_error returns.
 const char* LastError() noexcept;
+// Whether the last error was a RolledBackError, and its step.
+bool LastRolledBack(uint64_t* step) noexcept;
 
 // Runs `body` (returning absl::Status) as the entry point `function`: the
 // status becomes the return code and the last error; an exception becomes

@@ -163,8 +163,9 @@ bool JobImpl::NeedsTwoPhases(const StepOptions& options) const {
          optimizer.grad_norm_skip_threshold > 0.0 || dynamic_loss_scale;
 }
 
-absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
-                           StepResult* result, const StepOptions& options) {
+absl::Status JobImpl::StepOnce(uint64_t step, const void* grads,
+                               void* weights_out, StepResult* result,
+                               const StepOptions& options) {
   if (grads == nullptr || weights_out == nullptr) {
     return absl::InvalidArgumentError("Step: grads or weights_out is null");
   }

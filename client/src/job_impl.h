@@ -37,6 +37,10 @@ class JobImpl : public Job {
       bool with_checksum) override;
   absl::Status Delete() override;
   absl::StatusOr<uint64_t> Checkpoint() override;
+  // job_recovery.cc
+  absl::StatusOr<std::vector<ServerCheckpoints>> ListCheckpoints() override;
+  absl::Status RollBack(uint64_t step) override;
+  absl::StatusOr<Reconciled> Reconcile() override;
   // job_state.cc
   absl::StatusOr<std::string> SaveState() override;
   absl::Status LoadState(const std::string& blob) override;
@@ -56,6 +60,23 @@ class JobImpl : public Job {
   bool NeedsTwoPhases(const StepOptions& options) const;
 
  private:
+  // One attempt at Step (Step adds the recovery of job_recovery.cc).
+  absl::Status StepOnce(uint64_t step, const void* grads, void* weights_out,
+                        StepResult* result, const StepOptions& options);
+  // job_recovery.cc: CreateJob again on every server (attaching), the job
+  // ids refreshed. DATA_LOSS when a server created the job afresh: it had
+  // lost it (the fresh job is deleted again).
+  absl::Status Reattach();
+  // ListCheckpoints on `servers`, indexed by server.
+  absl::StatusOr<std::vector<ServerCheckpoints>> QueryCheckpoints(
+      const std::vector<uint32_t>& servers) const;
+  // RollBack(step) on `servers`.
+  absl::Status RollBackServers(const std::vector<uint32_t>& servers,
+                               uint64_t step) const;
+  // Reconcile, retried while servers are UNAVAILABLE (restarting) or lose the
+  // job ids it just learnt (restarted again) until `give_up`.
+  absl::StatusOr<Reconciled> ReconcileUntil(absl::Time give_up);
+
   // The servers whose shard holds at least one chunk: the only ones that take
   // part in InitWeights and Step.
   std::vector<uint32_t> ServersWithChunks() const;

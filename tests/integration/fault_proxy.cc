@@ -110,7 +110,7 @@ void FaultProxy::AcceptLoop() {
     const int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr = {};
     addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(target_port_));
+    addr.sin_port = htons(static_cast<uint16_t>(target_port_.load()));
     inet_pton(AF_INET,
               target_host_ == "localhost" ? "127.0.0.1" : target_host_.c_str(),
               &addr.sin_addr);

@@ -46,6 +46,9 @@ class FaultProxy {
   void SetDelay(absl::Duration delay);
   // Connections accepted so far (a reconnect shows as one more).
   int connections_accepted() const { return accepted_.load(); }
+  // New connections go to `port` on the target host from now on (a server
+  // restarted on another port keeps the address its clients know).
+  void SetTargetPort(int port) { target_port_ = port; }
 
  private:
   struct Link;
@@ -57,7 +60,7 @@ class FaultProxy {
   const int listen_fd_;
   const std::string address_;
   const std::string target_host_;
-  const int target_port_;
+  std::atomic<int> target_port_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> blackholed_{false};
   std::atomic<int64_t> delay_ns_{0};

@@ -43,6 +43,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "depot/dtype.h"
 #include "depot/export.h"
@@ -182,6 +183,35 @@ struct ServerJobStatus {
   double waiting_seconds = 0.0;
 };
 
+// A server's checkpoints of the job and where the job stands there
+// (Job::ListCheckpoints).
+struct ServerCheckpoints {
+  std::string server;
+  // The steps that server holds a complete checkpoint of, newest first.
+  std::vector<uint64_t> steps;
+  uint64_t step = 0;  // last step applied to every chunk of the shard
+  // The newest step applied to some chunk: step + 1 while a step is half
+  // applied there.
+  uint64_t newest_step = 0;
+};
+
+// What Job::Reconcile found and did.
+struct Reconciled {
+  // The step every server of the job is at now: the trainer goes on with
+  // step + 1.
+  uint64_t step = 0;
+  // The servers disagreed and were rolled back to `step`.
+  bool rolled_back = false;
+};
+
+// The status Job::Step returns when the job had to be rolled back under it
+// (docs/checkpoints.md, "Rolling back"): ABORTED, carrying the step the job is
+// at now, which RolledBackStep reads. The trainer reloads its data position
+// and weights for that step and goes on with the next.
+DEPOT_API absl::Status RolledBackError(uint64_t step, absl::string_view why);
+// The step a RolledBackError carries; nullopt for any other status.
+DEPOT_API std::optional<uint64_t> RolledBackStep(const absl::Status& status);
+
 // A job's whole optimizer state as flat arrays over its index space [0, N),
 // for reading it or building it elsewhere (torch's optimizer state):
 // Job::DecodeState and Job::EncodeState.
@@ -226,6 +256,11 @@ class DEPOT_API Job {
   // be null. INVALID_ARGUMENT: loss_scale not finite or <= 0, a known
   // clip_coef outside (0, 1] without skip, a no_grad or override tensor index
   // out of range or listed twice, or override values null.
+  // A server that restarted under the step (killed, restored from its
+  // checkpoints) is handled by Reconcile: when every server still agrees the
+  // step is sent again; when the job had to be rolled back to an earlier
+  // step t, Step returns RolledBackError(t) (ABORTED; RolledBackStep gives
+  // t): the trainer resumes with step t + 1 from the weights of step t.
   // DEADLINE_EXCEEDED: the step did not complete within
   // ClientOptions::step_timeout; the message then says what each server waits
   // for, as far as the servers answer a short GetJob ("servers H:P, H:P are
@@ -256,6 +291,30 @@ class DEPOT_API Job {
   // UNAVAILABLE: a server is writing a checkpoint of the job already, or a
   // write failed (fsync): retry.
   virtual absl::StatusOr<uint64_t> Checkpoint() = 0;
+
+  // Each server's complete checkpoints of the job and its steps, in server
+  // order (empty lists from servers without --checkpoint_dir).
+  virtual absl::StatusOr<std::vector<ServerCheckpoints>> ListCheckpoints() = 0;
+
+  // Rolls the job back to `step` on every server: each drops the
+  // contributions in flight (their Step streams end ABORTED) and restores
+  // its checkpoint of `step` unless every chunk already is at it; later
+  // checkpoints are removed. FAILED_PRECONDITION: a server has not completed
+  // `step`; NOT_FOUND: a server has no complete checkpoint of it (nothing
+  // changed there); DATA_LOSS: the checkpoint is damaged. On error some
+  // servers may have rolled back: call it again, or Reconcile.
+  virtual absl::Status RollBack(uint64_t step) = 0;
+
+  // Makes the job's servers agree again after a server restarted (killed and
+  // restored from its checkpoints, so behind the others, and with a new job
+  // id): opens the job again on every server, and when they are not all at
+  // one step (a step half applied counts as at the step before it), rolls
+  // every server back to the newest step each can return to (its checkpoint
+  // of it, or being exactly at it). Step calls it by itself when a step
+  // fails because a server lost or changed the job. Not concurrently with
+  // other calls on this Job. DATA_LOSS: no such step exists (a server lost
+  // the job: it restarted without a checkpoint of it).
+  virtual absl::StatusOr<Reconciled> Reconcile() = 0;
 
   // The whole optimizer state of the job (master weights, optimizer slots, the
   // step counters of every chunk) as an opaque byte string for LoadState

@@ -86,6 +86,12 @@ enum {
  * that succeeded. Valid until the next depot_* call on this thread. */
 DEPOT_API const char* depot_last_error(void);
 
+/* 1 when the last call on this thread that failed failed because the job was
+ * rolled back under it (depot::RolledBackError, DEPOT_ABORTED), with *step
+ * (may be NULL) the step the job is at now: reload the trainer's data
+ * position and weights for it and go on with *step + 1. 0 otherwise. */
+DEPOT_API int depot_last_error_rolled_back(uint64_t* step);
+
 /* "OK", "INVALID_ARGUMENT", ...; "UNKNOWN_CODE" for a number not above. */
 DEPOT_API const char* depot_status_name(int code);
 
@@ -393,6 +399,20 @@ DEPOT_API int depot_job_encode_state(const depot_job_t* job,
  * holds. Call between steps. FAILED_PRECONDITION: no --checkpoint_dir, or a
  * step in flight; UNAVAILABLE: retry. */
 DEPOT_API int depot_job_checkpoint(depot_job_t* job, uint64_t* step);
+
+/* depot::Job::Reconcile: opens the job again on every server and, when they
+ * are at different steps (a server restarted behind the others), rolls them
+ * back to the newest step each can return to. *step (may be NULL) gets the
+ * step every server is at now, *rolled_back (may be NULL) 1 when a rollback
+ * was needed. DATA_LOSS: no such step (a server lost the job). */
+DEPOT_API int depot_job_reconcile(depot_job_t* job, uint64_t* step,
+                                  int* rolled_back);
+
+/* depot::Job::RollBack: every server drops the contributions in flight and
+ * returns to `step` (exactly at it, or from its checkpoint of it); later
+ * checkpoints are removed. NOT_FOUND: a server has no checkpoint of it;
+ * FAILED_PRECONDITION: a server has not completed it. */
+DEPOT_API int depot_job_roll_back(depot_job_t* job, uint64_t step);
 
 /* Frees a buffer the library allocated. NULL is ignored. */
 DEPOT_API void depot_buffer_free(void* data);

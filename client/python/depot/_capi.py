@@ -194,6 +194,7 @@ def _p(struct):
 _PROTOTYPES = {
     "depot_api_version": (c_uint32, []),
     "depot_last_error": (c_char_p, []),
+    "depot_last_error_rolled_back": (ctypes.c_int, [ctypes.POINTER(c_uint64)]),
     "depot_status_name": (c_char_p, [ctypes.c_int]),
     "depot_client_options_init": (None, [_p(ClientOptions)]),
     "depot_client_create": (ctypes.c_int, [
@@ -231,6 +232,9 @@ _PROTOTYPES = {
         ctypes.POINTER(c_size_t)]),
     "depot_job_checkpoint": (ctypes.c_int, [
         c_void_p, ctypes.POINTER(c_uint64)]),
+    "depot_job_reconcile": (ctypes.c_int, [
+        c_void_p, ctypes.POINTER(c_uint64), ctypes.POINTER(ctypes.c_int)]),
+    "depot_job_roll_back": (ctypes.c_int, [c_void_p, c_uint64]),
     "depot_buffer_free": (None, [c_void_p]),
     "depot_engine_options_init": (None, [_p(EngineOptions)]),
     "depot_engine_unique_id": (ctypes.c_int, [
@@ -299,5 +303,9 @@ def check(code):
     """Raises the DepotError for `code` (with this thread's last error) unless
     it is DEPOT_OK. Call it right after the C call, on the same thread."""
     if code != 0:
-        message = lib().depot_last_error().decode("utf-8", "replace")
+        library = lib()
+        message = library.depot_last_error().decode("utf-8", "replace")
+        step = c_uint64()
+        if library.depot_last_error_rolled_back(ctypes.byref(step)):
+            raise errors.RolledBackError(message, step.value)
         raise errors.error_for_code(code, message)

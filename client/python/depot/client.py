@@ -501,6 +501,31 @@ class Job(OwnedHandle):
                 self._live_handle(), ctypes.byref(step)))
         return step.value
 
+    def reconcile(self) -> Tuple[int, bool]:
+        """Makes the job's servers agree again after one restarted: opens the
+        job again on every server and, when they are at different steps,
+        rolls every server back to the newest step each can return to.
+        Returns (step, rolled_back): the step every server is at now, and
+        whether a rollback was needed. `step()` calls it by itself when a
+        step fails that way, and raises RolledBackError when the job went
+        back. DataLossError: a server lost the job."""
+        step = _capi.c_uint64()
+        rolled_back = ctypes.c_int()
+        with self._lock:
+            _capi.check(_capi.lib().depot_job_reconcile(
+                self._live_handle(), ctypes.byref(step),
+                ctypes.byref(rolled_back)))
+        return step.value, bool(rolled_back.value)
+
+    def roll_back(self, step: int) -> None:
+        """Rolls the job back to `step` on every server: each drops the
+        contributions in flight and returns to `step`, exactly at it or from
+        its checkpoint of it; later checkpoints are removed.
+        NotFoundError: a server has no checkpoint of `step`."""
+        with self._lock:
+            _capi.check(_capi.lib().depot_job_roll_back(
+                self._live_handle(), step))
+
     def delete(self) -> None:
         """Deletes the job on every server, freeing its state."""
         with self._lock:

@@ -140,6 +140,19 @@ _BY_CODE: Dict[int, Type[DepotError]] = {
     cls.code: cls for cls in DepotError.__subclasses__()}
 
 
+class RolledBackError(AbortedError):
+    """The job was rolled back under the call: a server restarted behind the
+    others (killed and restored from its checkpoints) and the library rolled
+    every server back to `step`, the newest step all of them could return to
+    (docs/checkpoints.md, "Rolling back"). Reload the trainer's data position
+    for `step` and go on with step `step` + 1; DepotOptimizer has already put
+    the weights of `step` into the parameters."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.step = step
+
+
 def error_for_code(code: int, message: str) -> DepotError:
     """The DepotError subclass instance for status code `code`."""
     cls = _BY_CODE.get(code)
@@ -151,5 +164,5 @@ def error_for_code(code: int, message: str) -> DepotError:
     return cls(message)
 
 
-__all__: List[str] = ["DepotError", "error_for_code"] + sorted(
-    cls.__name__ for cls in _BY_CODE.values())
+__all__: List[str] = ["DepotError", "RolledBackError", "error_for_code"] + \
+    sorted(cls.__name__ for cls in _BY_CODE.values())

@@ -469,7 +469,13 @@ class DepotOptimizer(torch.optim.Optimizer):
         """Sends every parameter's .grad (a None one as absent), with each
         group's current lr and weight_decay, and writes the updated weights
         into the parameters. Returns the closure's loss (None without a
-        closure)."""
+        closure).
+
+        depot.RolledBackError (with .step): a server restarted behind the
+        others and the job went back to step `e.step` on every server; the
+        parameters already hold that step's weights. Reload the data
+        position of step `e.step` (and any scheduler) and go on: the next
+        step() is step `e.step` + 1."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -500,13 +506,25 @@ class DepotOptimizer(torch.optim.Optimizer):
         step = self._depot_step + 1
         scaler = self._grad_scaler()
         loss_scale = scaler.scale
-        result = job.step(step, self._grads, self._weights,
-                          group_hparams=self._group_hparams(),
-                          loss_scale=loss_scale, no_grad_tensors=no_grad,
-                          weight_overrides=overrides)
+        try:
+            result = job.step(step, self._grads, self._weights,
+                              group_hparams=self._group_hparams(),
+                              loss_scale=loss_scale, no_grad_tensors=no_grad,
+                              weight_overrides=overrides)
+        except depot.RolledBackError as rolled:
+            self._rolled_back(rolled.step)
+            raise
         self._record_result(step, result, loss_scale)
         self._write_params()
         return loss
+
+    def _rolled_back(self, step):
+        """The job went back to `step` under a step (a server restarted
+        behind the others): the parameters take the weights of `step`, and
+        the next step() is `step` + 1."""
+        self._depot_step = step
+        self._after_load()
+        self._write_params()
 
     def _record_result(self, step, result, loss_scale):
         """Step `step` finished with `result` at `loss_scale`."""

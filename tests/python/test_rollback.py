@@ -1,0 +1,141 @@
+"""Rolling back from Python (docs/checkpoints.md, "Rolling back"): a server
+killed with SIGKILL and restarted on its --checkpoint_dir comes back behind
+the other; DepotOptimizer.step() raises depot.RolledBackError with the step
+every server went back to, the parameters already hold that step's weights,
+and a trainer that reloads its data position there ends bit for bit like an
+uninterrupted run."""
+
+import glob
+import os
+import time
+
+import pytest
+import torch
+
+import depot
+import server_process
+from conftest import server_binary
+from depot.torch import DepotOptimizer
+
+# Both servers hold chunks (64 elements each), so both write checkpoints.
+EVERY = 4
+
+
+def batches(count):
+    torch.manual_seed(1)
+    return [(torch.randn(5, 32), torch.randn(5, 8)) for _ in range(count)]
+
+
+def one_step(model, opt, batch):
+    x, y = batch
+    opt.zero_grad()
+    ((model(x) - y) ** 2).mean().backward()
+    opt.step()
+
+
+def wait_for_manifest(directory, step):
+    """Checkpoints are written in the background: wait for step's manifest."""
+    pattern = os.path.join(directory, "job-*", f"step-{step:020d}",
+                           "manifest-*")
+    deadline = time.monotonic() + 30
+    while not glob.glob(pattern):
+        assert time.monotonic() < deadline, \
+            f"no checkpoint of step {step} in {directory}"
+        time.sleep(0.01)
+
+
+def start(directory, address=None):
+    flags = [f"--checkpoint_dir={directory}",
+             f"--checkpoint_every_steps={EVERY}", "--threads=1"]
+    if address is not None:
+        flags.append(f"--listen={address}")  # the same port as before
+    return server_process.start_server(server_binary(), flags)
+
+
+def test_step_raises_rolled_back_error_and_the_run_ends_bitwise(
+        tmp_path, job_name):
+    data = batches(10)
+    torch.manual_seed(0)
+    initial = torch.nn.Linear(32, 8).state_dict()
+    dirs = [str(tmp_path / f"server-{s}") for s in range(2)]
+    servers = [start(d) for d in dirs]
+    try:
+        addresses = [s.address for s in servers]
+        with depot.Client(addresses, unavailable_retry=20) as c:
+            reference = torch.nn.Linear(32, 8)
+            reference.load_state_dict(initial)
+            ref_opt = DepotOptimizer(reference.parameters(), client=c,
+                                     job_name=f"{job_name}-ref", lr=1e-2,
+                                     chunk_elems=64)
+            at_step = {}
+            for step, batch in enumerate(data, start=1):
+                one_step(reference, ref_opt, batch)
+                at_step[step] = [p.detach().clone()
+                                 for p in reference.parameters()]
+            ref_opt.close()
+
+            model = torch.nn.Linear(32, 8)
+            model.load_state_dict(initial)
+            opt = DepotOptimizer(model.parameters(), client=c,
+                                 job_name=job_name, lr=1e-2, chunk_elems=64)
+            for step in range(1, 7):
+                one_step(model, opt, data[step - 1])
+            for d in dirs:
+                wait_for_manifest(d, EVERY)
+            # Server 0 restarts at step 4; server 1 is at step 6.
+            servers[0].process.kill()
+            servers[0].process.wait()
+            servers[0] = start(dirs[0], address=addresses[0])
+
+            rolled = []
+            step = 6
+            while step < len(data):
+                try:
+                    one_step(model, opt, data[step])
+                    step += 1
+                except depot.RolledBackError as error:
+                    assert isinstance(error, depot.AbortedError)
+                    rolled.append(error.step)
+                    # The parameters already hold the weights of error.step.
+                    for p, q in zip(model.parameters(), at_step[error.step]):
+                        assert torch.equal(p.detach(), q)
+                    step = error.step  # the data position to reload
+            assert rolled == [EVERY]
+            for p, q in zip(model.parameters(), reference.parameters()):
+                assert torch.equal(p.detach(), q.detach())
+            opt.close()
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_job_reconcile_and_roll_back(tmp_path, job_name):
+    """Job.reconcile() on servers that agree changes nothing; roll_back()
+    to a step without a checkpoint is NotFoundError and changes nothing."""
+    servers = [start(str(tmp_path / f"server-{s}")) for s in range(2)]
+    try:
+        with depot.Client([s.address for s in servers]) as c:
+            job = c.open_job(job_name, [("w", 256, 0)], lr=1e-3,
+                             chunk_elems=64)
+            job.init_weights(torch.zeros(256))
+            grads = torch.ones(256)
+            weights = torch.empty(256)
+            for step in range(1, 6):
+                job.step(step, grads, weights)
+            for s in range(2):
+                wait_for_manifest(str(tmp_path / f"server-{s}"), EVERY)
+            assert job.reconcile() == (5, False)
+            with pytest.raises(depot.NotFoundError, match="checkpoint of step 2"):
+                job.roll_back(2)
+            assert job.reconcile() == (5, False)
+            job.roll_back(EVERY)
+            assert job.reconcile() == (EVERY, False)
+            with pytest.raises(depot.RolledBackError) as raised:
+                job.step(7, grads, weights)  # the job is at step 4 now
+            assert raised.value.step == EVERY
+            job.step(EVERY + 1, grads, weights)
+            job.delete()
+            job.close()
+    finally:
+        for server in servers:
+            server.stop()
