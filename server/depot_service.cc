@@ -1,6 +1,8 @@
 #include "server/depot_service.h"
 
 #include <chrono>
+#include <exception>
+#include <new>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -31,10 +33,42 @@ DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
 grpc::Status DepotService::Serve(Rpc rpc,
                                  absl::FunctionRef<absl::Status()> body) {
   metrics_->CountRpc(rpc);
-  absl::Status status =
-      accepting() ? body() : absl::UnavailableError("server is shutting down");
+  absl::Status status;
+  if (EnterCall()) {
+    // An exception must not skip ExitCall, or shutdown would wait for the
+    // call until its grace period ends.
+    try {
+      status = body();
+    } catch (const std::exception& e) {
+      status = ExceptionStatus(e);
+    }
+    ExitCall();
+  } else {
+    status = absl::UnavailableError(kShuttingDown);
+  }
   if (!status.ok()) RecordFailure(rpc, status);
   return ToGrpcStatus(status);
+}
+
+absl::Status DepotService::ExceptionStatus(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    return absl::ResourceExhaustedError(
+        "the server could not allocate the memory this request needs");
+  }
+  return absl::InternalError(
+      absl::StrCat("unexpected exception in the server: ", e.what()));
+}
+
+bool DepotService::EnterCall() {
+  absl::MutexLock lock(&streams_mu_);
+  if (!accepting()) return false;
+  ++calls_in_flight_;
+  return true;
+}
+
+void DepotService::ExitCall() {
+  absl::MutexLock lock(&streams_mu_);
+  --calls_in_flight_;
 }
 
 void DepotService::RecordFailure(Rpc rpc, const absl::Status& status) {
@@ -116,6 +150,7 @@ absl::Status DepotService::DoInitWeights(
   if (!dtype.ok()) return dtype.status();
   uint64_t chunks = 0;
   while (reader->Read(&request)) {
+    if (ended()) return absl::UnavailableError(kShuttingDown);
     if (!request.has_chunk()) {
       return absl::InvalidArgumentError(
           "an InitWeights stream carries one header, then only chunks");
@@ -142,9 +177,10 @@ absl::Status DepotService::DoPullWeights(
   if (!shard.ok()) return shard.status();
   absl::StatusOr<DType> dtype = DTypeFromProto(request.dtype(), "dtype");
   if (!dtype.ok()) return dtype.status();
-  return (*shard)->ReadWeights(
+  absl::Status status = (*shard)->ReadWeights(
       request.begin(), request.end(), *dtype,
       [&](uint64_t offset, std::string payload) {
+        if (ended()) return false;
         v1::PullResponse response;
         response.set_offset(offset);
         const size_t bytes = payload.size();
@@ -153,6 +189,8 @@ absl::Status DepotService::DoPullWeights(
         metrics_->sent_pull_bytes.Increment(static_cast<double>(bytes));
         return true;
       });
+  return ended() && !status.ok() ? absl::UnavailableError(kShuttingDown)
+                                 : status;
 }
 
 absl::Status DepotService::DoGetJob(const v1::GetJobRequest& request,
@@ -248,7 +286,8 @@ absl::Status DepotService::DoExportState(
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
       jobs_->Find(request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
-  return (*shard)->ExportChunks([&](ChunkSnapshot snapshot) {
+  absl::Status status = (*shard)->ExportChunks([&](ChunkSnapshot snapshot) {
+    if (ended()) return false;
     v1::StateChunk message;
     message.set_index(snapshot.index);
     message.set_applied_step(snapshot.applied_step);
@@ -262,6 +301,8 @@ absl::Status DepotService::DoExportState(
     }
     return writer->Write(message);
   });
+  return ended() && !status.ok() ? absl::UnavailableError(kShuttingDown)
+                                 : status;
 }
 
 absl::Status DepotService::DoImportState(
@@ -278,6 +319,7 @@ absl::Status DepotService::DoImportState(
   // Staged whole: ImportChunks checks everything before it replaces anything.
   std::vector<ChunkSnapshot> chunks;
   while (reader->Read(&request)) {
+    if (ended()) return absl::UnavailableError(kShuttingDown);
     if (!request.has_chunk()) {
       return absl::InvalidArgumentError(
           "an ImportState stream carries one header, then only chunks");
@@ -314,19 +356,31 @@ void DepotService::UntrackStepStream(StepStream* stream) {
   if (streams_.erase(stream) > 0) metrics_->active_streams.Decrement();
 }
 
-bool DepotService::NoStepStreams() const { return streams_.empty(); }
+bool DepotService::NoRpcsInFlight() const {
+  return streams_.empty() && calls_in_flight_ == 0;
+}
 
 void DepotService::StopAcceptingRpcs() {
+  // Under the lock that EnterCall takes: once this returns, no handler can
+  // still be about to enter, so WaitForRpcs sees every one that runs.
+  absl::MutexLock lock(&streams_mu_);
   accepting_.store(false, std::memory_order_release);
 }
 
-bool DepotService::WaitForStepStreams(absl::Time deadline) {
+DepotService::RpcsInFlight DepotService::InFlight() const {
   absl::MutexLock lock(&streams_mu_);
-  return streams_mu_.AwaitWithDeadline(
-      absl::Condition(this, &DepotService::NoStepStreams), deadline);
+  return RpcsInFlight{static_cast<int>(streams_.size()), calls_in_flight_};
 }
 
-void DepotService::FailStepStreams(const absl::Status& status) {
+bool DepotService::WaitForRpcs(absl::Time deadline) {
+  absl::MutexLock lock(&streams_mu_);
+  return streams_mu_.AwaitWithDeadline(
+      absl::Condition(this, &DepotService::NoRpcsInFlight), deadline);
+}
+
+void DepotService::EndRpcs() {
+  ended_.store(true, std::memory_order_release);
+  const absl::Status status = absl::UnavailableError(kShuttingDown);
   absl::MutexLock lock(&streams_mu_);
   for (const auto& [stream, job_id] : streams_) stream->Fail(status);
 }

@@ -43,7 +43,7 @@ class DepotService::StepReactor final
     service_->metrics_->CountRpc(Rpc::kStep);
     service_->TrackStepStream(stream_.get(), /*job_id=*/0);
     if (!service_->accepting()) {
-      stream_->Fail(absl::UnavailableError("server is shutting down"));
+      stream_->Fail(absl::UnavailableError(kShuttingDown));
       return;
     }
     StartRead(&request_);
@@ -68,7 +68,7 @@ class DepotService::StepReactor final
       return;
     }
     if (stream_->ended()) return;
-    absl::Status status = AcceptRequest();
+    absl::Status status = AcceptRequestCatching();
     // The slices go back to gRPC before the next read.
     received_.Clear();
     request_.Clear();
@@ -143,6 +143,19 @@ class DepotService::StepReactor final
     const std::string& payload = request.chunk().payload();
     return AcceptChunk(request.chunk().index(), payload.size(),
                        [&](char* out) { payload.copy(out, payload.size()); });
+  }
+
+  // AcceptRequest, with an exception (an allocation that failed, e.g. for
+  // a job's per-worker bookkeeping) turned into a status. Nothing may throw
+  // out of a reactor's callback: gRPC would never see the operation end,
+  // the reactor would never be done, and the server's shutdown would wait
+  // for it forever.
+  absl::Status AcceptRequestCatching() {
+    try {
+      return AcceptRequest();
+    } catch (const std::exception& e) {
+      return ExceptionStatus(e);
+    }
   }
 
   static absl::Status HeaderMissing() {
