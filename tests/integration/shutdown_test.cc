@@ -76,6 +76,7 @@ class ShutdownTest : public ::testing::Test {
   }
   void TearDown() override {
     server_.reset();
+    training_.reset();
     fs::remove_all(root_);
   }
 
@@ -111,6 +112,21 @@ class ShutdownTest : public ::testing::Test {
                              /*unavailable_retry=*/absl::ZeroDuration());
     EXPECT_TRUE(training.ok()) << training.status();
     return training.ok() ? *std::move(training) : nullptr;
+  }
+
+  // Opens SmallJobConfig("ckpt") for one worker into training_ and
+  // initialises it.
+  void OpenSmallJob() {
+    training_ = Open(SmallJobConfig("ckpt", 1, 1));
+    ASSERT_NE(training_, nullptr);
+    ASSERT_TRUE(training_->InitWeights(kSeed, DType::kFloat32).ok());
+  }
+
+  void Train(uint64_t first, uint64_t last) {
+    for (uint64_t step = first; step <= last; ++step) {
+      const absl::Status status = training_->RunStep(kSeed, step, 0).status;
+      ASSERT_TRUE(status.ok()) << "step " << step << ": " << status;
+    }
   }
 
   // Waits until a temporary file of a checkpoint write exists: a write is
@@ -152,6 +168,7 @@ class ShutdownTest : public ::testing::Test {
 
   std::string root_;
   std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<ClientTraining> training_;
 };
 
 // A job whose exported state (AdamW: 12 bytes a parameter, 96 MiB) is far
@@ -270,14 +287,11 @@ TEST_F(ShutdownTest, CheckpointWriteInFlightAtSigtermCompletes) {
   const absl::Duration grace = absl::Seconds(60);
   // SmallJobConfig's shard file is about 33 KB: some 2 s at 16 KB/s.
   ASSERT_NO_FATAL_FAILURE(StartServer(grace, CheckpointFlags(16 << 10)));
-  std::unique_ptr<ClientTraining> training =
-      Open(SmallJobConfig("ckpt", 1, 1));
-  ASSERT_NE(training, nullptr);
-  ASSERT_TRUE(training->InitWeights(kSeed, DType::kFloat32).ok());
-  ASSERT_TRUE(training->RunStep(kSeed, 1, 0).status.ok());
+  ASSERT_NO_FATAL_FAILURE(OpenSmallJob());
+  ASSERT_NO_FATAL_FAILURE(Train(1, 1));
 
   absl::StatusOr<uint64_t> taken;
-  std::thread call([&] { taken = training->job(0).Checkpoint(); });
+  std::thread call([&] { taken = training_->job(0).Checkpoint(); });
   ASSERT_TRUE(WaitForWriteInProgress().ok());
   ASSERT_TRUE(server_->Signal(SIGTERM).ok());
   call.join();
@@ -298,17 +312,12 @@ TEST_F(ShutdownTest, CheckpointWriteCutOffByTheGraceLeavesThePreviousOne) {
   // Step 2's periodic checkpoint, then a Checkpoint call at step 3 whose
   // write (about 33 KB at 8 KB/s) outlasts the grace by far.
   ASSERT_NO_FATAL_FAILURE(StartServer(grace, CheckpointFlags(8 << 10, 2)));
-  std::unique_ptr<ClientTraining> training =
-      Open(SmallJobConfig("ckpt", 1, 1));
-  ASSERT_NE(training, nullptr);
-  ASSERT_TRUE(training->InitWeights(kSeed, DType::kFloat32).ok());
-  for (uint64_t step = 1; step <= 3; ++step) {
-    ASSERT_TRUE(training->RunStep(kSeed, step, 0).status.ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(OpenSmallJob());
+  ASSERT_NO_FATAL_FAILURE(Train(1, 3));
   ASSERT_TRUE(WaitForLog(*server_, "at step 2 written").ok());
 
   absl::StatusOr<uint64_t> taken;
-  std::thread call([&] { taken = training->job(0).Checkpoint(); });
+  std::thread call([&] { taken = training_->job(0).Checkpoint(); });
   ASSERT_TRUE(WaitForWriteInProgress().ok());
   ASSERT_NO_FATAL_FAILURE(ExpectExitWithinBound(*server_, grace));
   call.join();
@@ -324,17 +333,10 @@ TEST_F(ShutdownTest, CheckpointWriteCutOffByTheGraceLeavesThePreviousOne) {
 TEST_F(ShutdownTest, BackgroundCheckpointCutOffByTheGraceLeavesThePreviousOne) {
   const absl::Duration grace = absl::Seconds(1);
   ASSERT_NO_FATAL_FAILURE(StartServer(grace, CheckpointFlags(8 << 10, 2)));
-  std::unique_ptr<ClientTraining> training =
-      Open(SmallJobConfig("ckpt", 1, 1));
-  ASSERT_NE(training, nullptr);
-  ASSERT_TRUE(training->InitWeights(kSeed, DType::kFloat32).ok());
-  for (uint64_t step = 1; step <= 2; ++step) {
-    ASSERT_TRUE(training->RunStep(kSeed, step, 0).status.ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(OpenSmallJob());
+  ASSERT_NO_FATAL_FAILURE(Train(1, 2));
   ASSERT_TRUE(WaitForLog(*server_, "at step 2 written").ok());
-  for (uint64_t step = 3; step <= 4; ++step) {
-    ASSERT_TRUE(training->RunStep(kSeed, step, 0).status.ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(Train(3, 4));
   ASSERT_TRUE(WaitForWriteInProgress().ok());
   ASSERT_NO_FATAL_FAILURE(ExpectExitWithinBound(*server_, grace));
   EXPECT_THAT(server_->Log(), HasSubstr("at step 4 not written"));
