@@ -230,14 +230,10 @@ absl::Status DepotService::DoDeleteJob(const v1::DeleteJobRequest& request) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
       jobs_->Delete(request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
-  {
-    const absl::Status aborted = absl::AbortedError(
-        absl::StrCat("job ", request.job_id(), " was deleted"));
-    absl::MutexLock lock(&streams_mu_);
-    for (const auto& [stream, job_id] : streams_) {
-      if (job_id == request.job_id()) stream->Fail(aborted);
-    }
-  }
+  FailStepStreams(
+      [&](uint64_t job_id) { return job_id == request.job_id(); },
+      absl::AbortedError(
+          absl::StrCat("job ", request.job_id(), " was deleted")));
   Log(absl::StrFormat("deleted job %d \"%s\"", request.job_id(),
                       (*shard)->shape().config().name));
   return absl::OkStatus();
@@ -344,9 +340,11 @@ absl::Status DepotService::DoImportState(
   return absl::OkStatus();
 }
 
-void DepotService::TrackStepStream(StepStream* stream, uint64_t job_id) {
+void DepotService::TrackStepStream(const std::shared_ptr<StepStream>& stream,
+                                   uint64_t job_id) {
   absl::MutexLock lock(&streams_mu_);
-  if (streams_.insert_or_assign(stream, job_id).second) {
+  if (streams_.insert_or_assign(stream.get(), TrackedStream{stream, job_id})
+          .second) {
     metrics_->active_streams.Increment();
   }
 }
@@ -380,9 +378,24 @@ bool DepotService::WaitForRpcs(absl::Time deadline) {
 
 void DepotService::EndRpcs() {
   ended_.store(true, std::memory_order_release);
-  const absl::Status status = absl::UnavailableError(kShuttingDown);
-  absl::MutexLock lock(&streams_mu_);
-  for (const auto& [stream, job_id] : streams_) stream->Fail(status);
+  FailStepStreams([](uint64_t) { return true; },
+                  absl::UnavailableError(kShuttingDown));
+}
+
+void DepotService::FailStepStreams(
+    absl::FunctionRef<bool(uint64_t job_id)> selected,
+    const absl::Status& status) {
+  std::vector<std::shared_ptr<StepStream>> chosen;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    for (const auto& [key, tracked] : streams_) {
+      if (!selected(tracked.job_id)) continue;
+      if (std::shared_ptr<StepStream> stream = tracked.stream.lock()) {
+        chosen.push_back(std::move(stream));
+      }
+    }
+  }
+  for (const std::shared_ptr<StepStream>& stream : chosen) stream->Fail(status);
 }
 
 }  // namespace depot

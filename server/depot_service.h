@@ -128,10 +128,17 @@ class DepotService final
 
   // Records an open Step stream and its job (0 until its header is read), or
   // updates its job.
-  void TrackStepStream(StepStream* stream, uint64_t job_id);
+  void TrackStepStream(const std::shared_ptr<StepStream>& stream,
+                       uint64_t job_id);
   // Forgets the stream once its RPC is over.
   void UntrackStepStream(StepStream* stream);
   bool NoRpcsInFlight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(streams_mu_);
+  // Fails with `status` the open Step streams whose job `selected` accepts.
+  // StepStream::Fail may call into gRPC (finish the RPC), so it is called
+  // with no lock of ours held; a stream whose RPC ended meanwhile ignores it
+  // (it had decided to finish before its reactor could be done).
+  void FailStepStreams(absl::FunctionRef<bool(uint64_t job_id)> selected,
+                       const absl::Status& status);
 
   JobStore* const jobs_;
   ServerMetrics* const metrics_;
@@ -142,9 +149,12 @@ class DepotService final
   mutable absl::Mutex streams_mu_;
   // Handlers of RPCs other than Step that are running (EnterCall).
   int calls_in_flight_ ABSL_GUARDED_BY(streams_mu_) = 0;
-  // Open Step streams and their jobs; each is kept alive by its reactor until
-  // the reactor untracks it.
-  std::map<StepStream*, uint64_t> streams_ ABSL_GUARDED_BY(streams_mu_);
+  struct TrackedStream {
+    std::weak_ptr<StepStream> stream;
+    uint64_t job_id = 0;
+  };
+  // Open Step streams and their jobs, until their reactors untrack them.
+  std::map<StepStream*, TrackedStream> streams_ ABSL_GUARDED_BY(streams_mu_);
 };
 
 }  // namespace depot

@@ -41,7 +41,7 @@ class DepotService::StepReactor final
         context_(context),
         stream_(std::make_shared<StepStream>(this, service->metrics_)) {
     service_->metrics_->CountRpc(Rpc::kStep);
-    service_->TrackStepStream(stream_.get(), /*job_id=*/0);
+    service_->TrackStepStream(stream_, /*job_id=*/0);
     if (!service_->accepting()) {
       stream_->Fail(absl::UnavailableError(kShuttingDown));
       return;
@@ -193,7 +193,7 @@ class DepotService::StepReactor final
     sender_ = *std::move(sender);
     shard_ = *std::move(shard);
     stream_->set_step(header_.step());
-    service_->TrackStepStream(stream_.get(), header_.job_id());
+    service_->TrackStepStream(stream_, header_.job_id());
     return absl::OkStatus();
   }
 
