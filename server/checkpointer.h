@@ -78,10 +78,11 @@ class Checkpointer : public JobListener {
   // Flush, but only until `deadline`. True if everything was done.
   bool FlushUntil(absl::Time deadline);
   // For a shutdown that cannot wait any longer: the write in progress stops
-  // at its next piece (its temporary file removed, no manifest: the step is
-  // not complete and the job's older checkpoints are untouched), and every
-  // write queued or captured later is given back unwritten; its Checkpoint
-  // RPC fails with UNAVAILABLE. Removals still run. Idempotent.
+  // at its next piece (its temporary file removed, no manifest: its step is
+  // not complete, and the job's other steps are left as they were), and
+  // every write queued or captured later is given back unwritten; a
+  // Checkpoint RPC whose write this is fails with UNAVAILABLE. Removals
+  // still run. Idempotent.
   void Abandon();
   // Finishes what is queued, then ends the writer thread; later captures are
   // given back unwritten. Idempotent.

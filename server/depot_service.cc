@@ -1,9 +1,9 @@
 #include "server/depot_service.h"
 
 #include <chrono>
+#include <cstdio>
 #include <exception>
 #include <new>
-#include <cstdio>
 #include <string>
 #include <utility>
 #include <vector>
