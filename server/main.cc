@@ -10,20 +10,19 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "depot/flags_usage.h"
 #include "server/daemon.h"
 #include "server/optimizer/kernel_isa.h"
 #include "server/port_file.h"
 #include "server/server_options.h"
+#include "server/shutdown_watchdog.h"
 #include "wire/transport_memory.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -192,42 +191,6 @@ depot::ServerOptions OptionsFromFlags() {
   return options;
 }
 
-const char* SignalName(int signal_number) {
-  return signal_number == SIGTERM ? "SIGTERM" : "SIGINT";
-}
-
-// Started once the first stop signal has come: ends the process, without
-// waiting for the graceful shutdown, at a second stop signal or `bound` from
-// now, whichever comes first. Nothing a job or a client does can then keep
-// the server up (a handler stuck in gRPC's shutdown, a disk that does not
-// answer): whatever was left unwritten is a checkpoint's temporary file,
-// which never looks complete.
-void ExitOnSecondSignalOrAfter(sigset_t signals, absl::Duration bound) {
-  std::thread([signals, bound] {
-    const absl::Time deadline = absl::Now() + bound;
-    while (true) {
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) {
-        std::fprintf(stderr,
-                     "depot-server: the shutdown did not finish within %s: "
-                     "exiting without it\n",
-                     absl::FormatDuration(bound).c_str());
-        std::_Exit(kShutdownCutShort);
-      }
-      const timespec timeout = absl::ToTimespec(left);
-      const int second = sigtimedwait(&signals, nullptr, &timeout);
-      if (second > 0) {
-        std::fprintf(stderr,
-                     "depot-server: second %s: exiting without finishing "
-                     "the shutdown\n",
-                     SignalName(second));
-        std::_Exit(kShutdownCutShort);
-      }
-      // EAGAIN (the bound passed: checked above) or EINTR: look again.
-    }
-  }).detach();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -310,9 +273,14 @@ int main(int argc, char** argv) {
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   std::fprintf(stderr, "depot-server: %s received, shutting down\n",
-               SignalName(signal_number));
-  ExitOnSecondSignalOrAfter(stop_signals,
-                            options->shutdown_grace + kShutdownOverrun);
+               depot::SignalName(signal_number).c_str());
+  depot::StartShutdownWatchdog(
+      stop_signals, options->shutdown_grace + kShutdownOverrun,
+      [](const std::string& why) {
+        std::fprintf(stderr, "depot-server: %s\n", why.c_str());
+        std::_Exit(kShutdownCutShort);
+      })
+      .detach();
   (*daemon)->Shutdown();
   std::fprintf(stderr, "depot-server: stopped\n");
   // Everything is written and stopped. What is left, freeing memory and
