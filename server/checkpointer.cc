@@ -138,9 +138,9 @@ CheckpointDirectory::WriteGate Checkpointer::WriteGate(absl::Time start) {
     if (policy_.write_bytes_per_second > 0 && bytes > 0) {
       // The piece may start once the bytes before it have had their time.
       const absl::Time due =
-          start + absl::Seconds(static_cast<double>(written) /
-                                static_cast<double>(
-                                    policy_.write_bytes_per_second));
+          start +
+          absl::Seconds(static_cast<double>(written) /
+                        static_cast<double>(policy_.write_bytes_per_second));
       abandon_mu_.AwaitWithDeadline(absl::Condition(&abandoned_), due);
       written += bytes;
     }

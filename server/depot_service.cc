@@ -230,10 +230,9 @@ absl::Status DepotService::DoDeleteJob(const v1::DeleteJobRequest& request) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
       jobs_->Delete(request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
-  FailStepStreams(
-      [&](uint64_t job_id) { return job_id == request.job_id(); },
-      absl::AbortedError(
-          absl::StrCat("job ", request.job_id(), " was deleted")));
+  FailStepStreams([&](uint64_t job_id) { return job_id == request.job_id(); },
+                  absl::AbortedError(
+                      absl::StrCat("job ", request.job_id(), " was deleted")));
   Log(absl::StrFormat("deleted job %d \"%s\"", request.job_id(),
                       (*shard)->shape().config().name));
   return absl::OkStatus();

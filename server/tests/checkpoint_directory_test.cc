@@ -279,10 +279,12 @@ TEST_F(CheckpointDirectoryTest, WriteStoppedByItsGateLeavesNothingComplete) {
   auto dir = Open();
   Write(*dir, At(10));
   int pieces = 0;
-  ASSERT_TRUE(dir->Write(At(20), [&](uint64_t) {
-                   ++pieces;
-                   return absl::OkStatus();
-                 }).ok());
+  ASSERT_TRUE(dir->Write(At(20),
+                         [&](uint64_t) {
+                           ++pieces;
+                           return absl::OkStatus();
+                         })
+                  .ok());
   ASSERT_GT(pieces, 3);
   fs::remove_all(dir->StepDirectory("ckpt-job", 20));
   for (int stop_at : {1, 2, pieces / 2, pieces - 1, pieces}) {

@@ -96,16 +96,15 @@ class ShutdownTest : public ::testing::Test {
   // (slow enough that a test can signal it mid-write).
   std::vector<std::string> CheckpointFlags(uint64_t bytes_per_second,
                                            uint64_t every_steps = 0) const {
-    return {absl::StrCat("--checkpoint_dir=", CheckpointDir()),
-            absl::StrCat("--checkpoint_every_steps=", every_steps),
-            absl::StrCat("--checkpoint_write_bytes_per_second=",
-                         bytes_per_second)};
+    return {
+        absl::StrCat("--checkpoint_dir=", CheckpointDir()),
+        absl::StrCat("--checkpoint_every_steps=", every_steps),
+        absl::StrCat("--checkpoint_write_bytes_per_second=", bytes_per_second)};
   }
 
   // One worker training `config` on the server.
-  std::unique_ptr<ClientTraining> Open(const JobConfig& config,
-                                       absl::Duration step_timeout =
-                                           absl::Minutes(2)) {
+  std::unique_ptr<ClientTraining> Open(
+      const JobConfig& config, absl::Duration step_timeout = absl::Minutes(2)) {
     absl::StatusOr<std::unique_ptr<ClientTraining>> training =
         ClientTraining::Open({server_->grpc_address()}, config, step_timeout,
                              ClientOptions().connections_per_server,
@@ -149,7 +148,8 @@ class ShutdownTest : public ::testing::Test {
 
   // No temporary file is left in the checkpoint directory.
   void ExpectNoTemporaryFiles() {
-    for (const auto& entry : fs::recursive_directory_iterator(CheckpointDir())) {
+    for (const auto& entry :
+         fs::recursive_directory_iterator(CheckpointDir())) {
       EXPECT_THAT(entry.path().filename().string(),
                   ::testing::Not(HasSubstr(".tmp-")));
     }
@@ -158,12 +158,12 @@ class ShutdownTest : public ::testing::Test {
   // Restarts the server on CheckpointDir() and expects it to restore job
   // `name` at step `step`.
   void ExpectRestoredAt(const std::string& name, uint64_t step) {
-    StartServer(absl::Seconds(10), {absl::StrCat("--checkpoint_dir=",
-                                                 CheckpointDir())});
+    StartServer(absl::Seconds(10),
+                {absl::StrCat("--checkpoint_dir=", CheckpointDir())});
     ASSERT_NO_FATAL_FAILURE();
     EXPECT_THAT(server_->Log(),
-                HasSubstr(absl::StrCat("\"", name, "\" (server 0 of 1) at step ",
-                                       step, " from")));
+                HasSubstr(absl::StrCat(
+                    "\"", name, "\" (server 0 of 1) at step ", step, " from")));
   }
 
   std::string root_;
@@ -211,8 +211,8 @@ v1::CreateJobResponse CreateRawJob(const std::string& address,
   v1::CreateJobRequest request;
   JobConfigToProto(config, request.mutable_spec());
   v1::CreateJobResponse response;
-  grpc::Status s = RawCreateJob(*NewDepotStub(address), request.spec(), 0,
-                                &response);
+  grpc::Status s =
+      RawCreateJob(*NewDepotStub(address), request.spec(), 0, &response);
   EXPECT_TRUE(s.ok()) << s.error_message();
   return response;
 }
@@ -410,8 +410,7 @@ TEST_F(ShutdownTest, HugeWorkerCountAfterAStepsDeadlineStillShutsDown) {
   const std::string weights =
       MakeInitialWeights(layout, DType::kFloat32, kSeed);
   ASSERT_TRUE((*job)->InitWeights(weights.data(), DType::kFloat32).ok());
-  const std::string grads =
-      MakeGradients(layout, DType::kFloat32, kSeed, 1, 0);
+  const std::string grads = MakeGradients(layout, DType::kFloat32, kSeed, 1, 0);
   std::string out(weights.size(), '\0');
   StepResult result;
   const absl::Status step =
