@@ -132,7 +132,11 @@ std::string CheckpointDirectory::StepDirectory(const std::string& job_name,
 }
 
 absl::StatusOr<uint64_t> CheckpointDirectory::Write(
-    const ShardCheckpoint& checkpoint) {
+    const ShardCheckpoint& checkpoint, const WriteGate& gate) {
+  const auto pass = [&](uint64_t bytes) {
+    return gate == nullptr ? absl::OkStatus() : gate(bytes);
+  };
+  if (absl::Status s = pass(0); !s.ok()) return s;
   const std::string& name = checkpoint.config.name;
   const std::string step_dir = StepDirectory(name, checkpoint.step);
   for (const std::string& dir : {JobDirectory(name), step_dir}) {
@@ -156,11 +160,19 @@ absl::StatusOr<uint64_t> CheckpointDirectory::Write(
   absl::Status written = WriteFileDurably(
       shard_path,
       [&](const ByteSink& sink) {
-        return EncodeShardCheckpoint(checkpoint, sink,
-                                     &manifest.shard_file_bytes);
+        return EncodeShardCheckpoint(
+            checkpoint,
+            [&](std::string_view bytes) {
+              absl::Status s = pass(bytes.size());
+              return s.ok() ? sink(bytes) : s;
+            },
+            &manifest.shard_file_bytes);
       },
       sync_);
   if (!written.ok()) return written;
+  // Stopped here, the shard file is whole, but without its manifest the step
+  // is not complete: Prune removes it.
+  if (absl::Status s = pass(0); !s.ok()) return s;
   written = WriteFileDurably(
       manifest_path,
       [&](const ByteSink& sink) { return EncodeManifest(manifest, sink); },

@@ -44,7 +44,13 @@ class CheckpointDirectory {
   // through WriteFileDurably. Returns the bytes written. On failure nothing
   // of the step is left that looks complete (the manifest is removed if its
   // directory's fsync failed), and the error names the file and what failed.
-  absl::StatusOr<uint64_t> Write(const ShardCheckpoint& checkpoint);
+  // `gate`, when set, is called before each piece of the shard file with
+  // its size, and with 0 before the manifest; it may wait (to pace the
+  // write), and an error from it stops the write there and is returned: the
+  // temporary file is removed and no manifest written.
+  using WriteGate = std::function<absl::Status(uint64_t bytes)>;
+  absl::StatusOr<uint64_t> Write(const ShardCheckpoint& checkpoint,
+                                 const WriteGate& gate = nullptr);
 
   // The job's steps that have a manifest, newest first.
   std::vector<uint64_t> CompleteSteps(const std::string& job_name) const;

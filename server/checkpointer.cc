@@ -159,12 +159,48 @@ void Checkpointer::RunWriter() {
   }
 }
 
-void Checkpointer::Flush() {
+void Checkpointer::Flush() { FlushUntil(absl::InfiniteFuture()); }
+
+bool Checkpointer::FlushUntil(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return queue_.empty() && !running_task_;
   };
-  mu_.Await(absl::Condition(&idle));
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+int Checkpointer::Pending() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(queue_.size()) + (running_task_ ? 1 : 0);
+}
+
+void Checkpointer::Abandon() {
+  absl::MutexLock lock(&abandon_mu_);
+  abandoned_ = true;
+}
+
+bool Checkpointer::Abandoned() {
+  absl::MutexLock lock(&abandon_mu_);
+  return abandoned_;
+}
+
+CheckpointDirectory::WriteGate Checkpointer::WriteGate(absl::Time start) {
+  return [this, start, written = uint64_t{0}](uint64_t bytes) mutable {
+    absl::MutexLock lock(&abandon_mu_);
+    if (policy_.write_bytes_per_second > 0 && bytes > 0) {
+      // The piece may start once the bytes before it have had their time.
+      const absl::Time due =
+          start +
+          absl::Seconds(static_cast<double>(written) /
+                        static_cast<double>(policy_.write_bytes_per_second));
+      abandon_mu_.AwaitWithDeadline(absl::Condition(&abandoned_), due);
+      written += bytes;
+    }
+    if (!abandoned_) return absl::OkStatus();
+    return absl::UnavailableError(
+        "server is shutting down: the write was abandoned, its temporary "
+        "file removed");
+  };
 }
 
 void Checkpointer::Stop() {
@@ -215,10 +251,22 @@ absl::Status Checkpointer::Write(const std::weak_ptr<ShardState>& job,
   const std::string& name = capture->config.name;
   const uint64_t step = capture->step;
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<uint64_t> bytes = directory_->Write(*capture);
+  absl::StatusOr<uint64_t> bytes =
+      directory_->Write(*capture, WriteGate(absl::Now()));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
+  if (!bytes.ok() && Abandoned()) {
+    // Not a failure of the disk: no alert, and the message says why.
+    log_(absl::StrFormat(
+        "checkpoint of job \"%s\" at step %d not written: the server is "
+        "shutting down and its grace period is over (%s)",
+        name, step, bytes.status().message()));
+    shard->ReleaseCapture(std::move(capture));
+    return absl::UnavailableError(absl::StrFormat(
+        "server is shutting down: the checkpoint of step %d was not written",
+        step));
+  }
   if (!bytes.ok()) {
     metrics_->checkpoint_failures.Increment();
     log_(absl::StrFormat(

@@ -26,6 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/checkpoint_directory.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
@@ -39,6 +40,9 @@ struct CheckpointPolicy {
   uint64_t every_steps = 0;
   // Complete checkpoints kept per job (older ones are removed). >= 1.
   int keep = 3;
+  // The pace of a checkpoint file's write, so that it leaves the disk to
+  // others (a trainer's data loader); 0: as fast as the disk goes.
+  uint64_t write_bytes_per_second = 0;
 };
 
 class Checkpointer : public JobListener {
@@ -83,9 +87,20 @@ class Checkpointer : public JobListener {
 
   // Waits until everything queued so far has been done.
   void Flush();
+  // Flush, but only until `deadline`. True if everything was done.
+  bool FlushUntil(absl::Time deadline);
+  // For a shutdown that cannot wait any longer: the write in progress stops
+  // at its next piece (its temporary file removed, no manifest: its step is
+  // not complete, and the job's other steps are left as they were), and
+  // every write queued or captured later is given back unwritten; a
+  // Checkpoint RPC whose write this is fails with UNAVAILABLE. Removals
+  // still run. Idempotent.
+  void Abandon();
   // Finishes what is queued, then ends the writer thread; later captures are
   // given back unwritten. Idempotent.
   void Stop();
+  // Writes in progress or queued, and other queued tasks (removals).
+  int Pending();
 
  private:
   using Task = std::function<void()>;
@@ -101,6 +116,11 @@ class Checkpointer : public JobListener {
   // Writes and gives the capture back; the write's status.
   absl::Status Write(const std::weak_ptr<ShardState>& job,
                      std::unique_ptr<ShardCheckpoint> capture);
+  // The CheckpointDirectory::WriteGate of one write that started at `start`:
+  // keeps it to policy_.write_bytes_per_second, and stops it with
+  // UNAVAILABLE once Abandon has run (waking it from its pacing wait).
+  CheckpointDirectory::WriteGate WriteGate(absl::Time start);
+  bool Abandoned();
 
   CheckpointDirectory* const directory_;
   const CheckpointPolicy policy_;
@@ -111,6 +131,9 @@ class Checkpointer : public JobListener {
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   bool running_task_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Set by Abandon; the write in progress reads it at each piece.
+  absl::Mutex abandon_mu_;
+  bool abandoned_ ABSL_GUARDED_BY(abandon_mu_) = false;
   std::thread writer_;
 };
 

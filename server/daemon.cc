@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -103,6 +104,7 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
     CheckpointPolicy policy;
     policy.every_steps = options.checkpoint_every_steps;
     policy.keep = options.checkpoint_keep;
+    policy.write_bytes_per_second = options.checkpoint_write_bytes_per_second;
     daemon->checkpointer_ =
         std::make_unique<Checkpointer>(daemon->checkpoint_dir_.get(), policy,
                                        daemon->metrics_.get(), &LogLine);
@@ -155,11 +157,36 @@ DepotDaemon::~DepotDaemon() {
 void DepotDaemon::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  const absl::Time deadline = absl::Now() + options_.shutdown_grace;
   // Rejecting first: a client that sees NOT_SERVING finds new RPCs refused.
   service_->StopAcceptingRpcs();
   server_->GetHealthCheckService()->SetServingStatus(false);
-  service_->WaitForStepStreams(absl::Now() + options_.shutdown_grace);
-  service_->FailStepStreams(absl::UnavailableError("server is shutting down"));
+  const DepotService::RpcsInFlight in_flight = service_->InFlight();
+  const int checkpoint_tasks =
+      checkpointer_ != nullptr ? checkpointer_->Pending() : 0;
+  LogLine(absl::StrFormat(
+      "draining: new RPCs are refused; waiting up to %s for %d Step "
+      "stream(s), %d other RPC(s) and %d checkpoint task(s)",
+      absl::FormatDuration(options_.shutdown_grace), in_flight.step_streams,
+      in_flight.others, checkpoint_tasks));
+  // A Checkpoint RPC waits for its write, so the RPCs first; then the
+  // periodic writes, which include those of steps that ended meanwhile.
+  bool drained = service_->WaitForRpcs(deadline);
+  if (checkpointer_ != nullptr) {
+    drained = checkpointer_->FlushUntil(deadline) && drained;
+  }
+  if (!drained) {
+    const DepotService::RpcsInFlight left = service_->InFlight();
+    LogLine(absl::StrFormat(
+        "grace period over: ending %d Step stream(s) and %d other RPC(s) "
+        "with UNAVAILABLE, abandoning %d checkpoint task(s)",
+        left.step_streams, left.others,
+        checkpointer_ != nullptr ? checkpointer_->Pending() : 0));
+  }
+  // From here on nothing waits for a client, a worker or the disk: what
+  // still runs ends at its next message or piece of file.
+  service_->EndRpcs();
+  if (checkpointer_ != nullptr) checkpointer_->Abandon();
   server_->Shutdown(absl::ToChronoTime(absl::Now() + kCancelDelay));
   server_->Wait();
   if (stall_monitor_ != nullptr) stall_monitor_->Stop();

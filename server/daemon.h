@@ -48,11 +48,18 @@ class DepotDaemon {
   // The bound metrics address, host:port; empty when metrics are disabled.
   const std::string& metrics_address() const { return metrics_address_; }
 
-  // The graceful shutdown: reports NOT_SERVING, rejects new RPCs with
-  // UNAVAILABLE, lets open Step streams run until the grace period ends, fails
-  // the rest with UNAVAILABLE, then stops the gRPC server, the update pool,
-  // the checkpointer (after it wrote what was queued) and the exposer.
-  // Idempotent.
+  // The graceful shutdown: reports NOT_SERVING and rejects new RPCs with
+  // UNAVAILABLE; lets the RPCs in flight (Step streams, exports, pulls,
+  // imports, Checkpoint calls) and the checkpoint writes run until the grace
+  // period ends; then ends what still runs with UNAVAILABLE ("server is
+  // shutting down": a step waiting for absent workers, an export a client
+  // reads too slowly) and abandons the checkpoint write in progress (its
+  // temporary file removed, no manifest: never a half checkpoint that looks
+  // complete); then stops the gRPC server, giving handlers kCancelDelay to
+  // send their status before it cancels the rest, the update pool, the
+  // checkpointer and the exposer. Returns about kCancelDelay after the grace
+  // at the latest, unless a handler is stuck where it cannot notice (main.cc
+  // bounds the whole with an exit). Idempotent.
   void Shutdown();
 
  private:

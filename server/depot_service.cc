@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,10 +35,42 @@ DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
 grpc::Status DepotService::Serve(Rpc rpc,
                                  absl::FunctionRef<absl::Status()> body) {
   metrics_->CountRpc(rpc);
-  absl::Status status =
-      accepting() ? body() : absl::UnavailableError("server is shutting down");
+  absl::Status status;
+  if (EnterCall()) {
+    // An exception must not skip ExitCall, or shutdown would wait for the
+    // call until its grace period ends.
+    try {
+      status = body();
+    } catch (const std::exception& e) {
+      status = ExceptionStatus(e);
+    }
+    ExitCall();
+  } else {
+    status = absl::UnavailableError(kShuttingDown);
+  }
   if (!status.ok()) RecordFailure(rpc, status);
   return ToGrpcStatus(status);
+}
+
+absl::Status DepotService::ExceptionStatus(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    return absl::ResourceExhaustedError(
+        "the server could not allocate the memory this request needs");
+  }
+  return absl::InternalError(
+      absl::StrCat("unexpected exception in the server: ", e.what()));
+}
+
+bool DepotService::EnterCall() {
+  absl::MutexLock lock(&streams_mu_);
+  if (!accepting()) return false;
+  ++calls_in_flight_;
+  return true;
+}
+
+void DepotService::ExitCall() {
+  absl::MutexLock lock(&streams_mu_);
+  --calls_in_flight_;
 }
 
 void DepotService::RecordFailure(Rpc rpc, const absl::Status& status) {
@@ -118,6 +152,7 @@ absl::Status DepotService::DoInitWeights(
   if (!dtype.ok()) return dtype.status();
   uint64_t chunks = 0;
   while (reader->Read(&request)) {
+    if (ended()) return absl::UnavailableError(kShuttingDown);
     if (!request.has_chunk()) {
       return absl::InvalidArgumentError(
           "an InitWeights stream carries one header, then only chunks");
@@ -144,9 +179,10 @@ absl::Status DepotService::DoPullWeights(
   if (!shard.ok()) return shard.status();
   absl::StatusOr<DType> dtype = DTypeFromProto(request.dtype(), "dtype");
   if (!dtype.ok()) return dtype.status();
-  return (*shard)->ReadWeights(
+  absl::Status status = (*shard)->ReadWeights(
       request.begin(), request.end(), *dtype,
       [&](uint64_t offset, std::string payload) {
+        if (ended()) return false;
         v1::PullResponse response;
         response.set_offset(offset);
         const size_t bytes = payload.size();
@@ -155,6 +191,8 @@ absl::Status DepotService::DoPullWeights(
         metrics_->sent_pull_bytes.Increment(static_cast<double>(bytes));
         return true;
       });
+  return ended() && !status.ok() ? absl::UnavailableError(kShuttingDown)
+                                 : status;
 }
 
 absl::Status DepotService::DoGetJob(const v1::GetJobRequest& request,
@@ -241,10 +279,8 @@ absl::Status DepotService::DoCheckpoint(const v1::CheckpointRequest& request,
 }
 
 void DepotService::FailStreamsOf(uint64_t job_id, const absl::Status& status) {
-  absl::MutexLock lock(&streams_mu_);
-  for (const auto& [stream, stream_job] : streams_) {
-    if (stream_job == job_id) stream->Fail(status);
-  }
+  FailStepStreams([job_id](uint64_t stream_job) { return stream_job == job_id; },
+                  status);
 }
 
 grpc::Status DepotService::ListCheckpoints(
@@ -370,7 +406,8 @@ absl::Status DepotService::DoExportState(
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
       jobs_->Find(request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
-  return (*shard)->ExportChunks([&](ChunkSnapshot snapshot) {
+  absl::Status status = (*shard)->ExportChunks([&](ChunkSnapshot snapshot) {
+    if (ended()) return false;
     v1::StateChunk message;
     message.set_index(snapshot.index);
     message.set_applied_step(snapshot.applied_step);
@@ -384,6 +421,8 @@ absl::Status DepotService::DoExportState(
     }
     return writer->Write(message);
   });
+  return ended() && !status.ok() ? absl::UnavailableError(kShuttingDown)
+                                 : status;
 }
 
 absl::Status DepotService::DoImportState(
@@ -400,6 +439,7 @@ absl::Status DepotService::DoImportState(
   // Staged whole: ImportChunks checks everything before it replaces anything.
   std::vector<ChunkSnapshot> chunks;
   while (reader->Read(&request)) {
+    if (ended()) return absl::UnavailableError(kShuttingDown);
     if (!request.has_chunk()) {
       return absl::InvalidArgumentError(
           "an ImportState stream carries one header, then only chunks");
@@ -424,9 +464,11 @@ absl::Status DepotService::DoImportState(
   return absl::OkStatus();
 }
 
-void DepotService::TrackStepStream(StepStream* stream, uint64_t job_id) {
+void DepotService::TrackStepStream(const std::shared_ptr<StepStream>& stream,
+                                   uint64_t job_id) {
   absl::MutexLock lock(&streams_mu_);
-  if (streams_.insert_or_assign(stream, job_id).second) {
+  if (streams_.insert_or_assign(stream.get(), TrackedStream{stream, job_id})
+          .second) {
     metrics_->active_streams.Increment();
   }
 }
@@ -436,21 +478,48 @@ void DepotService::UntrackStepStream(StepStream* stream) {
   if (streams_.erase(stream) > 0) metrics_->active_streams.Decrement();
 }
 
-bool DepotService::NoStepStreams() const { return streams_.empty(); }
+bool DepotService::NoRpcsInFlight() const {
+  return streams_.empty() && calls_in_flight_ == 0;
+}
 
 void DepotService::StopAcceptingRpcs() {
+  // Under the lock that EnterCall takes: once this returns, no handler can
+  // still be about to enter, so WaitForRpcs sees every one that runs.
+  absl::MutexLock lock(&streams_mu_);
   accepting_.store(false, std::memory_order_release);
 }
 
-bool DepotService::WaitForStepStreams(absl::Time deadline) {
+DepotService::RpcsInFlight DepotService::InFlight() const {
   absl::MutexLock lock(&streams_mu_);
-  return streams_mu_.AwaitWithDeadline(
-      absl::Condition(this, &DepotService::NoStepStreams), deadline);
+  return RpcsInFlight{static_cast<int>(streams_.size()), calls_in_flight_};
 }
 
-void DepotService::FailStepStreams(const absl::Status& status) {
+bool DepotService::WaitForRpcs(absl::Time deadline) {
   absl::MutexLock lock(&streams_mu_);
-  for (const auto& [stream, job_id] : streams_) stream->Fail(status);
+  return streams_mu_.AwaitWithDeadline(
+      absl::Condition(this, &DepotService::NoRpcsInFlight), deadline);
+}
+
+void DepotService::EndRpcs() {
+  ended_.store(true, std::memory_order_release);
+  FailStepStreams([](uint64_t) { return true; },
+                  absl::UnavailableError(kShuttingDown));
+}
+
+void DepotService::FailStepStreams(
+    absl::FunctionRef<bool(uint64_t job_id)> selected,
+    const absl::Status& status) {
+  std::vector<std::shared_ptr<StepStream>> chosen;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    for (const auto& [key, tracked] : streams_) {
+      if (!selected(tracked.job_id)) continue;
+      if (std::shared_ptr<StepStream> stream = tracked.stream.lock()) {
+        chosen.push_back(std::move(stream));
+      }
+    }
+  }
+  for (const std::shared_ptr<StepStream>& stream : chosen) stream->Fail(status);
 }
 
 }  // namespace depot

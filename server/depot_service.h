@@ -3,13 +3,17 @@
 // JobStore and ShardState; the behaviour itself lives there (see
 // docs/protocol.md).
 //
-// It also tracks the open Step streams, so that deleting a job or shutting the
-// server down can end the streams that would otherwise wait forever.
+// It also tracks the RPCs in flight, so that deleting a job can end its Step
+// streams, and shutting the server down can wait for what runs and then end
+// whatever would otherwise run on (a Step stream waiting for absent workers,
+// an export to a client that stopped reading, a checkpoint still being
+// written) with UNAVAILABLE instead of waiting for it.
 #ifndef DEPOT_SERVER_DEPOT_SERVICE_H_
 #define DEPOT_SERVER_DEPOT_SERVICE_H_
 
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 
@@ -69,21 +73,45 @@ class DepotService final
                         const v1::RollBackRequest* request,
                         v1::RollBackResponse* response) override;
 
+  // The message of every UNAVAILABLE that shutting down causes.
+  static constexpr const char* kShuttingDown = "server is shutting down";
+
   // From now on every new RPC fails with UNAVAILABLE; RPCs already running,
   // Step streams included, go on.
   void StopAcceptingRpcs();
-  // Waits until no Step stream is open, or until `deadline`. True if none is.
-  bool WaitForStepStreams(absl::Time deadline);
-  // Ends every open Step stream with `status` (see StepStream::Fail).
-  void FailStepStreams(const absl::Status& status);
+  // What is in flight: open Step streams, and the other RPCs whose handlers
+  // run.
+  struct RpcsInFlight {
+    int step_streams = 0;
+    int others = 0;
+  };
+  RpcsInFlight InFlight() const;
+  // Waits until no RPC is in flight, or until `deadline`. True if none is.
+  bool WaitForRpcs(absl::Time deadline);
+  // Ends what is still in flight with UNAVAILABLE (kShuttingDown): every open
+  // Step stream at once (StepStream::Fail), and every other handler at its
+  // next message (an export or a pull stops sending, an import or an init
+  // stops reading). A handler blocked on a client that does not read is
+  // left to grpc::Server::Shutdown's cancellation. REQUIRES:
+  // StopAcceptingRpcs ran.
+  void EndRpcs();
 
  private:
   // One Step stream's reactor (step_reactor.cc).
   class StepReactor;
 
-  // Counts the RPC, rejects it when shutting down, runs `body`, records a
-  // failure, and converts the status.
+  // Counts the RPC, rejects it when shutting down, runs `body` (counted in
+  // flight), records a failure, and converts the status.
   grpc::Status Serve(Rpc rpc, absl::FunctionRef<absl::Status()> body);
+  // The status of a request whose handler threw `e`: RESOURCE_EXHAUSTED for
+  // a failed allocation, INTERNAL otherwise.
+  static absl::Status ExceptionStatus(const std::exception& e);
+  // Registers a handler as running; false once the service stopped
+  // accepting RPCs (the handler must then refuse its call).
+  bool EnterCall();
+  void ExitCall();
+  // True once EndRpcs ran: a running handler stops at its next message.
+  bool ended() const { return ended_.load(std::memory_order_acquire); }
   // Counts and logs an RPC that ends with `status` (not OK).
   void RecordFailure(Rpc rpc, const absl::Status& status);
   bool accepting() const { return accepting_.load(std::memory_order_acquire); }
@@ -112,20 +140,33 @@ class DepotService final
 
   // Records an open Step stream and its job (0 until its header is read), or
   // updates its job.
-  void TrackStepStream(StepStream* stream, uint64_t job_id);
+  void TrackStepStream(const std::shared_ptr<StepStream>& stream,
+                       uint64_t job_id);
   // Forgets the stream once its RPC is over.
   void UntrackStepStream(StepStream* stream);
-  bool NoStepStreams() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(streams_mu_);
+  bool NoRpcsInFlight() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(streams_mu_);
+  // Fails with `status` the open Step streams whose job `selected` accepts.
+  // StepStream::Fail may call into gRPC (finish the RPC), so it is called
+  // with no lock of ours held; a stream whose RPC ended meanwhile ignores it
+  // (it had decided to finish before its reactor could be done).
+  void FailStepStreams(absl::FunctionRef<bool(uint64_t job_id)> selected,
+                       const absl::Status& status);
 
   JobStore* const jobs_;
   ServerMetrics* const metrics_;
   Checkpointer* const checkpointer_;
   std::atomic<bool> accepting_{true};
+  std::atomic<bool> ended_{false};
 
   mutable absl::Mutex streams_mu_;
-  // Open Step streams and their jobs; each is kept alive by its reactor until
-  // the reactor untracks it.
-  std::map<StepStream*, uint64_t> streams_ ABSL_GUARDED_BY(streams_mu_);
+  // Handlers of RPCs other than Step that are running (EnterCall).
+  int calls_in_flight_ ABSL_GUARDED_BY(streams_mu_) = 0;
+  struct TrackedStream {
+    std::weak_ptr<StepStream> stream;
+    uint64_t job_id = 0;
+  };
+  // Open Step streams and their jobs, until their reactors untrack them.
+  std::map<StepStream*, TrackedStream> streams_ ABSL_GUARDED_BY(streams_mu_);
 };
 
 }  // namespace depot

@@ -22,6 +22,7 @@
 #include "server/optimizer/kernel_isa.h"
 #include "server/port_file.h"
 #include "server/server_options.h"
+#include "server/shutdown_watchdog.h"
 #include "wire/transport_memory.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -77,15 +78,37 @@ ABSL_FLAG(uint64_t, checkpoint_every_steps, 0,
 ABSL_FLAG(int32_t, checkpoint_keep, 3,
           "Complete checkpoints kept per job in --checkpoint_dir; older ones "
           "are removed after each new one is written. At least 1.");
+ABSL_FLAG(uint64_t, checkpoint_write_bytes_per_second, 0,
+          "Pace of each checkpoint file's write in the background, so that "
+          "it leaves the disk's bandwidth to others (e.g. trainers loading "
+          "data from it); a checkpoint still being written when its job's "
+          "next one is due makes that one skip. 0: as fast as the disk "
+          "goes.");
 ABSL_FLAG(double, shutdown_grace_seconds, 10,
-          "On SIGTERM/SIGINT, how long in-flight steps may run on before the "
-          "remaining streams fail with UNAVAILABLE.");
+          "On SIGTERM/SIGINT the server reports NOT_SERVING and refuses new "
+          "RPCs with UNAVAILABLE (\"server is shutting down\"), which "
+          "clients retry elsewhere or later. The RPCs in flight (steps, "
+          "exports, pulls, imports, Checkpoint calls) and the checkpoint "
+          "writes under way get this long to finish; then what still runs "
+          "ends with UNAVAILABLE (a step waiting for absent workers, an export "
+          "to a client that reads too slowly) and the checkpoint write in "
+          "progress is abandoned, its temporary file removed (the job's "
+          "older checkpoints stay complete), and the process exits 0. The "
+          "exit comes at most 5 s after the grace period whatever the jobs "
+          "(exit status 1 when that bound cut the shutdown short); a second "
+          "SIGTERM/SIGINT exits at once with status 1.");
 
 namespace {
 
 // Exit code for a bad command line, an address that cannot be bound among
 // them.
 constexpr int kUsageError = 2;
+// Exit code when the shutdown did not run to its end: a second stop signal,
+// or the drain overran its bound.
+constexpr int kShutdownCutShort = 1;
+// How long after its grace period a shutdown may still run before the
+// process exits without it (--shutdown_grace_seconds).
+constexpr absl::Duration kShutdownOverrun = absl::Seconds(5);
 
 // absl::ParseCommandLine ends the process with status 1 both after printing
 // usage
@@ -127,7 +150,8 @@ std::vector<char*> ParseFlags(int argc, char** argv) {
       "one gives the same bits); one the CPU lacks is an error.\n"
       "Exit status: 0 after SIGTERM/SIGINT (or --help); 2 for a bad command "
       "line or an address that cannot be bound (one line on stderr says "
-      "why); 1 for any other failure.");
+      "why); 1 for a shutdown cut short (see --shutdown_grace_seconds) or "
+      "any other failure.");
 
   bool usage_requested = false;
   for (int i = 1; i < argc; ++i) usage_requested |= RequestsUsage(argv[i]);
@@ -162,6 +186,8 @@ depot::ServerOptions OptionsFromFlags() {
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
+  options.checkpoint_write_bytes_per_second =
+      absl::GetFlag(FLAGS_checkpoint_write_bytes_per_second);
   return options;
 }
 
@@ -247,8 +273,20 @@ int main(int argc, char** argv) {
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   std::fprintf(stderr, "depot-server: %s received, shutting down\n",
-               signal_number == SIGTERM ? "SIGTERM" : "SIGINT");
+               depot::SignalName(signal_number).c_str());
+  depot::StartShutdownWatchdog(
+      stop_signals, options->shutdown_grace + kShutdownOverrun,
+      [](const std::string& why) {
+        std::fprintf(stderr, "depot-server: %s\n", why.c_str());
+        std::_Exit(kShutdownCutShort);
+      })
+      .detach();
   (*daemon)->Shutdown();
   std::fprintf(stderr, "depot-server: stopped\n");
-  return 0;
+  // Everything is written and stopped. What is left, freeing memory and
+  // gRPC's library shutdown (grpc::Server's destructor, which can wait
+  // seconds for an idle poller thread), has nothing to save: skip it, so
+  // that the exit follows the shutdown at once.
+  std::fflush(nullptr);
+  std::_Exit(0);
 }

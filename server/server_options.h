@@ -40,6 +40,8 @@ struct ServerOptions {
   uint64_t checkpoint_every_steps = 0;
   // Complete checkpoints kept per job, >= 1.
   int checkpoint_keep = 3;
+  // --checkpoint_write_bytes_per_second: 0 unlimited.
+  uint64_t checkpoint_write_bytes_per_second = 0;
   // Benchmarking only (depot-bench transport and step): steps move their
   // chunks but change no state; see --bench_noop_update in main.cc.
   bool bench_noop_update = false;

@@ -262,23 +262,32 @@ absl::Status ShardState::BeginStep(
     if (step < completed_step_ || step > completed_step_ + 2) {
       return absl::OkStatus();
     }
-    auto [it, inserted] = steps_.try_emplace(step);
-    StepProgress& progress = it->second;
+    auto it = steps_.find(step);
+    const bool inserted = it == steps_.end();
     if (inserted) {
-      progress.group_hparams = std::move(group_hparams);
-      progress.numerics = numerics;
-      progress.no_grad.resize(workers);
-      progress.node_shapes.resize(workers);
-      progress.header_seen.resize(workers, false);
+      // Made whole before it enters the map: if an allocation throws (the
+      // per-worker vectors of a job with billions of workers), no half-made
+      // step is left for the next header to index into.
+      StepProgress fresh;
+      fresh.group_hparams = std::move(group_hparams);
+      fresh.numerics = numerics;
+      fresh.no_grad.resize(workers);
+      fresh.node_shapes.resize(workers);
+      fresh.header_seen.resize(workers, false);
       if (numerics.two_phase) {
-        progress.two_phase =
+        fresh.two_phase =
             std::make_shared<TwoPhaseStep>(step, shape_.shard().num_chunks());
       }
-    } else if (!SameGroupHyperParams(progress.group_hparams, group_hparams)) {
+      it = steps_.emplace(step, std::move(fresh)).first;
+    }
+    StepProgress& progress = it->second;
+    if (!inserted &&
+        !SameGroupHyperParams(progress.group_hparams, group_hparams)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "group_hparams of step ", step,
           " differ from those of the step's first header on this server"));
-    } else if (!SameStepNumerics(progress.numerics, numerics)) {
+    }
+    if (!inserted && !SameStepNumerics(progress.numerics, numerics)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "loss_scale, two_phase or commit of step ", step,
           " differ from those of the step's first header on this server: "

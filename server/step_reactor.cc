@@ -41,9 +41,9 @@ class DepotService::StepReactor final
         context_(context),
         stream_(std::make_shared<StepStream>(this, service->metrics_)) {
     service_->metrics_->CountRpc(Rpc::kStep);
-    service_->TrackStepStream(stream_.get(), /*job_id=*/0);
+    service_->TrackStepStream(stream_, /*job_id=*/0);
     if (!service_->accepting()) {
-      stream_->Fail(absl::UnavailableError("server is shutting down"));
+      stream_->Fail(absl::UnavailableError(kShuttingDown));
       return;
     }
     StartRead(&request_);
@@ -68,7 +68,7 @@ class DepotService::StepReactor final
       return;
     }
     if (stream_->ended()) return;
-    absl::Status status = AcceptRequest();
+    absl::Status status = AcceptRequestCatching();
     // The slices go back to gRPC before the next read.
     received_.Clear();
     request_.Clear();
@@ -145,6 +145,19 @@ class DepotService::StepReactor final
                        [&](char* out) { payload.copy(out, payload.size()); });
   }
 
+  // AcceptRequest, with an exception (an allocation that failed, e.g. for
+  // a job's per-worker bookkeeping) turned into a status. Nothing may throw
+  // out of a reactor's callback: gRPC would never see the operation end,
+  // the reactor would never be done, and the server's shutdown would wait
+  // for it forever.
+  absl::Status AcceptRequestCatching() {
+    try {
+      return AcceptRequest();
+    } catch (const std::exception& e) {
+      return ExceptionStatus(e);
+    }
+  }
+
   static absl::Status HeaderMissing() {
     return absl::InvalidArgumentError(
         "the first message of a Step stream must be its header");
@@ -180,7 +193,7 @@ class DepotService::StepReactor final
     sender_ = *std::move(sender);
     shard_ = *std::move(shard);
     stream_->set_step(header_.step());
-    service_->TrackStepStream(stream_.get(), header_.job_id());
+    service_->TrackStepStream(stream_, header_.job_id());
     return absl::OkStatus();
   }
 

@@ -272,6 +272,47 @@ TEST_F(CheckpointDirectoryTest, FailedDirectoryFsyncLeavesTheStepIncomplete) {
   EXPECT_THAT(dir->CompleteSteps("ckpt-job"), IsEmpty());
 }
 
+// A write stopped by its gate (a shutdown abandoning it) at any piece,
+// including after the whole shard file: its error, no temporary file, no
+// step that looks complete, and the older checkpoint still the newest.
+TEST_F(CheckpointDirectoryTest, WriteStoppedByItsGateLeavesNothingComplete) {
+  auto dir = Open();
+  Write(*dir, At(10));
+  int pieces = 0;
+  ASSERT_TRUE(dir->Write(At(20),
+                         [&](uint64_t) {
+                           ++pieces;
+                           return absl::OkStatus();
+                         })
+                  .ok());
+  ASSERT_GT(pieces, 3);
+  fs::remove_all(dir->StepDirectory("ckpt-job", 20));
+  for (int stop_at : {1, 2, pieces / 2, pieces - 1, pieces}) {
+    int calls = 0;
+    absl::StatusOr<uint64_t> written =
+        dir->Write(At(20), [&](uint64_t) -> absl::Status {
+          if (++calls < stop_at) return absl::OkStatus();
+          return absl::UnavailableError("abandoned");
+        });
+    ASSERT_FALSE(written.ok()) << "stopped at call " << stop_at;
+    EXPECT_EQ(written.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(dir->CompleteSteps("ckpt-job"), ElementsAre(10u));
+    EXPECT_FALSE(fs::exists(ManifestFile(*dir, 20)));
+    const std::string step_dir = dir->StepDirectory("ckpt-job", 20);
+    if (fs::exists(step_dir)) {
+      for (const auto& entry : fs::directory_iterator(step_dir)) {
+        EXPECT_THAT(entry.path().filename().string(),
+                    ::testing::Not(HasSubstr(".tmp-")))
+            << "stopped at call " << stop_at;
+      }
+    }
+  }
+  absl::StatusOr<ShardCheckpoint> newest =
+      dir->LoadNewest("ckpt-job", [](uint64_t, const absl::Status&) {});
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->step, 10u);
+}
+
 TEST_F(CheckpointDirectoryTest, SecondOpenIsFailedPrecondition) {
   auto dir = Open();
   absl::StatusOr<std::unique_ptr<CheckpointDirectory>> second =

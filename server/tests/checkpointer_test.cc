@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -186,7 +187,7 @@ class CheckpointerTest : public ::testing::Test {
   ~CheckpointerTest() override { Stop(); }
 
   void Start(FileSyncFn sync = SystemFileSync(), uint64_t every_steps = 2,
-             int keep = 2) {
+             int keep = 2, uint64_t write_bytes_per_second = 0) {
     dir_ = CheckpointDirectory::Open(temp_.path() + "/ckpt", std::move(sync))
                .value();
     store_ = std::make_unique<JobStore>(/*memory_limit_bytes=*/1 << 20, &pool_,
@@ -194,6 +195,7 @@ class CheckpointerTest : public ::testing::Test {
     CheckpointPolicy policy;
     policy.every_steps = every_steps;
     policy.keep = keep;
+    policy.write_bytes_per_second = write_bytes_per_second;
     checkpointer_ = std::make_unique<Checkpointer>(
         dir_.get(), policy, &metrics_, [this](const std::string& line) {
           absl::MutexLock lock(&log_mu_);
@@ -262,6 +264,43 @@ TEST_F(CheckpointerTest, WritesEachCaptureStepAndKeepsTheLastK) {
   EXPECT_GT(metrics_.checkpoint_last_success.Value(), 0.0);
   EXPECT_EQ(metrics_.checkpoint_failures.Value(), 0.0);
   EXPECT_THAT(Log(), HasSubstr("checkpoint of job \"job\" at step 6 written"));
+}
+
+// A shutdown that cannot wait: Abandon wakes a write from its pacing and
+// stops it; its Checkpoint call gets UNAVAILABLE, nothing of its step looks
+// complete, the older checkpoint stays, and later captures are not written.
+TEST_F(CheckpointerTest, AbandonStopsAPacedWriteAndKeepsTheOlderCheckpoint) {
+  Stop();
+  // A few hundred bytes a second: the write of a capture takes seconds.
+  Start(SystemFileSync(), /*every_steps=*/2, /*keep=*/2,
+        /*write_bytes_per_second=*/256);
+  auto shard = Create();
+  RunStep(*shard, 1, 0.5f);
+  RunStep(*shard, 2, 0.25f);
+  checkpointer_->Flush();
+  ASSERT_THAT(dir_->CompleteSteps("job"), ElementsAre(2u));
+  RunStep(*shard, 3, 0.125f);
+
+  absl::StatusOr<uint64_t> taken;
+  std::thread call([&] { taken = checkpointer_->CheckpointNow(shard); });
+  while (checkpointer_->Pending() == 0) std::this_thread::yield();
+  EXPECT_FALSE(checkpointer_->FlushUntil(absl::Now() + absl::Milliseconds(50)))
+      << "the paced write ended early";
+  checkpointer_->Abandon();
+  call.join();
+  EXPECT_EQ(taken.status().code(), absl::StatusCode::kUnavailable)
+      << taken.status();
+  EXPECT_THAT(taken.status().message(), HasSubstr("shutting down"));
+  RunStep(*shard, 4, 0.0625f);  // a capture step after the abandonment
+  checkpointer_->Flush();
+  EXPECT_THAT(dir_->CompleteSteps("job"), ElementsAre(2u));
+  EXPECT_EQ(metrics_.checkpoint_failures.Value(), 0.0)
+      << "an abandoned write is not the disk's failure";
+  EXPECT_THAT(Log(), HasSubstr("at step 3 not written: the server is "
+                               "shutting down"));
+  for (const auto& entry : fs::recursive_directory_iterator(dir_->root())) {
+    EXPECT_THAT(entry.path().string(), ::testing::Not(HasSubstr(".tmp-")));
+  }
 }
 
 TEST_F(CheckpointerTest, ChecksumOfRestoredJobEqualsTheCheckpointedOne) {
