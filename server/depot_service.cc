@@ -143,7 +143,7 @@ absl::Status DepotService::DoPullWeights(
   absl::StatusOr<DType> dtype = DTypeFromProto(request.dtype(), "dtype");
   if (!dtype.ok()) return dtype.status();
   return (*shard)->ReadWeights(
-      request.begin(), request.end(), *dtype,
+      request.begin(), request.end(), *dtype, request.step(),
       [&](uint64_t offset, std::string payload) {
         v1::PullResponse response;
         response.set_offset(offset);
