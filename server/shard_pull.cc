@@ -37,10 +37,10 @@ absl::StatusOr<std::string> ShardState::EncodeWeightsAt(uint64_t index,
     return EncodeMaster(begin, end, dtype);
   }
   if (chunk.applied_step < at) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "step ", at, " has not been applied yet: chunk ", index,
-        " is at step ", chunk.applied_step,
-        " (pull at a step every server reports in GetJob)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", at, " has not been applied yet: chunk ", index,
+                     " is at step ", chunk.applied_step,
+                     " (pull at a step every server reports in GetJob)"));
   }
   const KeptWeights& kept = chunk.before;
   if (chunk.applied_step != at + 1 || kept.weights == nullptr ||

@@ -242,8 +242,8 @@ int depot_job_checkpoint(depot_job_t* job, uint64_t* step) {
 namespace {
 
 // depot_job_pull and depot_job_pull_at, named `function` in errors.
-int PullAt(const char* function, depot_job_t* job, uint64_t begin,
-           uint64_t end, int32_t dtype, uint64_t step, void* out) {
+int PullAt(const char* function, depot_job_t* job, uint64_t begin, uint64_t end,
+           int32_t dtype, uint64_t step, void* out) {
   return depot::Guarded(function, [&]() -> absl::Status {
     if (job == nullptr) return depot::c_api::NullArgument(function, "job");
     if (out == nullptr && end > begin) {

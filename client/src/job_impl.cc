@@ -497,8 +497,8 @@ absl::StatusOr<StepStreamStats> JobImpl::StepServer(StepStreamParams params,
   return total;
 }
 
-absl::Status JobImpl::Pull(uint64_t begin, uint64_t end, DType dtype,
-                           void* out, uint64_t step) {
+absl::Status JobImpl::Pull(uint64_t begin, uint64_t end, DType dtype, void* out,
+                           uint64_t step) {
   if (begin > end || end > total_elems()) {
     return absl::OutOfRangeError(absl::StrCat("Pull: range [", begin, ", ", end,
                                               ") is not inside the job's [0, ",

@@ -29,9 +29,10 @@ JobConfig TwoChunkConfig(DType weight_dtype = DType::kFloat32) {
 class ShardPullTest : public ::depot::testing::ShardTest {
  protected:
   void Start(const JobConfig& config, bool noop_update = false) {
-    shard_ = ShardState::Create(/*job_id=*/1, JobShape::Create(config, 0).value(),
-                                &pool_, payloads_, &metrics_, noop_update)
-                 .value();
+    shard_ =
+        ShardState::Create(/*job_id=*/1, JobShape::Create(config, 0).value(),
+                           &pool_, payloads_, &metrics_, noop_update)
+            .value();
     at_step_0_ = Pull(0);
   }
 
@@ -126,8 +127,8 @@ TEST_F(ShardPullTest, PullAtTheStepBeforeTheCompletedOneIsServedWhole) {
   for (const ChunkWeights& answer : sink_->received()) {
     if (answer.chunk_index == 0) answered = Fp32Values(*answer.payload);
   }
-  EXPECT_EQ(answered, std::vector<float>(at_step_2.begin(),
-                                         at_step_2.begin() + 8));
+  EXPECT_EQ(answered,
+            std::vector<float>(at_step_2.begin(), at_step_2.begin() + 8));
 }
 
 TEST_F(ShardPullTest, PullAtAStepNoLongerHeldIsFailedPrecondition) {

@@ -75,8 +75,8 @@ TEST_F(MomentPrecisionTest, StateBytesAreTwelvePerParamForFp32AndEightForBf16) {
     absl::StatusOr<std::string> metrics =
         ScrapeMetrics(server(s).metrics_address());
     ASSERT_TRUE(metrics.ok()) << metrics.status();
-    const uint64_t kept = 8 * (a.shard_end - a.shard_begin) +
-                          8 * (b.shard_end - b.shard_begin);
+    const uint64_t kept =
+        8 * (a.shard_end - a.shard_begin) + 8 * (b.shard_end - b.shard_begin);
     EXPECT_EQ(MetricValue(*metrics, "depot_state_bytes").value_or(-1),
               static_cast<double>(a.state_bytes + b.state_bytes + kept))
         << s;

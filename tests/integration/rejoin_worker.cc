@@ -66,14 +66,13 @@ absl::Status ReadStatusAndPull(Job& job, uint64_t seed, uint64_t* resumed_from,
     weights->assign(values, values + job.total_elems());
     return absl::OkStatus();
   }
-  std::string pulled(
-      job.total_elems() * DTypeSize(job.config().weight_dtype), '\0');
-  if (absl::Status s = job.Pull(0, job.total_elems(),
-                                job.config().weight_dtype, pulled.data(),
-                                oldest);
+  std::string pulled(job.total_elems() * DTypeSize(job.config().weight_dtype),
+                     '\0');
+  if (absl::Status s = job.Pull(0, job.total_elems(), job.config().weight_dtype,
+                                pulled.data(), oldest);
       !s.ok()) {
-    return absl::Status(s.code(),
-                        absl::StrCat("pull at step ", oldest, ": ", s.message()));
+    return absl::Status(
+        s.code(), absl::StrCat("pull at step ", oldest, ": ", s.message()));
   }
   *weights = Widen(job, pulled);
   return absl::OkStatus();
