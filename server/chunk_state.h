@@ -47,6 +47,12 @@ struct ShardState::PendingStep {
   bool summed_ready = false;
 };
 
+// One update's outgoing weights of a chunk and the step they belong to.
+struct ShardState::KeptWeights {
+  uint64_t step = 0;
+  std::shared_ptr<const std::string> weights;  // null: none kept
+};
+
 struct ShardState::ChunkState {
   // True while no update task owns the chunk's arrays.
   bool Idle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !updating; }
@@ -63,6 +69,14 @@ struct ShardState::ChunkState {
   // update task touches the chunk's master weights and slots.
   bool updating ABSL_GUARDED_BY(mu) = false;
   std::unique_ptr<PendingStep> pending ABSL_GUARDED_BY(mu);
+  // The weights (weight dtype) the chunk's last update produced, at
+  // applied_step, and those of the update before, at applied_step - 1: the
+  // buffers its answers were sent from, shared, not copied. A pull at a step
+  // serves a chunk one step ahead of it from `before` (server/
+  // shard_pull.cc). Empty until the chunk's first update (after an import:
+  // the history it replaced is dropped); none kept with noop_update.
+  KeptWeights last ABSL_GUARDED_BY(mu);
+  KeptWeights before ABSL_GUARDED_BY(mu);
 };
 
 // BeginStep, OverrideWeights, Contribute and Commit hold one for their length:

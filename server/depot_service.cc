@@ -180,7 +180,7 @@ absl::Status DepotService::DoPullWeights(
   absl::StatusOr<DType> dtype = DTypeFromProto(request.dtype(), "dtype");
   if (!dtype.ok()) return dtype.status();
   absl::Status status = (*shard)->ReadWeights(
-      request.begin(), request.end(), *dtype,
+      request.begin(), request.end(), *dtype, request.step(),
       [&](uint64_t offset, std::string payload) {
         if (ended()) return false;
         v1::PullResponse response;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "depot/dtype.h"
 
 namespace depot {
 namespace {
@@ -42,6 +43,8 @@ JobShape::JobShape(JobConfig config, Layout layout, ShardPlan plan,
       slot_config_(JobSlotConfig(config_)),
       slots_(OptimizerStateSlots(slot_config_)),
       state_bytes_(StateBytes(plan_.shard(server_index).size(),
-                              OptimizerStateBytesPerParam(slot_config_))) {}
+                              OptimizerStateBytesPerParam(slot_config_))),
+      kept_weights_bytes_(StateBytes(plan_.shard(server_index).size(),
+                                     2 * DTypeSize(config_.weight_dtype))) {}
 
 }  // namespace depot

@@ -35,8 +35,12 @@ class JobShape {
   // slot k is OptimizerSlotDType(slot_config(), k).
   const OptimizerConfig& slot_config() const { return slot_config_; }
   // shard elements * OptimizerStateBytesPerParam (4 for the master plus each
-  // slot's dtype size): what the job counts against the budget.
+  // slot's dtype size): the job's optimizer state.
   uint64_t state_bytes() const { return state_bytes_; }
+  // shard elements * 2 * weight dtype size: the weights each chunk keeps of
+  // its last two steps, for pulls at a step (server/shard_pull.cc). Counted
+  // against the budget with the state (JobStore).
+  uint64_t kept_weights_bytes() const { return kept_weights_bytes_; }
 
  private:
   JobShape(JobConfig config, Layout layout, ShardPlan plan,
@@ -50,6 +54,7 @@ class JobShape {
   OptimizerConfig slot_config_;
   int slots_;
   uint64_t state_bytes_;
+  uint64_t kept_weights_bytes_;
 };
 
 }  // namespace depot

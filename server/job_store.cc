@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "depot/dtype.h"
 #include "depot/job_config_diff.h"
 
 namespace depot {
@@ -86,7 +87,8 @@ void JobStore::SetListener(JobListener* listener, bool charge_capture_bytes) {
 }
 
 uint64_t JobStore::ChargedBytes(const JobShape& shape) const {
-  return shape.state_bytes() * (charge_capture_bytes_ ? 2 : 1);
+  return shape.state_bytes() * (charge_capture_bytes_ ? 2 : 1) +
+         shape.kept_weights_bytes();
 }
 
 absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Restore(
@@ -114,11 +116,15 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::CreateLocked(
   const uint64_t committed = state_bytes_ + reserved_bytes_;
   if (needed > memory_limit_bytes_ - committed) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "job \"%s\" needs %d bytes of state%s, but %d of this server's %d "
-        "byte budget are in use or being allocated (%d free)",
-        name, needed,
+        "job \"%s\" needs %d bytes: %d of state%s and %d of weights kept for "
+        "pulls at a step (2 x %d elements x %d bytes of %s), but %d of this "
+        "server's %d byte budget are in use or being allocated (%d free)",
+        name, needed, needed - shape.kept_weights_bytes(),
         charge_capture_bytes_ ? " (twice its state: checkpoints are on)" : "",
-        committed, memory_limit_bytes_, memory_limit_bytes_ - committed));
+        shape.kept_weights_bytes(), shape.shard().size(),
+        DTypeSize(shape.config().weight_dtype),
+        std::string(DTypeName(shape.config().weight_dtype)), committed,
+        memory_limit_bytes_, memory_limit_bytes_ - committed));
   }
   // Allocating and first-touching the state takes a while (about 0.1 s per
   // GB): other jobs' RPCs, which look their jobs up here, must not wait for

@@ -44,9 +44,11 @@ ABSL_FLAG(bool, pin_threads, true,
           "affinity mask, e.g. from taskset or a cgroup), wrapping round. "
           "--nopin_threads leaves them to the scheduler.");
 ABSL_FLAG(uint64_t, memory_limit_bytes, 0,
-          "Budget for job state (master weights and optimizer moments), all "
-          "jobs together; CreateJob beyond it fails with RESOURCE_EXHAUSTED. "
-          "0: 80% of physical RAM.");
+          "Budget for job memory, all jobs together: the state (master "
+          "weights and optimizer moments) and the weights each job keeps of "
+          "its last two steps for pulls at a step (2 x the weight dtype's "
+          "size per element); CreateJob beyond it fails with "
+          "RESOURCE_EXHAUSTED. 0: 80% of physical RAM.");
 ABSL_FLAG(bool, bench_noop_update, false,
           "Benchmarking only, never for training: Step streams carry their "
           "chunks as usual, but no chunk is summed or updated. Each chunk is "

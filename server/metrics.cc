@@ -92,10 +92,12 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
           {1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
            30, 60, 120, 300})),
       state_bytes(Gauge(registry, "depot_state_bytes",
-                        "Bytes of job state (master weights and optimizer "
-                        "slots) counted against --memory_limit_bytes, all "
-                        "jobs; with checkpoints on, twice the state (one "
-                        "checkpoint capture per job).")),
+                        "Bytes of job memory counted against "
+                        "--memory_limit_bytes, all jobs: the state (master "
+                        "weights and optimizer slots; with checkpoints on, "
+                        "twice: one checkpoint capture per job) and the "
+                        "weights kept for pulls at a step (2 x weight dtype "
+                        "size per element).")),
       jobs(Gauge(registry, "depot_jobs", "Jobs held by this server.")),
       active_streams(Gauge(registry, "depot_active_streams",
                            "Step streams currently open.")),

@@ -145,6 +145,10 @@ absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {
       }
       chunk.applied_step = snapshot.applied_step;
       chunk.tensor_steps = snapshot.tensor_steps;
+      // Weights of the history the import replaced: pulls read the imported
+      // step from the master, and the chunk's next update starts a history.
+      chunk.last = KeptWeights();
+      chunk.before = KeptWeights();
     }
   }
   for (uint64_t index = shard.end_chunk; index > shard.first_chunk; --index) {

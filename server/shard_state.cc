@@ -521,35 +521,6 @@ void ShardState::NoteChunkApplied(uint64_t step) {
   steps_.erase(steps_.begin(), steps_.lower_bound(completed_step_));
 }
 
-absl::Status ShardState::ReadWeights(
-    uint64_t begin, uint64_t end, DType dtype,
-    const std::function<bool(uint64_t offset, std::string payload)>& emit)
-    const {
-  const ShardRange& shard = shape_.shard();
-  if (begin > end || begin < shard.begin || end > shard.end) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "range [", begin, ", ", end, ") is not inside this server's shard [",
-        shard.begin, ", ", shard.end, ")"));
-  }
-  const ShardPlan& plan = shape_.plan();
-  for (uint64_t pos = begin; pos < end;) {
-    const uint64_t index = pos / plan.chunk_elems();
-    const uint64_t piece_end = std::min(end, plan.chunk(index).end);
-    std::string payload;
-    {
-      ChunkState& chunk = chunk_state(index);
-      absl::MutexLock lock(&chunk.mu);
-      chunk.mu.Await(absl::Condition(&chunk, &ChunkState::Idle));
-      payload = EncodeMaster(pos, piece_end, dtype);
-    }
-    if (!emit(pos, std::move(payload))) {
-      return absl::CancelledError("the client stopped reading the weights");
-    }
-    pos = piece_end;
-  }
-  return absl::OkStatus();
-}
-
 uint64_t ShardState::completed_step() const {
   absl::MutexLock lock(&steps_mu_);
   return completed_step_;

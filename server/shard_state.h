@@ -34,6 +34,9 @@
 // - At checkpoint steps (EnableCaptures), each chunk's update also copies the
 //   chunk into the job's capture, so the capture is the shard at that step's
 //   boundary whatever later steps do (server/shard_capture.cc).
+// - Each chunk keeps the weights its last two updates answered with (the
+//   shared answer buffers, weight dtype, no copy), so that a pull reads the
+//   whole shard at one step also while a step is half applied (ReadWeights).
 // - Every request is validated in full before any state changes: a rejected
 //   request leaves the state exactly as it was.
 //
@@ -246,12 +249,23 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // this server. ABORTED: the job was deleted.
   absl::Status Commit(uint64_t step, const CommitDecision& commit);
 
-  // Reads master weights [begin, end) as `dtype`, one piece per chunk it
-  // touches, in order, calling emit(offset, payload) with no lock held; stops
-  // early and returns CANCELLED when emit returns false. OUT_OF_RANGE unless
-  // shard begin <= begin <= end <= shard end.
+  // Reads the weights [begin, end) at step `step` as `dtype`, one piece per
+  // chunk it touches, in order, calling emit(offset, payload) with no lock
+  // held; stops early and returns CANCELLED when emit returns false.
+  // OUT_OF_RANGE unless shard begin <= begin <= end <= shard end.
+  //
+  // Every piece is at the one step: `step`, or with 0 the shard's completed
+  // step when the read starts (what completed_step() and GetJob report).
+  // A step does not cross the shard at once: while it waits for a worker,
+  // the chunks every worker has sent are already updated. A chunk at the
+  // step is read from its master weights (fp32: exactly); a chunk one step
+  // ahead from the weights its update before the last produced (kept for
+  // this; server/shard_pull.cc), which exist only in the job's weight dtype:
+  // another dtype is FAILED_PRECONDITION unless the weight dtype is fp32.
+  // FAILED_PRECONDITION also when a chunk is not yet at the step, or two or
+  // more steps past it (the message says where the shard is).
   absl::Status ReadWeights(
-      uint64_t begin, uint64_t end, DType dtype,
+      uint64_t begin, uint64_t end, DType dtype, uint64_t step,
       const std::function<bool(uint64_t offset, std::string payload)>& emit)
       const;
 
@@ -331,6 +345,7 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
 
  private:
   struct PendingStep;
+  struct KeptWeights;
   struct ChunkState;
   // What this server knows of one step across the chunks of its shard.
   struct StepProgress {
@@ -406,6 +421,12 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The step's TwoPhaseStep; null in a one-phase (or unknown) step.
   std::shared_ptr<TwoPhaseStep> TwoPhaseOf(uint64_t step) const;
   void NoteChunkApplied(uint64_t step);
+  // The weights of chunk `index`'s elements [begin, end) at step `at`, as
+  // `dtype` (ReadWeights states the rules). REQUIRES: the chunk's mu held,
+  // no update running on it.
+  absl::StatusOr<std::string> EncodeWeightsAt(uint64_t index, uint64_t begin,
+                                              uint64_t end, DType dtype,
+                                              uint64_t at) const;
   // Copies chunk `chunk_index`, which has just applied `step` with the
   // optimizer counts `tensor_steps`, into the step's capture if it is a
   // capture step. REQUIRES: the caller owns the chunk's arrays (updating).

@@ -136,12 +136,27 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   std::string summed;
   std::vector<uint64_t> tensor_steps;
   std::vector<std::vector<WeightsPiece>> overrides;
+  bool history_missing = false;
   {
     absl::MutexLock lock(&chunk.mu);
     tensor_steps = chunk.tensor_steps;
     payloads = std::move(chunk.pending->payloads);
     summed = std::move(chunk.pending->summed);
     overrides = std::move(chunk.pending->overrides);
+    history_missing = !noop_update_ && (chunk.last.weights == nullptr ||
+                                        chunk.last.step != step - 1);
+  }
+  // The chunk's weights of step - 1, which pulls at that step read once this
+  // update is done (server/shard_pull.cc): the last update's answer, or, at
+  // the chunk's first update since the job was created, restored or
+  // imported, the master encoded now (once).
+  std::shared_ptr<const std::string> weights_before;
+  if (history_missing) {
+    std::string encoded =
+        payloads_->Take(range.size() * DTypeSize(config.weight_dtype));
+    EncodeMasterInto(range.begin, range.end, config.weight_dtype,
+                     encoded.data());
+    weights_before = payloads_->Share(std::move(encoded));
   }
   // Weights the trainer changed outside the optimizer become the master
   // before anything reads it, whether the step updates or skips.
@@ -214,6 +229,14 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
     chunk.updating = false;
     sinks = LiveSinks(chunk.pending->sinks);
     chunk.pending.reset();
+    if (!noop_update_) {
+      // The buffer of two updates ago goes back to the pool once its last
+      // reader (a stream still sending it) lets go.
+      chunk.before = history_missing
+                         ? KeptWeights{step - 1, std::move(weights_before)}
+                         : std::move(chunk.last);
+      chunk.last = KeptWeights{step, weights};
+    }
   }
   if (!commit.skip && !noop_update_) metrics_->chunks_updated.Increment();
   metrics_->chunk_update_seconds.Observe(seconds);

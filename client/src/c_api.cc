@@ -263,19 +263,33 @@ int depot_job_checkpoint(depot_job_t* job, uint64_t* step) {
   });
 }
 
-int depot_job_pull(depot_job_t* job, uint64_t begin, uint64_t end,
-                   int32_t dtype, void* out) {
-  constexpr const char* kFunction = "depot_job_pull";
-  return depot::Guarded(kFunction, [&]() -> absl::Status {
-    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+namespace {
+
+// depot_job_pull and depot_job_pull_at, named `function` in errors.
+int PullAt(const char* function, depot_job_t* job, uint64_t begin, uint64_t end,
+           int32_t dtype, uint64_t step, void* out) {
+  return depot::Guarded(function, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(function, "job");
     if (out == nullptr && end > begin) {
-      return depot::c_api::NullArgument(kFunction, "out");
+      return depot::c_api::NullArgument(function, "out");
     }
     absl::StatusOr<depot::DType> converted =
         depot::c_api::DTypeField(dtype, "dtype");
     if (!converted.ok()) return converted.status();
-    return job->job->Pull(begin, end, *converted, out);
+    return job->job->Pull(begin, end, *converted, out, step);
   });
+}
+
+}  // namespace
+
+int depot_job_pull(depot_job_t* job, uint64_t begin, uint64_t end,
+                   int32_t dtype, void* out) {
+  return PullAt("depot_job_pull", job, begin, end, dtype, 0, out);
+}
+
+int depot_job_pull_at(depot_job_t* job, uint64_t begin, uint64_t end,
+                      int32_t dtype, uint64_t step, void* out) {
+  return PullAt("depot_job_pull_at", job, begin, end, dtype, step, out);
 }
 
 int depot_job_status(depot_job_t* job, int32_t with_checksum,

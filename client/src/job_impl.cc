@@ -498,8 +498,8 @@ absl::StatusOr<StepStreamStats> JobImpl::StepServer(StepStreamParams params,
   return total;
 }
 
-absl::Status JobImpl::Pull(uint64_t begin, uint64_t end, DType dtype,
-                           void* out) {
+absl::Status JobImpl::Pull(uint64_t begin, uint64_t end, DType dtype, void* out,
+                           uint64_t step) {
   if (begin > end || end > total_elems()) {
     return absl::OutOfRangeError(absl::StrCat("Pull: range [", begin, ", ", end,
                                               ") is not inside the job's [0, ",
@@ -522,14 +522,14 @@ absl::Status JobImpl::Pull(uint64_t begin, uint64_t end, DType dtype,
       *connections_, servers, [&](uint32_t server, CallGroup& group) {
         const ShardRange& shard = plan().shard(server);
         const uint64_t from = std::max(begin, shard.begin);
-        return PullRange(server, from, std::min(end, shard.end), dtype,
+        return PullRange(server, from, std::min(end, shard.end), dtype, step,
                          bytes + (from - begin) * size, deadline, group);
       });
 }
 
 absl::Status JobImpl::PullRange(uint32_t server, uint64_t begin, uint64_t end,
-                                DType dtype, void* out, absl::Time deadline,
-                                CallGroup& group) const {
+                                DType dtype, uint64_t step, void* out,
+                                absl::Time deadline, CallGroup& group) const {
   GroupContext context(group, deadline);
   v1::PullRequest request;
   request.set_job_id(job_ids_[server]);
@@ -537,6 +537,7 @@ absl::Status JobImpl::PullRange(uint32_t server, uint64_t begin, uint64_t end,
   request.set_begin(begin);
   request.set_end(end);
   request.set_dtype(DTypeToProto(dtype));
+  request.set_step(step);
   std::unique_ptr<grpc::ClientReader<v1::PullResponse>> reader =
       (*connections_)[server]->depot->PullWeights(context.get(), request);
 

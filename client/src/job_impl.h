@@ -31,8 +31,9 @@ class JobImpl : public Job {
   absl::Status InitWeights(const void* weights, DType dtype) override;
   absl::Status Step(uint64_t step, const void* grads, void* weights_out,
                     StepResult* result, const StepOptions& options) override;
-  absl::Status Pull(uint64_t begin, uint64_t end, DType dtype,
-                    void* out) override;
+  using Job::Pull;
+  absl::Status Pull(uint64_t begin, uint64_t end, DType dtype, void* out,
+                    uint64_t step) override;
   absl::StatusOr<std::vector<ServerJobStatus>> Status(
       bool with_checksum) override;
   absl::Status Delete() override;
@@ -122,8 +123,8 @@ class JobImpl : public Job {
   absl::Status InitShard(uint32_t server, const void* weights, DType dtype,
                          absl::Time deadline, CallGroup& group) const;
   absl::Status PullRange(uint32_t server, uint64_t begin, uint64_t end,
-                         DType dtype, void* out, absl::Time deadline,
-                         CallGroup& group) const;
+                         DType dtype, uint64_t step, void* out,
+                         absl::Time deadline, CallGroup& group) const;
 
   // job_status.cc: server `server`'s GetJob on `context`, its fingerprint
   // checked (FAILED_PRECONDITION when the server holds another job under the

@@ -457,16 +457,18 @@ TEST_F(CheckpointerTest, EachJobCountsTwiceItsStateAgainstTheBudget) {
   Stop();
   TempDir temp;
   auto dir = CheckpointDirectory::Open(temp.path() + "/c").value();
-  const uint64_t state =
-      JobShape::Create(TwoChunkConfig(), 0).value().state_bytes();
-  JobStore store(/*memory_limit_bytes=*/state * 3, &pool_, &metrics_);
+  const JobShape shape = JobShape::Create(TwoChunkConfig(), 0).value();
+  const uint64_t state = shape.state_bytes();
+  // Besides the state, each job counts the weights kept for pulls at a step.
+  const uint64_t kept = shape.kept_weights_bytes();
+  JobStore store(/*memory_limit_bytes=*/state * 3 + kept, &pool_, &metrics_);
   CheckpointPolicy policy;
   policy.every_steps = 1;
   Checkpointer checkpointer(dir.get(), policy, &metrics_,
                             [](const std::string&) {});
   store.SetListener(&checkpointer, /*charge_capture_bytes=*/true);
   ASSERT_TRUE(store.CreateOrAttach(TwoChunkConfig("one"), 0).ok());
-  EXPECT_EQ(store.state_bytes(), 2 * state);
+  EXPECT_EQ(store.state_bytes(), 2 * state + kept);
   absl::StatusOr<OpenedJob> second =
       store.CreateOrAttach(TwoChunkConfig("two"), 0);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);

@@ -26,14 +26,16 @@ JobConfig AdamConfig(const std::string& name) {
   config.num_servers = 2;
   return config;
 }
-constexpr uint64_t kShardBytes = 384;
+// A job counts its state and the weights its chunks keep for pulls at a
+// step: 2 * 32 elements * 4 bytes (fp32 weights) = 256, 640 in all.
+constexpr uint64_t kShardBytes = 384 + 256;
 
 class JobStoreTest : public ::testing::Test {
  protected:
   prometheus::Registry registry_;
   ServerMetrics metrics_{registry_};
   ThreadPool pool_{1};
-  JobStore store_{/*memory_limit_bytes=*/1000, &pool_, &metrics_};
+  JobStore store_{/*memory_limit_bytes=*/1500, &pool_, &metrics_};
 };
 
 TEST_F(JobStoreTest, CreatedJobsGetIdsOneTwoThree) {
@@ -132,6 +134,19 @@ TEST_F(JobStoreTest, JobOverTheBudgetIsResourceExhaustedAndAllocatesNothing) {
   store_.Delete(1, store_.Find(1).value()->shape().fingerprint()).IgnoreError();
   EXPECT_EQ(store_.CreateOrAttach(AdamConfig("c"), 0).value().shard->job_id(),
             3u);
+}
+
+TEST_F(JobStoreTest, KeptWeightsCountAgainstTheBudgetAndTheErrorSaysSo) {
+  // Room for the state (384 bytes) but not for the kept weights too.
+  JobStore store(/*memory_limit_bytes=*/500, &pool_, &metrics_);
+  auto opened = store.CreateOrAttach(AdamConfig("run"), 0);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(opened.status().message().find(
+                "needs 640 bytes: 384 of state and 256 of weights kept for "
+                "pulls at a step (2 x 32 elements x 4 bytes of fp32)"),
+            std::string::npos)
+      << opened.status();
+  EXPECT_EQ(store.state_bytes(), 0u);
 }
 
 TEST_F(JobStoreTest, DeleteFreesTheBudgetAndForgetsTheJob) {

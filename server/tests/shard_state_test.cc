@@ -45,7 +45,7 @@ class ShardStateTest : public ::depot::testing::ShardTest {
                                      uint64_t end) {
     std::vector<float> out;
     EXPECT_TRUE(shard
-                    .ReadWeights(begin, end, DType::kFloat32,
+                    .ReadWeights(begin, end, DType::kFloat32, 0,
                                  [&](uint64_t, std::string payload) {
                                    for (float v : Fp32Values(payload)) {
                                      out.push_back(v);
@@ -90,9 +90,22 @@ TEST_F(ShardStateTest, UpdateRecyclesPayloadsThroughThePayloadPool) {
   // went out.
   const size_t given_back = payloads_->free_bytes();
   EXPECT_GE(given_back, 2 * 8 * sizeof(float));
-  // The answer is a pool buffer too: it comes back once its last holder, the
-  // sink, lets go.
+  // The answer is a pool buffer too, which the chunk keeps as its weights of
+  // step 1 for pulls at a step (server/shard_pull.cc): it comes back once the
+  // sink has let go and two more updates of the chunk have replaced it.
+  std::weak_ptr<const std::string> answer = sink->received()[0].payload;
   sink.reset();
+  EXPECT_FALSE(answer.expired());
+  for (uint64_t step = 2; step <= 3; ++step) {
+    auto next = std::make_shared<RecordingSink>();
+    ASSERT_TRUE(shard->BeginStep(step, 0, {}).ok());
+    ASSERT_TRUE(shard->BeginStep(step, 1, {}).ok());
+    ASSERT_TRUE(Send(*shard, step, 0, 0, 1, next).ok());
+    ASSERT_TRUE(Send(*shard, step, 1, 0, 2, next).ok());
+    next->WaitFor(1);
+    DrainPool(pool_);
+    EXPECT_EQ(answer.expired(), step == 3) << step;
+  }
   EXPECT_GE(payloads_->free_bytes(), given_back + 8 * sizeof(float));
 }
 
@@ -324,7 +337,7 @@ TEST_F(ShardStateTest, ReadWeightsSendsOnePiecePerChunkTouched) {
   auto shard = MakeShard(TwoTensorConfig(1));
   std::vector<std::pair<uint64_t, size_t>> pieces;
   ASSERT_TRUE(shard
-                  ->ReadWeights(3, 13, DType::kBFloat16,
+                  ->ReadWeights(3, 13, DType::kBFloat16, 0,
                                 [&](uint64_t offset, std::string payload) {
                                   pieces.emplace_back(offset, payload.size());
                                   return true;
@@ -337,9 +350,9 @@ TEST_F(ShardStateTest, ReadWeightsSendsOnePiecePerChunkTouched) {
 TEST_F(ShardStateTest, ReadWeightsRejectsRangeOutsideTheShard) {
   auto shard = MakeShard(TwoTensorConfig(1));
   auto emit = [](uint64_t, std::string) { return true; };
-  EXPECT_EQ(shard->ReadWeights(4, 17, DType::kFloat32, emit).code(),
+  EXPECT_EQ(shard->ReadWeights(4, 17, DType::kFloat32, 0, emit).code(),
             absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(shard->ReadWeights(5, 4, DType::kFloat32, emit).code(),
+  EXPECT_EQ(shard->ReadWeights(5, 4, DType::kFloat32, 0, emit).code(),
             absl::StatusCode::kOutOfRange);
 }
 

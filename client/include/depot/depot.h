@@ -316,9 +316,18 @@ DEPOT_API int depot_job_step(depot_job_t* job, uint64_t step, const void* grads,
                              depot_step_result_t* result);
 
 /* Copies weights [begin, end) into `out` as `dtype` (DEPOT_DTYPE_FP32 gives
- * the master weights exactly). OUT_OF_RANGE unless begin <= end <= N. */
+ * the master weights exactly), each server's part at the step it reports in
+ * depot_job_status. OUT_OF_RANGE unless begin <= end <= N. */
 DEPOT_API int depot_job_pull(depot_job_t* job, uint64_t begin, uint64_t end,
                              int32_t dtype, void* out);
+
+/* depot_job_pull with every element at step `step` (0: as depot_job_pull),
+ * on every server: a worker that rejoins a running job pulls at the oldest
+ * step the servers report (depot::Job::Pull). FAILED_PRECONDITION: a server
+ * is not yet at `step` or no longer holds it, or `dtype` is not the job's
+ * weight dtype for a chunk past `step` (unless that is fp32). */
+DEPOT_API int depot_job_pull_at(depot_job_t* job, uint64_t begin, uint64_t end,
+                                int32_t dtype, uint64_t step, void* out);
 
 /* One server's view of the job (depot::ServerJobStatus). */
 typedef struct depot_server_status {

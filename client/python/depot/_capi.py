@@ -217,6 +217,8 @@ _PROTOTYPES = {
         _p(StepResult)]),
     "depot_job_pull": (ctypes.c_int, [
         c_void_p, c_uint64, c_uint64, c_int32, c_void_p]),
+    "depot_job_pull_at": (ctypes.c_int, [
+        c_void_p, c_uint64, c_uint64, c_int32, c_uint64, c_void_p]),
     "depot_job_status": (ctypes.c_int, [
         c_void_p, c_int32, _p(ServerStatus), c_size_t]),
     "depot_job_delete": (ctypes.c_int, [c_void_p]),

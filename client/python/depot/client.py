@@ -377,10 +377,17 @@ class Job(OwnedHandle):
 
     def pull(self, begin: int = 0, end: Optional[int] = None,
              dtype: DTypeLike = "fp32",
-             out: Optional[Buffer] = None) -> Buffer:
+             out: Optional[Buffer] = None, step: int = 0) -> Buffer:
         """Weights [begin, end) as `dtype` (fp32: the master weights exactly),
         into `out` if given, else into a new NumPy array, which is returned.
-        OutOfRangeError unless begin <= end <= total_elems."""
+        Every element is at `step` (0: each server's step in status(), even
+        while a later step is half applied there); a worker that rejoins a
+        running job pulls at the oldest step its servers report.
+        OutOfRangeError unless begin <= end <= total_elems;
+        FailedPreconditionError when a server is not yet at `step` or no
+        longer holds it (it holds the step it is at and the one before), or
+        `dtype` is not the job's weight dtype for a chunk past `step` (unless
+        that is fp32)."""
         end = self.total_elems if end is None else end
         dtype = parse_dtype(dtype)
         if out is None:
@@ -388,8 +395,8 @@ class Job(OwnedHandle):
         address = buffer_address(out, dtype, max(end - begin, 0),
                                  writable=True, what="out")
         with self._lock:
-            _capi.check(_capi.lib().depot_job_pull(
-                self._live_handle(), begin, end, int(dtype), address))
+            _capi.check(_capi.lib().depot_job_pull_at(
+                self._live_handle(), begin, end, int(dtype), step, address))
         return out
 
     def status(self, with_checksum: bool = False) -> List[ServerStatus]:

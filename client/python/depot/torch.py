@@ -180,11 +180,12 @@ class DepotOptimizer(torch.optim.Optimizer):
       wait_timeout: seconds to wait for the servers to be up.
       engine: None (a transfer engine for CUDA parameters, none for CPU
         ones), "cuda", or "host" (the engine on CPU parameters).
-      resume: continue the job if it already exists on the servers at one
-        step (after they restored it from their --checkpoint_dir, say): the
-        parameters take the servers' weights, resumed_step says the step,
-        and the trainer moves its data position there. Without it such a
-        job is refused (a new run needs a new job).
+      resume: continue the job if it already exists on the servers (after
+        they restored it from their --checkpoint_dir, or when this worker
+        was restarted while its peers went on): the parameters take the
+        servers' weights of the oldest step they report, resumed_step says
+        the step, and the trainer moves its data position there. Without it
+        such a job is refused (a new run needs a new job).
       delayed_update, offload_fraction, local_rank, local_ranks, node_id,
         bucket_chunks, find_unused_parameters, engine_options: the engine's
         (module docstring; docs/gpu.md).
@@ -388,20 +389,15 @@ class DepotOptimizer(torch.optim.Optimizer):
             self._job.init_weights(flat)
         except depot.FailedPreconditionError:
             statuses = self._job.status()
-            steps = {status.step for status in statuses}
-            if self._resume and len(steps) == 1 and min(steps) > 0:
-                self._resume_from(min(steps))
+            oldest = min(status.step for status in statuses)
+            if self._resume and oldest > 0:
+                self._resume_from(oldest, statuses)
                 return
             for status in statuses:
-                if status.step > 0:
-                    if self._resume:
-                        raise depot.FailedPreconditionError(
-                            f'job "{self._job.name}" is at different steps '
-                            f"on its servers ("
-                            + ", ".join(f"{s.server}: {s.step}"
-                                        for s in statuses)
-                            + "): it cannot be resumed until they agree")\
-                            from None
+                # With resume, a job in its first step (a worker restarted in
+                # it): the initial weights, the same every worker sent, are
+                # the job's.
+                if status.step > 0 and not self._resume:
                     raise depot.FailedPreconditionError(
                         f'job "{self._job.name}" has already been trained '
                         f"to step {status.step} on {status.server}; "
@@ -410,17 +406,28 @@ class DepotOptimizer(torch.optim.Optimizer):
                         f"continue it") from None
         self._initialized = True
 
-    def _resume_from(self, step):
-        """resume=True: the job exists at `step` on every server (restored
-        from their checkpoints, or left by an earlier run): the parameters
-        take the servers' weights and the next step is step + 1."""
+    def _resume_from(self, step, statuses):
+        """resume=True: the job exists on the servers (restored from their
+        checkpoints, left by an earlier run, or running while this worker
+        was restarted) and `step` is the oldest step they report: the
+        parameters take the servers' weights of that step, pulled at it on
+        every server (a server that has gone on to step + 1, its peer
+        waiting for this worker, still holds it), and the next step is
+        step + 1. Servers further apart cannot be resumed."""
         self._depot_step = step
         self._initialized = True
         self.resumed_step = step
         self._state_cache = None
         weights = torch.empty(self._job.total_elems,
                               dtype=_TORCH_DTYPES[self._weight_dtype])
-        self._job.pull(dtype=self._weight_dtype, out=weights)
+        try:
+            self._job.pull(dtype=self._weight_dtype, out=weights, step=step)
+        except depot.FailedPreconditionError as e:
+            raise depot.FailedPreconditionError(
+                f'job "{self._job.name}" is at different steps on its '
+                f"servers ("
+                + ", ".join(f"{s.server}: {s.step}" for s in statuses)
+                + f"): it cannot be resumed until they agree ({e})") from None
         if self._weights is not None:
             self._weights.copy_(weights)
         with torch.no_grad():
