@@ -257,10 +257,17 @@ absl::Status ShardState::BeginStep(
   {
     absl::MutexLock lock(&steps_mu_);
     // Every chunk's applied step is completed_step_ or one more, so only these
-    // steps can be replayed or applied; the chunks of any other step are
+    // steps can be replayed or applied; the chunks of an earlier step are
     // ABORTED one by one, and remembering it would only grow the map.
-    if (step < completed_step_ || step > completed_step_ + 2) {
-      return absl::OkStatus();
+    if (step < completed_step_) return absl::OkStatus();
+    // A later one is refused now: its chunks could become applicable while
+    // the stream is open, and would then be updated with the settings of a
+    // header that was never recorded (the defaults, not its lr or phases).
+    if (step > completed_step_ + 2) {
+      return absl::AbortedError(absl::StrCat(
+          "step ", step, " is out of order for this server: it has completed "
+          "step ", completed_step_, ", and a step starts only once the step "
+          "two before it is complete"));
     }
     auto it = steps_.find(step);
     const bool inserted = it == steps_.end();

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 #include "server/job_shape.h"
@@ -76,6 +77,21 @@ TEST_F(ShardStateTest, NewStateIsZeroWeightsAndInitialSlots) {
             std::vector<float>({0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0, 0, 0}));
 }
 
+// A header more than two steps ahead of the completed step is refused
+// (issue 13): recording nothing and answering OK let its chunks be updated
+// later with the default settings instead of the header's lr.
+TEST_F(ShardStateTest, AHeaderTooFarAheadIsAbortedAndRecordsNothing) {
+  auto shard = MakeShard(TwoTensorConfig(1));
+  const absl::Status ahead =
+      shard->BeginStep(3, 0, {{0, 0.5, 0.0}, {1, 0.5, 0.0}});
+  EXPECT_EQ(ahead.code(), absl::StatusCode::kAborted) << ahead;
+  EXPECT_THAT(std::string(ahead.message()),
+              ::testing::HasSubstr("has completed step 0"));
+  // Steps 1 and 2 are still taken, and step 3 once step 1 is complete.
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
+  ASSERT_TRUE(shard->BeginStep(2, 0, {}).ok());
+}
+
 TEST_F(ShardStateTest, UpdateRecyclesPayloadsThroughThePayloadPool) {
   auto shard = MakeShard(TwoTensorConfig(2));
   EXPECT_EQ(&shard->payload_pool(), payloads_.get());
@@ -96,6 +112,12 @@ TEST_F(ShardStateTest, UpdateRecyclesPayloadsThroughThePayloadPool) {
   std::weak_ptr<const std::string> answer = sink->received()[0].payload;
   sink.reset();
   EXPECT_FALSE(answer.expired());
+  // Chunk 1 completes step 1 too, so that steps 2 and 3 may start (a step
+  // starts once the step two before it is complete on the server).
+  auto other = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(Send(*shard, 1, 0, 1, 1, other).ok());
+  ASSERT_TRUE(Send(*shard, 1, 1, 1, 2, other).ok());
+  other->WaitFor(1);
   for (uint64_t step = 2; step <= 3; ++step) {
     auto next = std::make_shared<RecordingSink>();
     ASSERT_TRUE(shard->BeginStep(step, 0, {}).ok());
