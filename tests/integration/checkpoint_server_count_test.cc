@@ -196,7 +196,7 @@ TEST_F(CheckpointServerCountTest,
     // No InitWeights: the import sets every chunk.
     absl::Status imported =
         resumed->job(0).ImportCheckpoint(kCheckpointed, OldDirs());
-    ASSERT_TRUE(imported.ok()) << imported;
+    ASSERT_TRUE(imported.ok()) << imported << "\n" << new_servers_[0]->Log();
     EXPECT_EQ(Steps(*resumed), std::vector<uint64_t>(count, kCheckpointed));
     const std::string weights = Train(*resumed, kCheckpointed + 1, kSteps);
     EXPECT_TRUE(BitwiseEqual(whole_weights, weights, sizeof(float)));
