@@ -1,6 +1,6 @@
 // A server-side checkpoint restores onto another server count (issue 12, part
 // 3; docs/checkpoints.md "Restoring onto another server count"): three
-// depot-server processes checkpoint a job every 5 steps into their own
+// depot-server processes checkpoint a job every 10 steps into their own
 // directories; fresh servers, 1, 2 and 4 of them, open the job of the same
 // name and config, import the checkpoint of step 10 from those directories
 // (each reads the old shard files its chunks lie in) and train on to step 20,
@@ -45,10 +45,13 @@ class CheckpointServerCountTest : public ::testing::Test {
                           "/depot-ckpt-count-XXXXXX";
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
     root_ = pattern;
+    // A checkpoint every 10 steps: step 10 is the first, so no write still
+    // out can make a server skip it (a capture step that finds the previous
+    // write unfinished is skipped, which a loaded machine makes happen).
     for (uint32_t s = 0; s < kOldServers; ++s) {
       old_servers_.push_back(
           Start({absl::StrCat("--checkpoint_dir=", OldDir(s)),
-                 "--checkpoint_every_steps=5", "--checkpoint_keep=10",
+                 "--checkpoint_every_steps=10", "--checkpoint_keep=10",
                  absl::StrCat("--threads=", 1 + s % 2)}));
     }
     // New servers 0 and 2 checkpoint too, into their own directories; 1 and
