@@ -128,7 +128,7 @@ std::string CheckpointDirectory::JobDirectory(
 
 std::string CheckpointDirectory::StepDirectory(const std::string& job_name,
                                                uint64_t step) const {
-  return absl::StrCat(JobDirectory(job_name), "/", StepName(step));
+  return CheckpointStepDirectory(root_, job_name, step);
 }
 
 absl::StatusOr<uint64_t> CheckpointDirectory::Write(
@@ -203,20 +203,13 @@ std::vector<uint64_t> CheckpointDirectory::AllSteps(
 
 absl::StatusOr<std::string> CheckpointDirectory::ManifestIn(
     const std::string& step_dir) const {
-  std::string found;
-  for (const std::string& entry : ListDirectory(step_dir)) {
-    if (!absl::StartsWith(entry, kManifestPrefix) ||
-        absl::StrContains(entry, ".tmp-")) {
-      continue;
-    }
-    if (!found.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          step_dir, " holds the manifests of several servers (", found, ", ",
-          entry, "); give every server its own --checkpoint_dir"));
-    }
-    found = entry;
+  const std::vector<std::string> manifests = ManifestsIn(step_dir);
+  if (manifests.size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        step_dir, " holds the manifests of several servers (", manifests[0],
+        ", ", manifests[1], "); give every server its own --checkpoint_dir"));
   }
-  return found;
+  return manifests.empty() ? std::string() : manifests.front();
 }
 
 std::vector<uint64_t> CheckpointDirectory::CompleteSteps(
@@ -239,20 +232,56 @@ absl::StatusOr<ShardCheckpoint> CheckpointDirectory::Load(
     return absl::NotFoundError(
         absl::StrCat(step_dir, " has no manifest: the step is not complete"));
   }
-  const std::string manifest_path = absl::StrCat(step_dir, "/", *manifest_name);
+  absl::StatusOr<CheckpointManifest> manifest =
+      LoadManifest(step_dir, *manifest_name, job_name, step);
+  if (!manifest.ok()) return manifest.status();
+  return LoadShardFile(step_dir, *manifest);
+}
+
+std::string CheckpointStepDirectory(const std::string& root,
+                                    const std::string& job_name,
+                                    uint64_t step) {
+  return absl::StrCat(root, "/", kJobPrefix, EscapeName(job_name), "/",
+                      StepName(step));
+}
+
+std::vector<std::string> ManifestsIn(const std::string& step_dir) {
+  std::vector<std::string> manifests;
+  for (const std::string& entry : ListDirectory(step_dir)) {
+    if (absl::StartsWith(entry, kManifestPrefix) &&
+        !absl::StrContains(entry, ".tmp-")) {
+      manifests.push_back(entry);
+    }
+  }
+  std::sort(manifests.begin(), manifests.end());
+  return manifests;
+}
+
+absl::StatusOr<CheckpointManifest> LoadManifest(const std::string& step_dir,
+                                                const std::string& file_name,
+                                                const std::string& job_name,
+                                                uint64_t step) {
+  const std::string manifest_path = absl::StrCat(step_dir, "/", file_name);
   absl::StatusOr<CheckpointManifest> manifest = ReadManifest(manifest_path);
   if (!manifest.ok()) return manifest.status();
   if (manifest->job_name != job_name || manifest->step != step ||
       manifest->shard_file.find('/') != std::string::npos ||
-      *manifest_name !=
+      file_name !=
           ManifestName(manifest->server_index, manifest->num_servers)) {
     return absl::DataLossError(
         absl::StrCat("checkpoint manifest ", manifest_path, " describes job \"",
                      manifest->job_name, "\" step ", manifest->step, " server ",
                      manifest->server_index, ", not what its path says"));
   }
+  return manifest;
+}
+
+absl::StatusOr<ShardCheckpoint> LoadShardFile(
+    const std::string& step_dir, const CheckpointManifest& manifest) {
+  const std::string manifest_path = absl::StrCat(
+      step_dir, "/", ManifestName(manifest.server_index, manifest.num_servers));
   const std::string shard_path =
-      absl::StrCat(step_dir, "/", manifest->shard_file);
+      absl::StrCat(step_dir, "/", manifest.shard_file);
   absl::StatusOr<ShardCheckpoint> checkpoint = ReadShardCheckpoint(shard_path);
   if (absl::IsNotFound(checkpoint.status())) {
     return absl::DataLossError(
@@ -260,11 +289,12 @@ absl::StatusOr<ShardCheckpoint> CheckpointDirectory::Load(
                      shard_path, ", which does not exist"));
   }
   if (!checkpoint.ok()) return checkpoint.status();
-  if (checkpoint->config.name != job_name || checkpoint->step != step ||
-      checkpoint->fingerprint != manifest->fingerprint ||
-      checkpoint->server_index != manifest->server_index ||
-      checkpoint->config.num_servers != manifest->num_servers ||
-      ShardCheckpointBytes(*checkpoint) != manifest->shard_file_bytes) {
+  if (checkpoint->config.name != manifest.job_name ||
+      checkpoint->step != manifest.step ||
+      checkpoint->fingerprint != manifest.fingerprint ||
+      checkpoint->server_index != manifest.server_index ||
+      checkpoint->config.num_servers != manifest.num_servers ||
+      ShardCheckpointBytes(*checkpoint) != manifest.shard_file_bytes) {
     return absl::DataLossError(absl::StrCat(
         "checkpoint file ", shard_path, " does not match its manifest ",
         manifest_path, " (job, step, fingerprint, server or size differ)"));

@@ -109,6 +109,34 @@ class CheckpointDirectory {
   const FileSyncFn sync_;
 };
 
+// Reading another server's checkpoints (ImportCheckpoint: a job restored onto
+// another server count). These take no lock and write nothing, so they may
+// read a directory that its server holds.
+
+// <root>/job-<escaped name>/step-<20 digits>: where step `step` of the job
+// lies under the checkpoint directory `root`.
+std::string CheckpointStepDirectory(const std::string& root,
+                                    const std::string& job_name, uint64_t step);
+
+// The names of the manifests in `step_dir`, sorted (temporary files left
+// out); empty when there are none or the directory does not exist.
+std::vector<std::string> ManifestsIn(const std::string& step_dir);
+
+// Reads and verifies the manifest `file_name` in `step_dir`, which must
+// describe step `step` of job `job_name` and the server its name says.
+// DATA_LOSS naming the file otherwise (ReadManifest's errors too).
+absl::StatusOr<CheckpointManifest> LoadManifest(const std::string& step_dir,
+                                                const std::string& file_name,
+                                                const std::string& job_name,
+                                                uint64_t step);
+
+// Reads and verifies the shard file that `manifest` (of `step_dir`) names;
+// it must agree with the manifest (job, step, fingerprint, server, server
+// count, size). DATA_LOSS naming the file and section otherwise, also when
+// it does not exist.
+absl::StatusOr<ShardCheckpoint> LoadShardFile(
+    const std::string& step_dir, const CheckpointManifest& manifest);
+
 }  // namespace depot
 
 #endif  // DEPOT_SERVER_CHECKPOINT_DIRECTORY_H_

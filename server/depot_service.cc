@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "server/checkpoint_import.h"
 #include "wire/wire.h"
 
 namespace depot {
@@ -20,7 +21,8 @@ namespace {
 constexpr const char* kRpcNames[kNumRpcs] = {
     "CreateJob", "InitWeights", "Step",        "PullWeights",
     "GetJob",    "DeleteJob",   "ExportState", "ImportState",
-    "Checkpoint", "ListCheckpoints", "RollBack"};
+    "Checkpoint", "ListCheckpoints", "RollBack",
+    "ImportCheckpoint"};
 
 void Log(const std::string& line) {
   std::fprintf(stderr, "depot-server: %s\n", line.c_str());
@@ -397,6 +399,48 @@ absl::Status DepotService::DoRollBack(const v1::RollBackRequest& request,
   response->set_step(step);
   response->set_restored(restored);
   response->set_dropped_contributions(dropped);
+  return absl::OkStatus();
+}
+
+grpc::Status DepotService::ImportCheckpoint(
+    grpc::ServerContext*, const v1::ImportCheckpointRequest* request,
+    v1::ImportCheckpointResponse* response) {
+  return Serve(Rpc::kImportCheckpoint,
+               [&] { return DoImportCheckpoint(*request, response); });
+}
+
+absl::Status DepotService::DoImportCheckpoint(
+    const v1::ImportCheckpointRequest& request,
+    v1::ImportCheckpointResponse* response) {
+  absl::StatusOr<std::shared_ptr<ShardState>> shard =
+      jobs_->Find(request.job_id(), request.fingerprint());
+  if (!shard.ok()) return shard.status();
+  const JobShape& shape = (*shard)->shape();
+  const std::vector<std::string> dirs(request.checkpoint_dirs().begin(),
+                                      request.checkpoint_dirs().end());
+  // Read on this call's thread: the files are other servers', so the
+  // checkpointer's writer (this server's directory) has no part in it.
+  absl::StatusOr<CheckpointForShard> read = ReadCheckpointForShard(
+      dirs, shape, request.step(), /*keep_chunks=*/!request.verify_only());
+  if (!read.ok()) return read.status();
+  response->set_step(request.step());
+  response->set_old_num_servers(read->old_num_servers);
+  for (const std::string& file : read->shard_files) {
+    response->add_shard_files(file);
+  }
+  if (request.verify_only()) return absl::OkStatus();
+  if (absl::Status s = (*shard)->ImportChunks(std::move(read->chunks));
+      !s.ok()) {
+    return s;
+  }
+  jobs_->NoteStateReplaced(*shard);
+  Log(absl::StrFormat(
+      "job %d \"%s\" (server %d of %d) imported the checkpoint of step %d "
+      "written by %d servers, from %s",
+      request.job_id(), shape.config().name, shape.server_index(),
+      shape.config().num_servers, request.step(), read->old_num_servers,
+      read->shard_files.empty() ? std::string("no file (an empty shard)")
+                                : absl::StrJoin(read->shard_files, ", ")));
   return absl::OkStatus();
 }
 

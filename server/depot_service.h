@@ -72,6 +72,9 @@ class DepotService final
   grpc::Status RollBack(grpc::ServerContext* context,
                         const v1::RollBackRequest* request,
                         v1::RollBackResponse* response) override;
+  grpc::Status ImportCheckpoint(
+      grpc::ServerContext* context, const v1::ImportCheckpointRequest* request,
+      v1::ImportCheckpointResponse* response) override;
 
   // The message of every UNAVAILABLE that shutting down causes.
   static constexpr const char* kShuttingDown = "server is shutting down";
@@ -135,6 +138,8 @@ class DepotService final
                                  v1::ListCheckpointsResponse* response);
   absl::Status DoRollBack(const v1::RollBackRequest& request,
                           v1::RollBackResponse* response);
+  absl::Status DoImportCheckpoint(const v1::ImportCheckpointRequest& request,
+                                  v1::ImportCheckpointResponse* response);
   // Fails every open Step stream of job `job_id` with `status`.
   void FailStreamsOf(uint64_t job_id, const absl::Status& status);
 

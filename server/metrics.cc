@@ -38,7 +38,8 @@ prometheus::Histogram& Histogram(
 constexpr const char* kRpcLabels[kNumRpcs] = {
     "create_job", "init_weights", "step",         "pull_weights",
     "get_job",    "delete_job",   "export_state", "import_state",
-    "checkpoint", "list_checkpoints", "roll_back"};
+    "checkpoint", "list_checkpoints", "roll_back",
+    "import_checkpoint"};
 
 }  // namespace
 

@@ -28,8 +28,9 @@ enum class Rpc {
   kCheckpoint,
   kListCheckpoints,
   kRollBack,
+  kImportCheckpoint,
 };
-inline constexpr int kNumRpcs = 11;
+inline constexpr int kNumRpcs = 12;
 
 class ServerMetrics {
  public:

@@ -253,6 +253,26 @@ int depot_job_roll_back(depot_job_t* job, uint64_t step) {
   });
 }
 
+int depot_job_import_checkpoint(depot_job_t* job, uint64_t step,
+                                const char* const* checkpoint_dirs,
+                                size_t num_dirs) {
+  constexpr const char* kFunction = "depot_job_import_checkpoint";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    if (checkpoint_dirs == nullptr && num_dirs > 0) {
+      return depot::c_api::NullArgument(kFunction, "checkpoint_dirs");
+    }
+    std::vector<std::string> dirs;
+    for (size_t i = 0; i < num_dirs; ++i) {
+      if (checkpoint_dirs[i] == nullptr) {
+        return depot::c_api::NullArgument(kFunction, "checkpoint_dirs[i]");
+      }
+      dirs.emplace_back(checkpoint_dirs[i]);
+    }
+    return job->job->ImportCheckpoint(step, dirs);
+  });
+}
+
 int depot_job_checkpoint(depot_job_t* job, uint64_t* step) {
   constexpr const char* kFunction = "depot_job_checkpoint";
   return depot::Guarded(kFunction, [&]() -> absl::Status {

@@ -41,6 +41,8 @@ class JobImpl : public Job {
   // job_recovery.cc
   absl::StatusOr<std::vector<ServerCheckpoints>> ListCheckpoints() override;
   absl::Status RollBack(uint64_t step) override;
+  absl::Status ImportCheckpoint(
+      uint64_t step, const std::vector<std::string>& checkpoint_dirs) override;
   absl::StatusOr<Reconciled> Reconcile() override;
   // job_state.cc
   absl::StatusOr<std::string> SaveState() override;
@@ -74,6 +76,11 @@ class JobImpl : public Job {
   // RollBack(step) on `servers`.
   absl::Status RollBackServers(const std::vector<uint32_t>& servers,
                                uint64_t step) const;
+  // ImportCheckpoint on every server with chunks: a check only when
+  // `verify_only`.
+  absl::Status ImportCheckpointOnServers(
+      uint64_t step, const std::vector<std::string>& checkpoint_dirs,
+      bool verify_only) const;
   // Reconcile, retried while servers are UNAVAILABLE (restarting) or lose the
   // job ids it just learnt (restarted again) until `give_up`.
   absl::StatusOr<Reconciled> ReconcileUntil(absl::Time give_up);

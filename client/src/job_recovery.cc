@@ -205,6 +205,43 @@ absl::Status JobImpl::RollBack(uint64_t step) {
   return RollBackServers(ServersWithChunks(), step);
 }
 
+absl::Status JobImpl::ImportCheckpointOnServers(
+    uint64_t step, const std::vector<std::string>& checkpoint_dirs,
+    bool verify_only) const {
+  // Each server reads its part of the checkpoint from disk: the step's
+  // deadline, as a rollback.
+  const absl::Time deadline = absl::Now() + options_.step_timeout;
+  return RunOnServers(
+      *connections_, ServersWithChunks(),
+      [&](uint32_t server, CallGroup& group) {
+        GroupContext context(group, deadline);
+        v1::ImportCheckpointRequest request;
+        request.set_job_id(job_ids_[server]);
+        request.set_fingerprint(fingerprint());
+        request.set_step(step);
+        for (const std::string& dir : checkpoint_dirs) {
+          request.add_checkpoint_dirs(dir);
+        }
+        request.set_verify_only(verify_only);
+        v1::ImportCheckpointResponse response;
+        return FromGrpcStatus((*connections_)[server]->depot->ImportCheckpoint(
+            context.get(), request, &response));
+      });
+}
+
+absl::Status JobImpl::ImportCheckpoint(
+    uint64_t step, const std::vector<std::string>& checkpoint_dirs) {
+  // Every server checks its part before any imports: a missing or damaged
+  // file refuses the import with every server as it was.
+  if (absl::Status s = ImportCheckpointOnServers(step, checkpoint_dirs,
+                                                 /*verify_only=*/true);
+      !s.ok()) {
+    return s;
+  }
+  return ImportCheckpointOnServers(step, checkpoint_dirs,
+                                   /*verify_only=*/false);
+}
+
 absl::StatusOr<Reconciled> JobImpl::Reconcile() {
   if (absl::Status s = Reattach(); !s.ok()) return s;
   const std::vector<uint32_t> servers = ServersWithChunks();

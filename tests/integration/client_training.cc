@@ -88,6 +88,16 @@ std::vector<WorkerOutcome> ClientTraining::RunSteps(uint64_t seed,
   return RunSteps(seed, first, last, ranks);
 }
 
+absl::StatusOr<std::string> ClientTraining::Train(uint64_t seed,
+                                                  uint64_t first,
+                                                  uint64_t last) {
+  std::vector<WorkerOutcome> outcomes = RunSteps(seed, first, last);
+  for (const WorkerOutcome& outcome : outcomes) {
+    if (!outcome.status.ok()) return outcome.status;
+  }
+  return std::move(outcomes[0].last_weights);
+}
+
 absl::StatusOr<std::vector<float>> ClientTraining::PullMaster() {
   std::vector<float> master(jobs_[0]->total_elems());
   if (absl::Status s =

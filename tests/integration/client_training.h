@@ -47,6 +47,11 @@ class ClientTraining {
   std::vector<WorkerOutcome> RunSteps(uint64_t seed, uint64_t first,
                                       uint64_t last);
 
+  // RunSteps on every rank: the first failed worker's error (in rank order),
+  // else rank 0's weights after step `last`.
+  absl::StatusOr<std::string> Train(uint64_t seed, uint64_t first,
+                                    uint64_t last);
+
   // One step of one worker on the calling thread.
   WorkerOutcome RunStep(uint64_t seed, uint64_t step, uint32_t rank);
 

@@ -52,11 +52,9 @@ class ServerCountTest : public ::testing::Test {
 
   static std::string Train(ClientTraining& training, uint64_t first,
                            uint64_t last) {
-    std::vector<WorkerOutcome> outcomes = training.RunSteps(kSeed, first, last);
-    for (const WorkerOutcome& outcome : outcomes) {
-      EXPECT_TRUE(outcome.status.ok()) << outcome.status;
-    }
-    return outcomes[0].last_weights;
+    absl::StatusOr<std::string> weights = training.Train(kSeed, first, last);
+    EXPECT_TRUE(weights.ok()) << weights.status();
+    return weights.ok() ? *std::move(weights) : std::string();
   }
 
   std::vector<std::unique_ptr<ServerProcess>> servers_;

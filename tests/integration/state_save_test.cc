@@ -36,11 +36,9 @@ class StateSaveTest : public TwoServers {
   // Runs steps first..last on every worker; the last weights of worker 0.
   static std::string Train(ClientTraining& training, uint64_t first,
                            uint64_t last) {
-    std::vector<WorkerOutcome> outcomes = training.RunSteps(kSeed, first, last);
-    for (const WorkerOutcome& outcome : outcomes) {
-      EXPECT_TRUE(outcome.status.ok()) << outcome.status;
-    }
-    return outcomes[0].last_weights;
+    absl::StatusOr<std::string> weights = training.Train(kSeed, first, last);
+    EXPECT_TRUE(weights.ok()) << weights.status();
+    return weights.ok() ? *std::move(weights) : std::string();
   }
 
   static std::string SavedAtStep10(ClientTraining& training) {

@@ -324,6 +324,24 @@ class DEPOT_API Job {
   // servers may have rolled back: call it again, or Reconcile.
   virtual absl::Status RollBack(uint64_t step) = 0;
 
+  // Replaces the job's state on every server by the server-side checkpoint
+  // of `step` that a job of the same name and config, on any number of
+  // servers, wrote into `checkpoint_dirs` (those servers' --checkpoint_dir,
+  // readable by this job's servers: a shared filesystem; docs/
+  // checkpoints.md, "Restoring onto another server count"). First every
+  // server reads and verifies the old shard files that hold its chunks and
+  // changes nothing; only when every server succeeded does each import its
+  // part. Call it before the first Step (or between steps, with none in
+  // flight); the next Step is step + 1. Errors of the first pass, after
+  // which no server changed: NOT_FOUND: no checkpoint of `step` in the
+  // directories; FAILED_PRECONDITION: the step is incomplete (the missing
+  // server's manifest is named) or of another config; DATA_LOSS: a manifest
+  // or shard file is damaged or missing (named, with the section). An error
+  // of the second pass (a server down, a step in flight) may leave some
+  // servers imported and others not: call it again.
+  virtual absl::Status ImportCheckpoint(
+      uint64_t step, const std::vector<std::string>& checkpoint_dirs) = 0;
+
   // Makes the job's servers agree again after a server restarted (killed and
   // restored from its checkpoints, so behind the others, and with a new job
   // id): opens the job again on every server, and when they are not all at

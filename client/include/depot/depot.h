@@ -426,6 +426,17 @@ DEPOT_API int depot_job_reconcile(depot_job_t* job, uint64_t* step,
  * FAILED_PRECONDITION: a server has not completed it. */
 DEPOT_API int depot_job_roll_back(depot_job_t* job, uint64_t step);
 
+/* depot::Job::ImportCheckpoint: replaces the job's state on every server by
+ * the server-side checkpoint of `step` that servers of the same job, of any
+ * count, wrote into the `num_dirs` directories `checkpoint_dirs` (their
+ * --checkpoint_dir). Every server verifies its part before any imports:
+ * NOT_FOUND (no such step), FAILED_PRECONDITION (incomplete: the missing
+ * manifest is named; another config) and DATA_LOSS (a damaged or missing
+ * file, named) leave every server as it was. */
+DEPOT_API int depot_job_import_checkpoint(depot_job_t* job, uint64_t step,
+                                          const char* const* checkpoint_dirs,
+                                          size_t num_dirs);
+
 /* Frees a buffer the library allocated. NULL is ignored. */
 DEPOT_API void depot_buffer_free(void* data);
 
