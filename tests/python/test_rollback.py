@@ -33,9 +33,10 @@ def one_step(model, opt, batch):
     opt.step()
 
 
-def wait_for_manifest(directory, step):
-    """Checkpoints are written in the background: wait for step's manifest."""
-    pattern = os.path.join(directory, "job-*", f"step-{step:020d}",
+def wait_for_manifest(directory, job, step):
+    """Checkpoints are written in the background: wait for the manifest of
+    job's step (job names here need no escaping in the directory's name)."""
+    pattern = os.path.join(directory, f"job-{job}", f"step-{step:020d}",
                            "manifest-*")
     deadline = time.monotonic() + 30
     while not glob.glob(pattern):
@@ -81,7 +82,7 @@ def test_step_raises_rolled_back_error_and_the_run_ends_bitwise(
             for step in range(1, 7):
                 one_step(model, opt, data[step - 1])
             for d in dirs:
-                wait_for_manifest(d, EVERY)
+                wait_for_manifest(d, job_name, EVERY)
             # Server 0 restarts at step 4; server 1 is at step 6.
             servers[0].process.kill()
             servers[0].process.wait()
@@ -123,7 +124,8 @@ def test_job_reconcile_and_roll_back(tmp_path, job_name):
             for step in range(1, 6):
                 job.step(step, grads, weights)
             for s in range(2):
-                wait_for_manifest(str(tmp_path / f"server-{s}"), EVERY)
+                wait_for_manifest(str(tmp_path / f"server-{s}"), job_name,
+                                  EVERY)
             assert job.reconcile() == (5, False)
             with pytest.raises(depot.NotFoundError, match="checkpoint of step 2"):
                 job.roll_back(2)
