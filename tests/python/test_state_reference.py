@@ -156,16 +156,22 @@ def test_a_trainer_restarted_in_a_new_process_goes_back_to_the_reference(
         assert torch.equal(p, q)
 
 
+def referenced_at_2_trained_to_3(client, job_name):
+    """An optimizer trained to step 3, and its reference to step 2."""
+    model = worker.make_model(seed=0)
+    opt = DepotOptimizer(model.parameters(), client=client, job_name=job_name,
+                         **worker.OPTIONS)
+    worker.train(model, opt, 1, 2)
+    state = opt.state_dict(reference=True)
+    worker.train(model, opt, 3, 3)
+    return opt, state
+
+
 def test_a_reference_to_a_pruned_checkpoint_is_not_found_and_changes_nothing(
         tmp_path, job_name):
     with start(str(tmp_path / "server"), "--checkpoint_keep=1") as server, \
             depot.Client([server.address]) as c:
-        model = worker.make_model(seed=0)
-        opt = DepotOptimizer(model.parameters(), client=c, job_name=job_name,
-                             **worker.OPTIONS)
-        worker.train(model, opt, 1, 2)
-        state = opt.state_dict(reference=True)
-        worker.train(model, opt, 3, 3)
+        opt, state = referenced_at_2_trained_to_3(c, job_name)
         assert opt.checkpoint() == 3  # keeps only step 3: step 2 is pruned
         before = checksums(opt.job)
         with pytest.raises(depot.NotFoundError,
@@ -179,12 +185,7 @@ def test_a_reference_to_a_pruned_checkpoint_is_not_found_and_changes_nothing(
 def test_a_reference_of_another_config_or_job_is_refused(tmp_path, job_name):
     with start(str(tmp_path / "server")) as server, \
             depot.Client([server.address]) as c:
-        model = worker.make_model(seed=0)
-        opt = DepotOptimizer(model.parameters(), client=c, job_name=job_name,
-                             **worker.OPTIONS)
-        worker.train(model, opt, 1, 2)
-        state = opt.state_dict(reference=True)
-        worker.train(model, opt, 3, 3)
+        opt, state = referenced_at_2_trained_to_3(c, job_name)
         before = checksums(opt.job)
 
         # Another chunk size: the servers refuse to open the job as it is.
