@@ -217,6 +217,24 @@ def test_a_reference_of_another_config_or_job_is_refused(tmp_path, job_name):
         opt.close()
 
 
+def test_a_reference_whose_servers_lost_the_job_says_so(tmp_path, job_name):
+    """The server is restarted on an empty --checkpoint_dir: the job opens
+    empty, at step 0, and cannot go back to the referenced step."""
+    with start(str(tmp_path / "server")) as server, \
+            depot.Client([server.address]) as c:
+        opt, state = referenced_at_2_trained_to_3(c, job_name)
+        opt.close()
+    with start(str(tmp_path / "empty")) as server, \
+            depot.Client([server.address]) as c:
+        model = worker.make_model(seed=0)
+        opt = DepotOptimizer(model.parameters(), client=c, job_name=job_name,
+                             **worker.OPTIONS)
+        with pytest.raises(depot.FailedPreconditionError,
+                           match=r"back to step 2.*step 0 has lost the job"):
+            opt.load_state_dict(state)
+        opt.close()
+
+
 def test_reference_without_a_checkpoint_dir_names_the_flag(client, job_name):
     model = worker.make_model(seed=0)
     opt = DepotOptimizer(model.parameters(), client=client,

@@ -83,11 +83,15 @@ def restore(job, reference, servers):
             f"only their newest --checkpoint_keep checkpoints (it was pruned), "
             f"or the checkpoint directory was lost{where} ({e})") from None
     except depot.FailedPreconditionError as e:
-        at = ", ".join(f"{s.server}: step {s.step}" for s in job.status())
+        statuses = job.status()
+        at = ", ".join(f"{s.server}: step {s.step}" for s in statuses)
+        lost = (" (a server at step 0 has lost the job: was it restarted "
+                "without its --checkpoint_dir?)"
+                if any(s.step == 0 for s in statuses) else "")
         raise depot.FailedPreconditionError(
             f"job \"{job.name}\" cannot go back to step {step}, which the "
             f"state dict refers to: its servers are at {at}, and a server "
-            f"behind the step cannot reach it{where} ({e})") from None
+            f"behind the step cannot reach it{lost}{where} ({e})") from None
     return step
 
 
