@@ -561,12 +561,14 @@ class _LibraryBuffer:
 
     def __init__(self, address: int, size: int) -> None:
         self._address = address
+        # Held from the start: at interpreter exit the module may be gone.
+        self._free = _capi.lib().depot_buffer_free
         self.__array_interface__ = {"data": (address, False),
                                     "shape": (size,), "typestr": "|u1",
                                     "version": 3}
 
     def __del__(self) -> None:
-        _capi.lib().depot_buffer_free(self._address)
+        self._free(self._address)
 
 
 def _library_array(call) -> np.ndarray:
