@@ -108,8 +108,7 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
     daemon->checkpointer_ =
         std::make_unique<Checkpointer>(daemon->checkpoint_dir_.get(), policy,
                                        daemon->metrics_.get(), &LogLine);
-    daemon->jobs_->SetListener(daemon->checkpointer_.get(),
-                               /*charge_capture_bytes=*/policy.every_steps > 0);
+    daemon->jobs_->SetListener(daemon->checkpointer_.get(), policy.every_steps);
     // Before serving: a client that finds the server up finds its jobs.
     RestoreJobs(*daemon->checkpoint_dir_, *daemon->jobs_, *daemon->metrics_,
                 &LogLine);

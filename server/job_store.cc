@@ -80,14 +80,21 @@ absl::StatusOr<OpenedJob> JobStore::CreateOrAttach(JobConfig config,
   return OpenedJob{*std::move(shard), true};
 }
 
-void JobStore::SetListener(JobListener* listener, bool charge_capture_bytes) {
+void JobStore::SetListener(JobListener* listener,
+                           uint64_t default_every_steps) {
   absl::MutexLock lock(&mu_);
   listener_ = listener;
-  charge_capture_bytes_ = charge_capture_bytes;
+  default_every_steps_ = default_every_steps;
+}
+
+bool JobStore::Checkpointed(const JobShape& shape) const {
+  return listener_ != nullptr &&
+         (shape.config().checkpoint_every_steps > 0 ||
+          default_every_steps_ > 0);
 }
 
 uint64_t JobStore::ChargedBytes(const JobShape& shape) const {
-  return shape.state_bytes() * (charge_capture_bytes_ ? 2 : 1) +
+  return shape.state_bytes() * (Checkpointed(shape) ? 2 : 1) +
          shape.kept_weights_bytes();
 }
 
@@ -112,6 +119,13 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::CreateLocked(
     JobShape shape, bool restored,
     const std::function<absl::Status(ShardState&)>& prepare) {
   const std::string name = shape.config().name;
+  if (listener_ == nullptr && shape.config().checkpoint_every_steps > 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "job \"%s\" asks for a checkpoint every %d steps, but this server "
+        "has no --checkpoint_dir: start it with one, or open the job with "
+        "checkpoint_every_steps 0",
+        name, shape.config().checkpoint_every_steps));
+  }
   const uint64_t needed = ChargedBytes(shape);
   const uint64_t committed = state_bytes_ + reserved_bytes_;
   if (needed > memory_limit_bytes_ - committed) {
@@ -120,7 +134,7 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::CreateLocked(
         "pulls at a step (2 x %d elements x %d bytes of %s), but %d of this "
         "server's %d byte budget are in use or being allocated (%d free)",
         name, needed, needed - shape.kept_weights_bytes(),
-        charge_capture_bytes_ ? " (twice its state: checkpoints are on)" : "",
+        Checkpointed(shape) ? " (twice its state: checkpoints are on)" : "",
         shape.kept_weights_bytes(), shape.shard().size(),
         DTypeSize(shape.config().weight_dtype),
         std::string(DTypeName(shape.config().weight_dtype)), committed,

@@ -71,11 +71,15 @@ class JobStore {
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
 
-  // Tells `listener` (which must outlive the store) of every job added or
-  // deleted from now on. With `charge_capture_bytes`, each job counts twice
-  // its state against the budget: its state and one checkpoint capture of
-  // it (ShardState::EnableCaptures). REQUIRES: called before any job exists.
-  void SetListener(JobListener* listener, bool charge_capture_bytes);
+  // Tells `listener` (the checkpointer, which must outlive the store) of
+  // every job added or deleted from now on; the server takes checkpoints
+  // every `default_every_steps` steps (--checkpoint_every_steps). A job that
+  // is checkpointed (its JobConfig::checkpoint_every_steps, else the
+  // default, > 0) counts twice its state against the budget: its state and
+  // one checkpoint capture of it (ShardState::EnableCaptures). Without a
+  // listener (no --checkpoint_dir) a job that asks for checkpoints is
+  // refused. REQUIRES: called before any job exists.
+  void SetListener(JobListener* listener, uint64_t default_every_steps);
 
   // Creates the job, or attaches to the job of the same name when its
   // fingerprint and server index match. INVALID_ARGUMENT: invalid config or
@@ -123,6 +127,8 @@ class JobStore {
       uint64_t job_id, uint64_t fingerprint) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a job of `shape` is checkpointed here (SetListener).
+  bool Checkpointed(const JobShape& shape) const;
   // What a job of `shape` counts against the budget.
   uint64_t ChargedBytes(const JobShape& shape) const;
   // Checks the budget, allocates the job's state with the name and budget
@@ -140,7 +146,7 @@ class JobStore {
   ServerMetrics* const metrics_;
   const bool bench_noop_update_;
   JobListener* listener_ = nullptr;
-  bool charge_capture_bytes_ = false;
+  uint64_t default_every_steps_ = 0;
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<ShardState>> jobs_ ABSL_GUARDED_BY(mu_);

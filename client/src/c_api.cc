@@ -132,6 +132,7 @@ void depot_job_config_init(depot_job_config_t* config) {
   config->alignment_elems = defaults.alignment_elems;
   config->group_optimizers = nullptr;
   config->num_group_optimizers = 0;
+  config->checkpoint_every_steps = defaults.checkpoint_every_steps;
 }
 
 int depot_job_open(depot_client_t* client, const depot_job_config_t* config,

@@ -216,6 +216,7 @@ absl::StatusOr<JobConfig> FromC(const depot_job_config_t& c) {
   config.weight_dtype = *weight;
   config.chunk_elems = c.chunk_elems;
   config.alignment_elems = c.alignment_elems;
+  config.checkpoint_every_steps = c.checkpoint_every_steps;
   return config;
 }
 

@@ -169,6 +169,7 @@ void JobConfigToProto(const JobConfig& config, v1::JobSpec* spec) {
   spec->set_chunk_elems(config.chunk_elems);
   spec->set_alignment_elems(config.alignment_elems);
   spec->set_num_servers(config.num_servers);
+  spec->set_checkpoint_every_steps(config.checkpoint_every_steps);
 }
 
 absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobSpec& spec) {
@@ -203,6 +204,7 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobSpec& spec) {
   config.chunk_elems = spec.chunk_elems();
   config.alignment_elems = spec.alignment_elems();
   config.num_servers = spec.num_servers();
+  config.checkpoint_every_steps = spec.checkpoint_every_steps();
   if (absl::Status s = ValidateJobConfig(config); !s.ok()) return s;
   return config;
 }

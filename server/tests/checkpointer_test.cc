@@ -201,7 +201,7 @@ class CheckpointerTest : public ::testing::Test {
           absl::MutexLock lock(&log_mu_);
           log_.push_back(line);
         });
-    store_->SetListener(checkpointer_.get(), every_steps > 0);
+    store_->SetListener(checkpointer_.get(), every_steps);
   }
 
   // The daemon's order: jobs first, then the checkpointer, then the lock.
@@ -466,7 +466,7 @@ TEST_F(CheckpointerTest, EachJobCountsTwiceItsStateAgainstTheBudget) {
   policy.every_steps = 1;
   Checkpointer checkpointer(dir.get(), policy, &metrics_,
                             [](const std::string&) {});
-  store.SetListener(&checkpointer, /*charge_capture_bytes=*/true);
+  store.SetListener(&checkpointer, policy.every_steps);
   ASSERT_TRUE(store.CreateOrAttach(TwoChunkConfig("one"), 0).ok());
   EXPECT_EQ(store.state_bytes(), 2 * state + kept);
   absl::StatusOr<OpenedJob> second =
@@ -474,6 +474,42 @@ TEST_F(CheckpointerTest, EachJobCountsTwiceItsStateAgainstTheBudget) {
   EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(second.status().message(), HasSubstr("checkpoints are on"));
   checkpointer.Stop();
+}
+
+// A job's own checkpoint_every_steps: checkpointed at its interval on a
+// server whose --checkpoint_every_steps is 0, counted twice in the budget
+// there, and refused by a server without --checkpoint_dir.
+TEST_F(CheckpointerTest, AJobsOwnIntervalOverridesTheServers) {
+  Stop();
+  Start(SystemFileSync(), /*every_steps=*/0);
+  JobConfig config = TwoChunkConfig("own");
+  config.checkpoint_every_steps = 3;
+  absl::StatusOr<OpenedJob> opened = store_->CreateOrAttach(config, 0);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  const JobShape& shape = opened->shard->shape();
+  EXPECT_EQ(store_->state_bytes(),
+            2 * shape.state_bytes() + shape.kept_weights_bytes());
+  InitShard(*opened->shard);
+  // A job without its own interval on the same server is not checkpointed.
+  std::shared_ptr<ShardState> plain = Create("plain");
+  for (uint64_t step = 1; step <= 6; ++step) {
+    RunStep(*opened->shard, step, 0.125f * static_cast<float>(step));
+    RunStep(*plain, step, 0.125f * static_cast<float>(step));
+    checkpointer_->Flush();
+  }
+  EXPECT_THAT(dir_->CompleteSteps("own"), ElementsAre(6u, 3u));
+  EXPECT_THAT(dir_->CompleteSteps("plain"), IsEmpty());
+  // Attaching with another interval attaches (not part of the identity).
+  JobConfig other = config;
+  other.checkpoint_every_steps = 5;
+  absl::StatusOr<OpenedJob> attached = store_->CreateOrAttach(other, 0);
+  ASSERT_TRUE(attached.ok()) << attached.status();
+  EXPECT_FALSE(attached->created);
+
+  JobStore no_dir(/*memory_limit_bytes=*/1 << 20, &pool_, &metrics_);
+  absl::StatusOr<OpenedJob> refused = no_dir.CreateOrAttach(config, 0);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(), HasSubstr("--checkpoint_dir"));
 }
 
 }  // namespace

@@ -46,6 +46,16 @@ TEST(FingerprintTest, DifferentMutationsGiveDifferentFingerprints) {
   }
 }
 
+TEST(FingerprintTest, TheCheckpointIntervalIsNotPartOfIt) {
+  // How often a job is checkpointed is not what the job is: changing it
+  // must not make a new job, nor make a saved state or checkpoint foreign.
+  JobConfig config = BaseJob();
+  config.checkpoint_every_steps = 25;
+  EXPECT_EQ(Fingerprint(config), Fingerprint(BaseJob()));
+  EXPECT_EQ(FingerprintWithServerCount(config),
+            FingerprintWithServerCount(BaseJob()));
+}
+
 TEST(FingerprintTest, TensorOrderMatters) {
   JobConfig swapped = BaseJob();
   std::swap(swapped.tensors[0], swapped.tensors[1]);

@@ -58,7 +58,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 6
+#define DEPOT_API_VERSION 7
 DEPOT_API uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -211,6 +211,9 @@ typedef struct depot_job_config {
    * depot_job_open only. */
   const depot_optimizer_config_t* group_optimizers;
   size_t num_group_optimizers;
+  /* Server-side checkpoints of the job every this many steps; 0: the
+   * servers' --checkpoint_every_steps (depot::JobConfig). */
+  uint64_t checkpoint_every_steps;
 } depot_job_config_t;
 
 /* Fills `config` with the defaults of depot::JobConfig (no name, no tensors,

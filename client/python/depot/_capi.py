@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 6
+API_VERSION = 7
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -85,6 +85,7 @@ class JobConfig(ctypes.Structure):
         ("alignment_elems", c_uint64),
         ("group_optimizers", ctypes.POINTER(OptimizerConfig)),
         ("num_group_optimizers", c_size_t),
+        ("checkpoint_every_steps", c_uint64),
     ]
 
 

@@ -207,6 +207,7 @@ class Client(OwnedHandle):
                  chunk_elems: Optional[int] = None,
                  alignment_elems: Optional[int] = None,
                  group_optimizers: Optional[Iterable[Mapping[str, Any]]] = None,
+                 checkpoint_every_steps: int = 0,
                  **optimizer_fields: Any) -> Job:
         """Creates the job on every server, or attaches to an identical one.
 
@@ -221,6 +222,11 @@ class Client(OwnedHandle):
         {"adam_beta1": 0.8, "amsgrad": True}); each group's config is the
         job's with its overrides, and may differ only in the optimizer's
         hyperparameters (depot/job_config.h).
+        `checkpoint_every_steps`: the servers checkpoint this job every this
+        many steps (0: their --checkpoint_every_steps); not part of the
+        job's identity (a worker attaching with another value gets the
+        job's). FailedPreconditionError on a server without
+        --checkpoint_dir when it is set.
         FailedPreconditionError when a job of that name has another config.
         """
         specs = [TensorSpec(*t) for t in tensors]
@@ -249,6 +255,7 @@ class Client(OwnedHandle):
             config.chunk_elems = chunk_elems
         if alignment_elems is not None:
             config.alignment_elems = alignment_elems
+        config.checkpoint_every_steps = checkpoint_every_steps
         handle = ctypes.c_void_p()
         _capi.check(lib.depot_job_open(self._live_handle(),
                                        ctypes.byref(config), worker_rank,

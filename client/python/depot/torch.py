@@ -168,6 +168,9 @@ class DepotOptimizer(torch.optim.Optimizer):
       grad_dtype, weight_dtype: "fp32", "bf16" or "fp16" on the wire; by
         default the parameters' dtype when they all share one, else fp32.
       chunk_elems: Depot's pipeline chunk (elements); None: the default.
+      checkpoint_every_steps: the servers checkpoint the job to their
+        --checkpoint_dir every this many steps (0: their own
+        --checkpoint_every_steps; docs/checkpoints.md).
       clip_grad: > 0 clips the global gradient norm to it as
         torch.nn.utils.clip_grad_norm_ would (the servers measure the norm
         over every worker's summed gradient); 0: no clipping.
@@ -213,7 +216,8 @@ class DepotOptimizer(torch.optim.Optimizer):
                  delayed_update=False, offload_fraction=1.0, local_rank=0,
                  local_ranks=1, node_id=None, bucket_chunks=None,
                  find_unused_parameters=False, engine_options=None,
-                 resume=False, state_dict_reference=False, **hparams):
+                 resume=False, checkpoint_every_steps=0,
+                 state_dict_reference=False, **hparams):
         kind = optimizer.lower() if isinstance(optimizer, str) else optimizer
         if kind not in args.KINDS:
             raise ValueError(f"optimizer must be one of "
@@ -250,7 +254,8 @@ class DepotOptimizer(torch.optim.Optimizer):
         self._job_args = dict(job_name=job_name, num_workers=num_workers,
                               worker_rank=worker_rank, grad_dtype=grad_dtype,
                               weight_dtype=weight_dtype,
-                              chunk_elems=chunk_elems)
+                              chunk_elems=chunk_elems,
+                              checkpoint_every_steps=checkpoint_every_steps)
         self._scaler = None
         self._depot_step = 0  # the last step the servers applied
         self._initialized = False
@@ -343,6 +348,7 @@ class DepotOptimizer(torch.optim.Optimizer):
             num_workers=self._job_args["num_workers"], optimizer=self._kind,
             grad_dtype=self._grad_dtype, weight_dtype=self._weight_dtype,
             chunk_elems=self._job_args["chunk_elems"],
+            checkpoint_every_steps=self._job_args["checkpoint_every_steps"],
             group_optimizers=groups, **groups[0], **self._scaling)
         self._params = params
         self._index = {id(p): i for i, p in enumerate(params)}

@@ -127,6 +127,12 @@ struct JobConfig {
   // of the layout; each has `optimizer`'s kind and its job-wide fields (moment
   // dtypes, clipping and loss scaling), which ValidateJobConfig checks.
   std::vector<OptimizerConfig> group_optimizers;
+  // Server-side checkpoints of this job every this many steps (docs/
+  // checkpoints.md); 0: the servers' --checkpoint_every_steps. Not part of
+  // the job's identity: left out of the fingerprint and of the comparison
+  // when a worker attaches (the job keeps the value it was created with).
+  // Servers without --checkpoint_dir refuse a job that sets it.
+  uint64_t checkpoint_every_steps = 0;
 };
 
 // The optimizer config of param group `param_group`: its entry in
