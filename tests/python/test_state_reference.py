@@ -235,6 +235,23 @@ def test_a_reference_whose_servers_lost_the_job_says_so(tmp_path, job_name):
         opt.close()
 
 
+def test_reference_waits_for_a_periodic_checkpoint_being_written(
+        tmp_path, job_name):
+    """A checkpoint every step, written slowly (a 12 MB shard at 4 MB/s): the
+    reference's checkpoint waits for the one being written, not UNAVAILABLE."""
+    with start(str(tmp_path / "server"), "--checkpoint_every_steps=1",
+               "--checkpoint_write_bytes_per_second=4000000") as server, \
+            depot.Client([server.address]) as c:
+        model = worker.make_model(seed=0)
+        opt = DepotOptimizer(model.parameters(), client=c, job_name=job_name,
+                             **worker.OPTIONS)
+        worker.train(model, opt, 1, 2)
+        with pytest.raises(depot.UnavailableError, match="being taken"):
+            opt.job.checkpoint()  # what the reference would have met
+        assert opt.state_dict(reference=True)["depot_reference"]["step"] == 2
+        opt.close()
+
+
 def test_reference_without_a_checkpoint_dir_names_the_flag(client, job_name):
     model = worker.make_model(seed=0)
     opt = DepotOptimizer(model.parameters(), client=client,

@@ -8,19 +8,27 @@ that hold it. The state itself stays in the servers' --checkpoint_dir, so a
 torch.save of the dict is a few hundred bytes whatever the model's size.
 """
 
+import time
+
 import depot
 
 # The reference's own format, for a later one to tell them apart.
 FORMAT = 1
+# How long take() waits for a checkpoint of the job already being taken or
+# written (a periodic one) before it gives up, in seconds.
+BUSY_WAIT_SECONDS = 300.0
+_BUSY = "being taken or written"
 
 
 def take(job, servers):
     """Has the job's servers checkpoint it now (Job.checkpoint(): every
     shard durable before it returns) and returns the reference to that
-    checkpoint. FailedPreconditionError naming the cure when a server has
-    no --checkpoint_dir."""
+    checkpoint. A periodic checkpoint of the job still being written is
+    waited for (up to BUSY_WAIT_SECONDS): a trainer that saves every 10
+    steps, as the servers do, meets one each time. FailedPreconditionError
+    naming the cure when a server has no --checkpoint_dir."""
     try:
-        step = job.checkpoint()
+        step = _checkpoint_when_free(job)
     except depot.FailedPreconditionError as e:
         if "--checkpoint_dir" not in str(e):
             raise
@@ -38,6 +46,22 @@ def take(job, servers):
         # is step-<step> of the job in each one's own directory.
         "location": None,
     }
+
+
+def _checkpoint_when_free(job):
+    """Job.checkpoint(), again while a server answers that a checkpoint of
+    the job is being taken or written (UNAVAILABLE for that reason only: a
+    server shutting down is the trainer's to handle)."""
+    deadline = time.monotonic() + BUSY_WAIT_SECONDS
+    pause = 0.01
+    while True:
+        try:
+            return job.checkpoint()
+        except depot.UnavailableError as e:
+            if _BUSY not in str(e) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 1.0)
 
 
 def check_job_name(reference, job_name):
