@@ -21,7 +21,8 @@ set size (VmHWM, reset through /proc/self/clear_refs) is read around
 It prints the peak above the process's resident size before the case, in
 bytes per byte of saved state. The servers' memory is not counted.
 --before_library: the library the bytes cases load (a build from before the
-change, to compare the library's own copies too); default the same one.
+change, to compare the library's own copies too; it must implement the
+package's depot.h API version); default the same one.
 """
 
 import argparse
