@@ -89,25 +89,39 @@ uint64_t StateFingerprint(const JobConfig& config, uint32_t version) {
 }
 
 std::string EncodeStateBlob(const StateBlob& blob) {
-  std::string body;
+  // One string of the exact size, each chunk serialized in place and the
+  // hash written over its placeholder at the end: a state may be most of
+  // the trainer's memory, so no part of it is held twice here.
   const std::string spec =
       blob.spec.has_value() ? blob.spec->SerializeAsString() : std::string();
-  PutU64(body, spec.size());
-  body += spec;
+  size_t size = kHeaderBytes + 8 + spec.size();
   for (const std::vector<v1::StateChunk>& chunks : blob.servers) {
-    PutU64(body, chunks.size());
-    for (const v1::StateChunk& chunk : chunks) {
-      const std::string bytes = chunk.SerializeAsString();
-      PutU64(body, bytes.size());
-      body += bytes;
-    }
+    size += 8;
+    for (const v1::StateChunk& chunk : chunks) size += 8 + chunk.ByteSizeLong();
   }
   std::string out(kMagic, sizeof(kMagic));
+  out.reserve(size);
   PutU32(out, blob.version);
   PutU32(out, static_cast<uint32_t>(blob.servers.size()));
   PutU64(out, blob.fingerprint);
-  PutU64(out, Fnv1a64(body));
-  return out + body;
+  PutU64(out, 0);  // the hash, below
+  PutU64(out, spec.size());
+  out += spec;
+  for (const std::vector<v1::StateChunk>& chunks : blob.servers) {
+    PutU64(out, chunks.size());
+    for (const v1::StateChunk& chunk : chunks) {
+      const size_t bytes = chunk.ByteSizeLong();
+      PutU64(out, bytes);
+      const size_t at = out.size();
+      out.resize(at + bytes);
+      chunk.SerializeWithCachedSizesToArray(
+          reinterpret_cast<uint8_t*>(out.data() + at));
+    }
+  }
+  std::string hash;
+  PutU64(hash, Fnv1a64(std::string_view(out).substr(kHeaderBytes)));
+  out.replace(kHeaderBytes - 8, 8, hash);
+  return out;
 }
 
 absl::StatusOr<StateBlob> DecodeStateBlob(std::string_view bytes) {

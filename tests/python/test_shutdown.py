@@ -76,7 +76,7 @@ def test_state_dict_during_sigterm_raises_a_catchable_unavailable_error(
                                  job_name=job_name, resume=True, lr=1e-2)
             assert opt.resumed_step == 2
             run(model, opt, data[2:])
-            assert opt.state_dict()["depot_state"]
+            assert opt.state_dict()["depot_state"].numel() > 0
             opt.close()
     finally:
         server.stop()

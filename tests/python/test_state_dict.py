@@ -59,7 +59,7 @@ def test_state_dict_keeps_torchs_keys_and_adds_the_depot_state(client,
     run(model, opt, 1, 2)
     state = opt.state_dict()
     assert len(state["param_groups"]) == 2
-    assert isinstance(state["depot_state"], bytes)
+    assert state["depot_state"].dtype == torch.uint8
     assert state["depot_step"] == 2
     assert state["depot_grad_scaler"]["scale"] == 1.0
 
@@ -91,8 +91,37 @@ def test_corrupt_job_state_is_data_loss_and_changes_nothing(client,
     run(model, opt, 1, 3)
     blob = bytearray(opt.job.save_state())
     blob[len(blob) // 2] ^= 0x01
-    before = [s.state_checksum for s in opt.job.status(with_checksum=True)]
+    before = checksums(opt.job)
     with pytest.raises(depot.DataLossError):
         opt.job.load_state(bytes(blob))
-    after = [s.state_checksum for s in opt.job.status(with_checksum=True)]
+    after = checksums(opt.job)
     assert after == before
+
+
+def test_saved_state_is_the_library_buffer_and_loads_from_any_byte_buffer(
+        client, job_name):
+    """save_state_array() is a view of the library's buffer (no copy), and
+    load_state reads bytes, bytearray, memoryview, arrays and tensors in
+    place; each returns the job to the saved state."""
+    model, opt = make(client, job_name)
+    run(model, opt, 1, 1)
+    earlier = opt.job.save_state()
+    run(model, opt, 2, 2)
+    array = opt.job.save_state_array()
+    assert array.dtype == np.uint8 and not array.flags.owndata
+    assert opt.job.save_state() == array.tobytes()
+    saved = checksums(opt.job)
+    for state in (array.tobytes(), bytearray(array), memoryview(array),
+                  array, torch.from_numpy(array)):
+        opt.job.load_state(earlier)
+        assert checksums(opt.job) != saved
+        opt.job.load_state(state)
+        assert checksums(opt.job) == saved
+    with pytest.raises(ValueError, match="uint8"):
+        opt.job.load_state(torch.zeros(4))
+    with pytest.raises(TypeError, match="bytes"):
+        opt.job.load_state("state")
+
+
+def checksums(job):
+    return [s.state_checksum for s in job.status(with_checksum=True)]

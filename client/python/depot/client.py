@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import sys
 import threading
 from typing import (Any, Dict, Iterable, List, Mapping, NamedTuple, Optional,
                     Sequence, Tuple, Union)
@@ -425,31 +426,38 @@ class Job(OwnedHandle):
 
     def save_state(self) -> bytes:
         """The job's whole optimizer state (master weights, optimizer slots,
-        step counters) as bytes for load_state. Call it between steps."""
-        data = ctypes.c_void_p()
-        size = ctypes.c_size_t()
-        with self._lock:
-            _capi.check(_capi.lib().depot_job_save_state(
-                self._live_handle(), ctypes.byref(data), ctypes.byref(size)))
-        try:
-            return ctypes.string_at(data, size.value)
-        finally:
-            _capi.lib().depot_buffer_free(data)
+        step counters) as bytes for load_state. Call it between steps.
+        save_state_array() gives the same without the copy into bytes."""
+        return self.save_state_array().tobytes()
 
-    def load_state(self, state: Union[bytes, bytearray, memoryview]) -> None:
-        """Replaces the job's state by `state` (bytes from save_state of a job
-        with the same config; the name may differ). The next step is the
-        saved step + 1. DataLossError: corrupt or truncated state;
+    def save_state_array(self) -> np.ndarray:
+        """save_state()'s blob as a 1-D uint8 NumPy array over the buffer the
+        library filled, without a copy: the buffer is freed with the last
+        array (or torch tensor, torch.from_numpy) over it. torch.save writes
+        such a tensor straight from that memory."""
+        def call(data, size):
+            return _capi.lib().depot_job_save_state(self._live_handle(), data,
+                                                    size)
+        with self._lock:
+            return _library_array(call)
+
+    def load_state(self, state: StateBytes) -> None:
+        """Replaces the job's state by `state` (from save_state or
+        save_state_array of a job with the same config; the name may differ):
+        bytes, bytearray, memoryview, or a contiguous uint8 NumPy array or
+        CPU tensor, read in place (no copy). The next step is the saved step
+        + 1. DataLossError: corrupt or truncated state;
         FailedPreconditionError: a state of another config."""
-        state = bytes(state)
+        view = _byte_view(state, "state")
         with self._lock:
             _capi.check(_capi.lib().depot_job_load_state(
-                self._live_handle(), state, len(state)))
+                self._live_handle(), view.ctypes.data, view.size))
 
-    def decode_state(self, state: bytes) -> FlatState:
-        """The state in `state` (bytes from save_state of a job with this
-        config) as a FlatState of NumPy arrays over [0, total_elems)."""
-        state = bytes(state)
+    def decode_state(self, state: StateBytes) -> FlatState:
+        """The state in `state` (from save_state or save_state_array of a job
+        with this config; any type load_state takes) as a FlatState of NumPy
+        arrays over [0, total_elems)."""
+        view = _byte_view(state, "state")
         lib = _capi.lib()
         slots = lib.depot_job_num_state_slots(self._live_handle())
         flat = FlatState(
@@ -461,7 +469,7 @@ class Job(OwnedHandle):
         c_state = self._c_flat_state(flat)
         with self._lock:
             _capi.check(lib.depot_job_decode_state(
-                self._live_handle(), state, len(state),
+                self._live_handle(), view.ctypes.data, view.size,
                 ctypes.byref(c_state)))
         return dataclasses.replace(flat, applied_step=c_state.applied_step)
 
@@ -473,16 +481,12 @@ class Job(OwnedHandle):
             raise ValueError(f"encode_state: {len(flat.slots)} slot arrays, "
                              f"the job keeps {slots}")
         c_state = self._c_flat_state(flat)
-        data = ctypes.c_void_p()
-        size = ctypes.c_size_t()
+
+        def call(data, size):
+            return _capi.lib().depot_job_encode_state(
+                self._live_handle(), ctypes.byref(c_state), data, size)
         with self._lock:
-            _capi.check(_capi.lib().depot_job_encode_state(
-                self._live_handle(), ctypes.byref(c_state),
-                ctypes.byref(data), ctypes.byref(size)))
-        try:
-            return ctypes.string_at(data, size.value)
-        finally:
-            _capi.lib().depot_buffer_free(data)
+            return _library_array(call).tobytes()
 
     def _c_flat_state(self, flat: FlatState) -> _capi.FlatState:
         def floats(array, what):
@@ -552,6 +556,57 @@ class Job(OwnedHandle):
 
     def _describe(self) -> str:
         return f"Job {self.name!r}"
+
+
+# A saved state: what load_state and decode_state read in place.
+StateBytes = Union[bytes, bytearray, memoryview, np.ndarray, "torch.Tensor"]
+
+
+class _LibraryBuffer:
+    """A buffer the library allocated, seen by NumPy through the array
+    interface; depot_buffer_free frees it when the last array over it goes."""
+
+    def __init__(self, address: int, size: int) -> None:
+        self._address = address
+        # Held from the start: at interpreter exit the module may be gone.
+        self._free = _capi.lib().depot_buffer_free
+        self.__array_interface__ = {"data": (address, False),
+                                    "shape": (size,), "typestr": "|u1",
+                                    "version": 3}
+
+    def __del__(self) -> None:
+        self._free(self._address)
+
+
+def _library_array(call) -> np.ndarray:
+    """Runs call(data, size), a C call that hands out a buffer to free with
+    depot_buffer_free, and returns the buffer as a uint8 array (no copy)."""
+    data = ctypes.c_void_p()
+    size = ctypes.c_size_t()
+    _capi.check(call(ctypes.byref(data), ctypes.byref(size)))
+    return np.asarray(_LibraryBuffer(data.value, size.value))
+
+
+def _byte_view(state: StateBytes, what: str) -> np.ndarray:
+    """`state` as a contiguous 1-D uint8 array over the same memory: bytes-like
+    objects, uint8 NumPy arrays and CPU uint8 tensors, never copied."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(state, torch.Tensor):
+        if state.device.type != "cpu" or state.dtype != torch.uint8:
+            raise ValueError(f"{what} is a {state.dtype} tensor on "
+                             f"{state.device}: pass a CPU uint8 tensor")
+        state = state.detach().numpy()
+    if isinstance(state, np.ndarray):
+        if state.dtype != np.uint8 or not state.flags.c_contiguous:
+            raise ValueError(f"{what} must be a C-contiguous uint8 array "
+                             f"(this one: {state.dtype}, contiguous: "
+                             f"{state.flags.c_contiguous})")
+        return state.reshape(-1)
+    try:
+        return np.frombuffer(memoryview(state).cast("B"), dtype=np.uint8)
+    except TypeError:
+        raise TypeError(f"{what} must be bytes, a uint8 NumPy array or a CPU "
+                        f"uint8 tensor, not {type(state).__name__}") from None
 
 
 def _buffer_dtype(buffer: Buffer) -> DType:

@@ -89,11 +89,16 @@ engine_options (depot.Engine's other arguments). Several backwards per step
 go inside `with opt.no_sync():`. close() frees the engine.
 
 Checkpoints: state_dict() holds torch's "param_groups", an empty "state",
-the servers' whole optimizer state as bytes under "depot_state", the last
-applied step under "depot_step" and the loss scaler under
+the servers' whole optimizer state as a uint8 tensor under "depot_state",
+the last applied step under "depot_step" and the loss scaler under
 "depot_grad_scaler"; load_state_dict() loads it into this optimizer's job
-(which may have another job_name). Restore the model's own state_dict too:
-it holds the low-precision weights. Take both between steps, on one worker.
+(which may have another job_name). For big models, state_dict(reference=True)
+(or the constructor's state_dict_reference=True) has the servers write a
+checkpoint to their --checkpoint_dir and holds only a reference to it under
+"depot_reference" (job, fingerprint, step, servers): load_state_dict() takes
+the job back to that step, also in a new process that opens the same job.
+Restore the model's own state_dict too: it holds the low-precision weights.
+Take both between steps, on one worker.
 Every worker loads the same dict (loading the same state twice is harmless),
 and all must have loaded before any steps again (a barrier): a load while a
 peer's step is pending is refused with FailedPreconditionError.
@@ -107,6 +112,7 @@ import torch
 
 import depot
 import depot.engine
+from depot import _state_reference as state_reference
 from depot import _torch_args as args
 from depot import _torch_state as torch_state
 from depot._torch_engine import (_EngineDriver, check_engine_params,
@@ -119,7 +125,9 @@ _TORCH_DTYPES = {DType.FP32: torch.float32, DType.BF16: torch.bfloat16,
 _STATE_KEY = "depot_state"
 _STEP_KEY = "depot_step"
 _SCALER_KEY = "depot_grad_scaler"
-_DEPOT_KEYS = (_STATE_KEY, _STEP_KEY, _SCALER_KEY)
+# ... or, instead of the state, a reference to a server-side checkpoint.
+_REFERENCE_KEY = "depot_reference"
+_DEPOT_KEYS = (_STATE_KEY, _REFERENCE_KEY, _STEP_KEY, _SCALER_KEY)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +197,10 @@ class DepotOptimizer(torch.optim.Optimizer):
         servers' weights of the oldest step they report, resumed_step says
         the step, and the trainer moves its data position there. Without it
         such a job is refused (a new run needs a new job).
+      state_dict_reference: state_dict() saves a reference to a checkpoint
+        the servers write (state_dict(reference=True)) rather than the
+        state's bytes: for trainers that call state_dict() themselves, with
+        servers started with --checkpoint_dir.
       delayed_update, offload_fraction, local_rank, local_ranks, node_id,
         bucket_chunks, find_unused_parameters, engine_options: the engine's
         (module docstring; docs/gpu.md).
@@ -204,7 +216,8 @@ class DepotOptimizer(torch.optim.Optimizer):
                  delayed_update=False, offload_fraction=1.0, local_rank=0,
                  local_ranks=1, node_id=None, bucket_chunks=None,
                  find_unused_parameters=False, engine_options=None,
-                 resume=False, checkpoint_every_steps=0, **hparams):
+                 resume=False, checkpoint_every_steps=0,
+                 state_dict_reference=False, **hparams):
         kind = optimizer.lower() if isinstance(optimizer, str) else optimizer
         if kind not in args.KINDS:
             raise ValueError(f"optimizer must be one of "
@@ -212,6 +225,7 @@ class DepotOptimizer(torch.optim.Optimizer):
                              f"{optimizer!r}")
         self._kind = kind
         self._resume = bool(resume)
+        self._state_dict_reference = bool(state_dict_reference)
         self.resumed_step = None
         self._driver = None
         args.check_hparams(kind, hparams)
@@ -624,7 +638,7 @@ class DepotOptimizer(torch.optim.Optimizer):
         if self._state_cache is None or self._state_cache[0] != \
                 self._depot_step:
             self._state_cache = (self._depot_step,
-                                 job.decode_state(job.save_state()))
+                                 job.decode_state(job.save_state_array()))
         return self._state_cache[1]
 
     def _param_state(self, index):
@@ -674,10 +688,24 @@ class DepotOptimizer(torch.optim.Optimizer):
             groups.append(packed_group)
         return groups
 
-    def state_dict(self, torch_format=False):
+    def state_dict(self, torch_format=False, reference=None):
         """Depot's checkpoint (module docstring): torch's "param_groups",
-        and the servers' state under "depot_state" (None before the first
-        step). torch_format=True: torch_state_dict() instead."""
+        the step under "depot_step", the loss scaler under
+        "depot_grad_scaler", and the servers' state, one of:
+
+        - by value (reference=False): the state's bytes under "depot_state",
+          a uint8 tensor over the library's buffer (torch.save writes it
+          without another copy; None before the first step);
+        - by reference (reference=True): the servers write a checkpoint now
+          (checkpoint()) and "depot_reference" holds {"job", "fingerprint",
+          "step", "servers", "location"} instead: a few hundred bytes
+          whatever the model's size. It needs servers with --checkpoint_dir
+          (FailedPreconditionError otherwise), and the checkpoint must
+          still be there when the dict is loaded (--checkpoint_keep).
+
+        reference=None: the constructor's state_dict_reference (False by
+        default), so that a trainer that calls state_dict() itself saves by
+        reference. torch_format=True: torch_state_dict() instead."""
         if torch_format:
             return self.torch_state_dict()
         self.synchronize()
@@ -685,47 +713,87 @@ class DepotOptimizer(torch.optim.Optimizer):
         # "state", which depot_state carries already.
         state = {"state": {}, "param_groups": self._packed_groups()}
         job = self._open_job()
-        state[_STATE_KEY] = job.save_state() if self._initialized else None
+        if reference is None:
+            reference = self._state_dict_reference
+        if not self._initialized:
+            state[_STATE_KEY] = None  # nothing on the servers yet
+        elif reference:
+            state[_REFERENCE_KEY] = state_reference.take(
+                job, self._client.servers)
+        else:
+            state[_STATE_KEY] = torch.from_numpy(job.save_state_array())
         state[_STEP_KEY] = self._depot_step
         state[_SCALER_KEY] = self._grad_scaler().state_dict()
         return state
 
     def load_state_dict(self, state_dict):
         """Loads a state dict of DepotOptimizer.state_dict (the servers'
-        state), or of the torch.optim optimizer of the same kind (its
-        per-parameter state, with the parameters' current values as master
-        weights). The next step() continues from it. ValueError when the
-        dict's fixed hyperparameters (betas, eps, ...) differ from this
-        optimizer's; depot.FailedPreconditionError for a Depot state of
-        another job config; depot.DataLossError if it is corrupt."""
-        job = self._open_job()
+        state, or a reference to their checkpoint), or of the torch.optim
+        optimizer of the same kind (its per-parameter state, with the
+        parameters' current values as master weights). The next step()
+        continues from it. ValueError when the dict's fixed hyperparameters
+        (betas, eps, ...) differ from this optimizer's;
+        depot.FailedPreconditionError for a Depot state of another job
+        config; depot.DataLossError if it is corrupt.
+
+        A reference (state_dict(reference=True)) takes every server of the
+        job back to the referenced step (Job.roll_back: steps in flight are
+        dropped, the servers' checkpoint of the step restored) and the
+        parameters take its weights; this works in a new process that opens
+        the job by the same job_name (with an engine, pass resume=True).
+        ValueError: a reference to another job;
+        depot.FailedPreconditionError: another config (fingerprint), or a
+        server behind the step; depot.NotFoundError: a server no longer
+        holds the checkpoint (pruned by --checkpoint_keep)."""
         self.synchronize()
         if not any(k in state_dict for k in _DEPOT_KEYS):
+            self._open_job()
             self._load_torch_state_dict(state_dict)
             return
-        missing = [k for k in _DEPOT_KEYS if k not in state_dict]
+        by_reference = _REFERENCE_KEY in state_dict
+        source = _REFERENCE_KEY if by_reference else _STATE_KEY
+        missing = [k for k in (source, _STEP_KEY, _SCALER_KEY)
+                   if k not in state_dict]
         if missing:
             raise KeyError(f"DepotOptimizer.load_state_dict: the state dict "
                            f"has no {', '.join(missing)}: it was not made by "
                            f"DepotOptimizer.state_dict")
-        blob = state_dict[_STATE_KEY]
         torch_state = {k: v for k, v in state_dict.items()
                        if k not in _DEPOT_KEYS}
-        # Checked before anything changes: torch's load_state_dict checks the
-        # groups, the servers check the blob.
+        # Checked before anything changes: the reference's job, then (torch's
+        # load_state_dict checks the groups) the fixed hyperparameters; the
+        # servers check the state or the reference's step.
+        if by_reference:
+            reference = state_dict[_REFERENCE_KEY]
+            state_reference.check_job_name(reference,
+                                           self._job_args["job_name"])
+        job = self._open_job()
         args.check_fixed(self._kind, self._fixed, torch_state["param_groups"],
                          what="the state dict's param group")
-        if blob is not None:
-            job.load_state(blob)
-        # After the servers accepted the blob; a scaler state made by
+        if by_reference:
+            step = state_reference.restore(job, reference,
+                                           self._client.servers)
+            loaded = True
+        else:
+            blob = state_dict[_STATE_KEY]
+            if blob is not None:
+                job.load_state(blob)
+            loaded = blob is not None
+            step = int(state_dict[_STEP_KEY])
+        # After the servers accepted the state; a scaler state made by
         # state_dict() always fits the same config.
         self._grad_scaler().load_state_dict(state_dict[_SCALER_KEY])
         torch_state["state"] = {}
         super().load_state_dict(torch_state)
         self.state = _ServerState(self)
-        self._depot_step = int(state_dict[_STEP_KEY])
-        self._initialized = blob is not None
+        self._depot_step = step
+        self._initialized = loaded
         self._after_load()
+        if by_reference and self._driver is None:
+            # The engine's parameters are its buffers, which _after_load
+            # filled; here the weights are copied in.
+            with torch.no_grad():
+                self._write_params()
 
     def _load_torch_state_dict(self, state_dict):
         saved_groups = state_dict["param_groups"]
