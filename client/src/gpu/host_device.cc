@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <thread>
 #include <utility>
 
@@ -166,48 +167,59 @@ class HostDevice::HostStream : public Stream {
 
 // recorded: how many times the event has been recorded; reached: the latest
 // of those records its stream has passed, and the device time at which it
-// did.
+// did. The counts live in a shared Marks that the work queued on streams
+// holds too: as with cudaEventDestroy, an event may be destroyed while a
+// record or a wait of it is still queued (an engine destroyed while the
+// trainer's stream still has a record of one of its events to run).
 class HostDevice::HostEvent : public Event {
  public:
+  class Marks {
+   public:
+    uint64_t NextRecord() {
+      absl::MutexLock lock(&mu_);
+      return ++recorded_;
+    }
+    uint64_t recorded() const {
+      absl::MutexLock lock(&mu_);
+      return recorded_;
+    }
+    void Reach(uint64_t generation, absl::Time device_time) {
+      absl::MutexLock lock(&mu_);
+      if (generation <= reached_) return;
+      reached_ = generation;
+      reached_at_ = device_time;
+    }
+    // Blocks until `generation` is reached; returns the device time of the
+    // latest record reached (that of `generation` or, when a later record
+    // was reached already, that later one's: never earlier than the truth).
+    absl::Time AwaitReached(uint64_t generation) const {
+      absl::MutexLock lock(&mu_);
+      const auto done = [this, generation]()
+                            ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                              return reached_ >= generation;
+                            };
+      mu_.Await(absl::Condition(&done));
+      return reached_at_;
+    }
+    bool IsReached(uint64_t generation) const {
+      absl::MutexLock lock(&mu_);
+      return reached_ >= generation;
+    }
+
+   private:
+    mutable absl::Mutex mu_;
+    uint64_t recorded_ ABSL_GUARDED_BY(mu_) = 0;
+    uint64_t reached_ ABSL_GUARDED_BY(mu_) = 0;
+    absl::Time reached_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  };
+
   explicit HostEvent(const HostDevice* owner) : owner_(owner) {}
   const HostDevice* owner() const { return owner_; }
-
-  uint64_t NextRecord() {
-    absl::MutexLock lock(&mu_);
-    return ++recorded_;
-  }
-  uint64_t recorded() const {
-    absl::MutexLock lock(&mu_);
-    return recorded_;
-  }
-  void Reach(uint64_t generation, absl::Time device_time) {
-    absl::MutexLock lock(&mu_);
-    if (generation <= reached_) return;
-    reached_ = generation;
-    reached_at_ = device_time;
-  }
-  // Blocks until `generation` is reached; returns the device time of the
-  // latest record reached (that of `generation` or, when a later record was
-  // reached already, that later one's: never earlier than the truth).
-  absl::Time AwaitReached(uint64_t generation) const {
-    absl::MutexLock lock(&mu_);
-    const auto done = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return reached_ >= generation;
-    };
-    mu_.Await(absl::Condition(&done));
-    return reached_at_;
-  }
-  bool IsReached(uint64_t generation) const {
-    absl::MutexLock lock(&mu_);
-    return reached_ >= generation;
-  }
+  const std::shared_ptr<Marks>& marks() const { return marks_; }
 
  private:
   const HostDevice* const owner_;
-  mutable absl::Mutex mu_;
-  uint64_t recorded_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t reached_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time reached_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  const std::shared_ptr<Marks> marks_ = std::make_shared<Marks>();
 };
 
 class HostDevice::HostBuffer : public Buffer {
@@ -376,10 +388,10 @@ absl::Status HostDevice::Record(Event& event, Stream& stream) {
   if (!host_event.ok()) return host_event.status();
   absl::StatusOr<HostStream*> host_stream = Own(stream);
   if (!host_stream.ok()) return host_stream.status();
-  HostEvent* e = *host_event;
-  const uint64_t generation = e->NextRecord();
-  (*host_stream)->Enqueue([e, generation](absl::Time reached) {
-    e->Reach(generation, reached);
+  std::shared_ptr<HostEvent::Marks> marks = (*host_event)->marks();
+  const uint64_t generation = marks->NextRecord();
+  (*host_stream)->Enqueue([marks, generation](absl::Time reached) {
+    marks->Reach(generation, reached);
     return reached;
   });
   return absl::OkStatus();
@@ -390,11 +402,11 @@ absl::Status HostDevice::Wait(Stream& stream, Event& event) {
   if (!host_event.ok()) return host_event.status();
   absl::StatusOr<HostStream*> host_stream = Own(stream);
   if (!host_stream.ok()) return host_stream.status();
-  HostEvent* e = *host_event;
-  const uint64_t generation = e->recorded();
+  std::shared_ptr<HostEvent::Marks> marks = (*host_event)->marks();
+  const uint64_t generation = marks->recorded();
   (*host_stream)->CountWait();
-  (*host_stream)->Enqueue([e, generation](absl::Time reached) {
-    return std::max(reached, e->AwaitReached(generation));
+  (*host_stream)->Enqueue([marks, generation](absl::Time reached) {
+    return std::max(reached, marks->AwaitReached(generation));
   });
   return absl::OkStatus();
 }
@@ -402,14 +414,16 @@ absl::Status HostDevice::Wait(Stream& stream, Event& event) {
 absl::Status HostDevice::Synchronize(Event& event) {
   absl::StatusOr<HostEvent*> host = Own(event);
   if (!host.ok()) return host.status();
-  (*host)->AwaitReached((*host)->recorded());
+  const HostEvent::Marks& marks = *(*host)->marks();
+  marks.AwaitReached(marks.recorded());
   return absl::OkStatus();
 }
 
 absl::StatusOr<bool> HostDevice::Query(Event& event) {
   absl::StatusOr<HostEvent*> host = Own(event);
   if (!host.ok()) return host.status();
-  return (*host)->IsReached((*host)->recorded());
+  const HostEvent::Marks& marks = *(*host)->marks();
+  return marks.IsReached(marks.recorded());
 }
 
 absl::Status HostDevice::SynchronizeStream(Stream& stream) {
