@@ -106,6 +106,41 @@ absl::Status CheckCreated(const v1::CreateJobResponse& response,
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::StatusOr<CreatedJob> CreateJobOnServers(const Connections& connections,
+                                              const JobConfig& config,
+                                              uint64_t fingerprint,
+                                              const ShardPlan& plan,
+                                              absl::Time deadline) {
+  v1::CreateJobRequest request;
+  JobConfigToProto(config, request.mutable_spec());
+  CreatedJob job;
+  job.ids.assign(connections.size(), 0);
+  job.created.assign(connections.size(), 0);
+  absl::Status status = RunOnServers(
+      connections, AllServers(connections.size()),
+      [&](uint32_t server, CallGroup& group) {
+        GroupContext context(group, deadline);
+        v1::CreateJobRequest server_request = request;
+        server_request.set_server_index(server);
+        v1::CreateJobResponse response;
+        const grpc::Status rpc = connections[server]->depot->CreateJob(
+            context.get(), server_request, &response);
+        if (!rpc.ok()) return FromGrpcStatus(rpc);
+        absl::Status checked =
+            CheckCreated(response, fingerprint, plan.shard(server));
+        if (!checked.ok()) return checked;
+        job.ids[server] = response.job_id();
+        job.created[server] = response.created();
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
+  return job;
+}
+
+namespace {
+
 class ClientImpl : public Client {
  public:
   ClientImpl(ClientOptions options,
@@ -146,31 +181,14 @@ class ClientImpl : public Client {
     const ShardPlan& plan = geometry->plan;
     const uint64_t fingerprint = Fingerprint(config);
 
-    v1::CreateJobRequest request;
-    JobConfigToProto(config, request.mutable_spec());
-    std::vector<uint64_t> job_ids(connections_->size());
-    const absl::Time deadline = absl::Now() + options().rpc_timeout;
-    absl::Status created = RunOnServers(
-        *connections_, AllServers(connections_->size()),
-        [&](uint32_t server, CallGroup& group) {
-          GroupContext context(group, deadline);
-          v1::CreateJobRequest server_request = request;
-          server_request.set_server_index(server);
-          v1::CreateJobResponse response;
-          const grpc::Status rpc = (*connections_)[server]->depot->CreateJob(
-              context.get(), server_request, &response);
-          if (!rpc.ok()) return FromGrpcStatus(rpc);
-          absl::Status checked =
-              CheckCreated(response, fingerprint, plan.shard(server));
-          if (!checked.ok()) return checked;
-          job_ids[server] = response.job_id();
-          return absl::OkStatus();
-        });
-    if (!created.ok()) return created;
+    absl::StatusOr<CreatedJob> created =
+        CreateJobOnServers(*connections_, config, fingerprint, plan,
+                           absl::Now() + options().rpc_timeout);
+    if (!created.ok()) return created.status();
     return std::make_unique<JobImpl>(
         std::move(config), std::move(geometry->layout),
         std::move(geometry->plan), fingerprint, worker_rank, connections_,
-        options(), std::move(job_ids));
+        options(), std::move(created->ids));
   }
 
  private:

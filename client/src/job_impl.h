@@ -152,6 +152,20 @@ class JobImpl : public Job {
   std::vector<uint64_t> job_ids_;
 };
 
+// CreateJob (create, or attach to the job of that name) on every server of
+// `connections`, each as its own server index, each answer checked against
+// `fingerprint` and its shard of `plan` (client.cc): the job ids, and
+// whether each server created the job afresh.
+struct CreatedJob {
+  std::vector<uint64_t> ids;
+  std::vector<char> created;
+};
+absl::StatusOr<CreatedJob> CreateJobOnServers(const Connections& connections,
+                                              const JobConfig& config,
+                                              uint64_t fingerprint,
+                                              const ShardPlan& plan,
+                                              absl::Time deadline);
+
 // Whether a streamed step of `job` with `options` runs in two phases (false
 // for a Job that is not a JobImpl).
 bool StreamedStepIsTwoPhase(Job& job, const StepOptions& options);

@@ -99,30 +99,13 @@ absl::Status JobImpl::Step(uint64_t step, const void* grads, void* weights_out,
 }
 
 absl::Status JobImpl::Reattach() {
-  v1::CreateJobRequest request;
-  JobConfigToProto(config(), request.mutable_spec());
   const size_t n = plan().num_servers();
-  std::vector<uint64_t> ids(n, 0);
-  std::vector<char> created(n, 0);
-  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
-  absl::Status status = RunOnServers(
-      *connections_, AllServers(n), [&](uint32_t server, CallGroup& group) {
-        GroupContext context(group, deadline);
-        v1::CreateJobRequest server_request = request;
-        server_request.set_server_index(server);
-        v1::CreateJobResponse response;
-        const grpc::Status rpc = (*connections_)[server]->depot->CreateJob(
-            context.get(), server_request, &response);
-        if (!rpc.ok()) return FromGrpcStatus(rpc);
-        if (response.fingerprint() != fingerprint()) {
-          return absl::FailedPreconditionError(
-              "the server answered for a job of another fingerprint");
-        }
-        ids[server] = response.job_id();
-        created[server] = response.created();
-        return absl::OkStatus();
-      });
-  if (!status.ok()) return status;
+  absl::StatusOr<CreatedJob> opened =
+      CreateJobOnServers(*connections_, config(), fingerprint(), plan(),
+                         absl::Now() + options_.rpc_timeout);
+  if (!opened.ok()) return opened.status();
+  const std::vector<uint64_t>& ids = opened->ids;
+  const std::vector<char>& created = opened->created;
   job_ids_ = ids;
   std::vector<uint32_t> lost;
   for (uint32_t s = 0; s < n; ++s) {

@@ -164,6 +164,25 @@ class RollBackTest : public ::testing::Test {
     }
   }
 
+  // Opens `name`, initialises it and trains steps 1..last, waiting for each
+  // checkpoint before the next checkpoint step (one that comes while the
+  // previous write is still out is skipped). Null after a failure.
+  std::unique_ptr<ClientTraining> OpenAndTrain(const std::string& name,
+                                               uint64_t last) {
+    std::unique_ptr<ClientTraining> training = Open(name);
+    if (training == nullptr) return nullptr;
+    const absl::Status init = training->InitWeights(kSeed, DType::kFloat32);
+    EXPECT_TRUE(init.ok()) << init;
+    uint64_t done = 0;
+    for (uint64_t at = every_; at <= last; at += every_) {
+      Train(*training, done + 1, at);
+      WaitForCheckpoint(name, at);
+      done = at;
+    }
+    Train(*training, done + 1, last);
+    return ::testing::Test::HasFailure() ? nullptr : std::move(training);
+  }
+
   // What one worker's loop saw.
   struct Loop {
     absl::Status failure;            // a step that failed for good
@@ -221,15 +240,8 @@ TEST_F(RollBackTest, AServerRestartedBehindRollsTheJobBackAndItEndsBitwise) {
   std::vector<uint64_t> whole_sums;
   ASSERT_NO_FATAL_FAILURE(Reference("whole", 20, &whole_master, &whole_sums));
 
-  std::unique_ptr<ClientTraining> training = Open("behind");
+  std::unique_ptr<ClientTraining> training = OpenAndTrain("behind", 12);
   ASSERT_NE(training, nullptr);
-  ASSERT_TRUE(training->InitWeights(kSeed, DType::kFloat32).ok());
-  // A checkpoint step that comes while the previous write is still out is
-  // skipped: wait for each before the next.
-  Train(*training, 1, 5);
-  ASSERT_NO_FATAL_FAILURE(WaitForCheckpoint("behind", 5));
-  Train(*training, 6, 12);
-  ASSERT_NO_FATAL_FAILURE(WaitForCheckpoint("behind", 10));
   // Server 0 restarts at step 10; server 1 is at 12.
   ASSERT_NO_FATAL_FAILURE(KillAndRestart(0));
 
@@ -257,11 +269,8 @@ TEST_F(RollBackTest, AServerRestartedBehindRollsTheJobBackAndItEndsBitwise) {
 
 TEST_F(RollBackTest, ARollBackToAStepWithoutCheckpointChangesNothing) {
   ASSERT_NO_FATAL_FAILURE(StartServers(2));
-  std::unique_ptr<ClientTraining> training = Open("refused");
+  std::unique_ptr<ClientTraining> training = OpenAndTrain("refused", 7);
   ASSERT_NE(training, nullptr);
-  ASSERT_TRUE(training->InitWeights(kSeed, DType::kFloat32).ok());
-  Train(*training, 1, 7);
-  ASSERT_NO_FATAL_FAILURE(WaitForCheckpoint("refused", 5));
   const std::vector<uint64_t> before = training->StateChecksums().value();
 
   absl::Status status = training->job(0).RollBack(3);
@@ -297,12 +306,8 @@ TEST_F(RollBackTest, ARollBackAbortsTheStepInFlight) {
   std::vector<uint64_t> whole_sums;
   ASSERT_NO_FATAL_FAILURE(Reference("whole", 12, &whole_master, &whole_sums));
 
-  std::unique_ptr<ClientTraining> training = Open("operator");
+  std::unique_ptr<ClientTraining> training = OpenAndTrain("operator", 7);
   ASSERT_NE(training, nullptr);
-  ASSERT_TRUE(training->InitWeights(kSeed, DType::kFloat32).ok());
-  Train(*training, 1, 5);
-  ASSERT_NO_FATAL_FAILURE(WaitForCheckpoint("operator", 5));
-  Train(*training, 6, 7);
   Loop waiting;
   std::thread worker0([&] { waiting = RunWorker(*training, 0, 8, 12); });
   // Worker 0's step 8 waits for worker 1.
