@@ -85,6 +85,11 @@ absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {
           "chunk ", snapshot.index, " has ", snapshot.tensor_steps.size(),
           " tensor step counts, it holds ", segments, " tensor segments"));
     }
+    if (snapshot.applied_step > kMaxStep) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk ", snapshot.index, " is at step ", snapshot.applied_step,
+          ", beyond the largest step a job may reach (", kMaxStep, ")"));
+    }
     for (const uint64_t count : snapshot.tensor_steps) {
       if (count > snapshot.applied_step) {
         return absl::InvalidArgumentError(

@@ -234,8 +234,9 @@ absl::Status ShardState::BeginStep(
         absl::StrCat("worker_rank ", worker_rank,
                      " is out of range: the job has ", workers, " workers"));
   }
-  if (step == 0) {
-    return absl::InvalidArgumentError("step must be >= 1");
+  if (step == 0 || step > kMaxStep) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step, " is out of range: steps run from 1 to ", kMaxStep));
   }
   if (absl::Status s = ValidateGroupHyperParams(shape_.layout(), group_hparams);
       !s.ok()) {

@@ -77,6 +77,11 @@
 
 namespace depot {
 
+// The largest step a job may reach (2^62): step numbers, and the applied step
+// of an imported state, above it are INVALID_ARGUMENT, so that a step + 2 can
+// never wrap around (issue 13: an import at 2^64 - 1 left a job stuck).
+inline constexpr uint64_t kMaxStep = uint64_t{1} << 62;
+
 // One worker's gradient for one chunk of one step.
 struct Contribution {
   uint64_t step = 0;

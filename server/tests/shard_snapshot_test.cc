@@ -153,6 +153,20 @@ TEST_F(ShardSnapshotTest, ImportWithChunksAtDifferentStepsIsRejected) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
 }
 
+// Issue 13: an import at step 2^64 - 1 was taken and left the job stuck.
+TEST_F(ShardSnapshotTest, ImportBeyondTheLargestStepIsRejectedAndChangesNothing) {
+  auto shard = TrainedShard(1);
+  const uint64_t before = shard->Checksum();
+  std::vector<ChunkSnapshot> chunks = Export(*TrainedShard(2));
+  for (ChunkSnapshot& chunk : chunks) chunk.applied_step = ~uint64_t{0};
+  absl::Status s = shard->ImportChunks(std::move(chunks));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("beyond the largest step"), absl::string_view::npos)
+      << s;
+  EXPECT_EQ(shard->Checksum(), before);
+  EXPECT_EQ(shard->completed_step(), 1u);
+}
+
 TEST_F(ShardSnapshotTest, ImportOfAChunkOutsideTheShardIsOutOfRange) {
   JobConfig config = AdamWConfig(1);
   config.num_servers = 2;  // server 1 holds chunk 1 only

@@ -90,6 +90,11 @@ TEST_F(ShardStateTest, AHeaderTooFarAheadIsAbortedAndRecordsNothing) {
   // Steps 1 and 2 are still taken, and step 3 once step 1 is complete.
   ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
   ASSERT_TRUE(shard->BeginStep(2, 0, {}).ok());
+  // A step number no job can reach is not out of order but invalid.
+  EXPECT_EQ(shard->BeginStep(kMaxStep + 1, 0, {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->BeginStep(0, 0, {}).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(ShardStateTest, UpdateRecyclesPayloadsThroughThePayloadPool) {
