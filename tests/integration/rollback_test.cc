@@ -218,11 +218,12 @@ class RollBackTest : public ::testing::Test {
         failures = 0;
         continue;
       }
+      // Step itself waited for the servers (its retries and Reconcile's, up
+      // to ClientOptions::unavailable_retry): send the step again at once.
       if (++failures > kMaxFailures) {
         loop.failure = outcome.status;
         return loop;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     return loop;
   }
