@@ -121,7 +121,7 @@ newest() {
 }
 {
   echo "needs: $(newest GLIBC) (glibc), $(newest GLIBCXX) (libstdc++)"
-  nccl="$(for binary in "${binaries[@]}"; do ldd "$binary"; done | awk '/libnccl/ { print $1; exit }')"
+  nccl="$(for binary in "${binaries[@]}"; do ldd "$binary"; done | awk '/libnccl/ && !found { print $1; found = 1 }')"  # no early exit: ldd would die of SIGPIPE under pipefail
   if [[ -n "$nccl" ]]; then
     echo "nccl: $nccl (not carried: the GPU machine's)"
   else

@@ -102,8 +102,25 @@ def parse():
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--server", default=os.environ.get("DEPOT_SERVER"),
                         help="depot-server binary (default: $DEPOT_SERVER)")
-    parser.add_argument("--server_threads", type=int,
-                        default=os.cpu_count() or 1)
+    parser.add_argument("--servers", type=int, default=1,
+                        help="depot-server processes on this host")
+    parser.add_argument("--server_threads", type=int, default=None,
+                        help="--threads of each server (default: the "
+                             "host's cores divided among the servers)")
+    parser.add_argument("--trainer_cores", type=int, default=0,
+                        help="keep the trainer on the first N cores and "
+                             "the servers on the others (0: no pinning)")
+    parser.add_argument("--accum", type=int, default=1,
+                        help="micro-batches of --batch per optimizer step "
+                             "(gradient accumulation; Depot's in no_sync)")
+    parser.add_argument("--streams_per_server", type=int, default=None,
+                        help="the engine's Step streams per server")
+    parser.add_argument("--slots", type=int, default=None,
+                        help="the engine's pinned slots per ring")
+    parser.add_argument("--max_inflight_chunks", type=int, default=None,
+                        help="the client's chunks in flight per stream")
+    parser.add_argument("--chunk_elems", type=int, default=None,
+                        help="the job's chunk size (elements)")
     parser.add_argument("--runs", default="torch,depot,dpu",
                         help="which runs, comma-separated")
     parser.add_argument("--json", action="store_true")
@@ -129,20 +146,39 @@ def run(name, args, device, dtype, initial, batches, client):
                                 **({"fused": True} if device.type == "cuda"
                                    else {"foreach": False}))
     else:
+        engine_options = {}
+        if args.streams_per_server is not None:
+            engine_options["streams_per_server"] = args.streams_per_server
+        if args.slots is not None:
+            engine_options["d2h_slots"] = args.slots
+            engine_options["h2d_slots"] = args.slots
         opt = DepotOptimizer(
             model.parameters(), client=client,
             job_name=f"gpt-bench-{name}-{os.getpid()}-{time.time_ns()}",
             engine=None if device.type == "cuda" else "host", lr=args.lr,
-            weight_decay=0.1, delayed_update=(name == "dpu"))
+            weight_decay=0.1, delayed_update=(name == "dpu"),
+            chunk_elems=args.chunk_elems,
+            engine_options=engine_options or None)
         opt.attach(model)
     times, losses = [], []
-    for step, (x, y) in enumerate(batches):
+    for step in range(len(batches) // args.accum):
         start = time.perf_counter()
         opt.zero_grad()
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(
-            logits.float().view(-1, args.vocab), y.view(-1))
-        loss.backward()
+        total = 0.0
+        for micro in range(args.accum):
+            x, y = batches[step * args.accum + micro]
+            logits = model(x)
+            loss = torch.nn.functional.cross_entropy(
+                logits.float().view(-1, args.vocab), y.view(-1))
+            if args.accum > 1:
+                loss = loss / args.accum
+            if name != "torch" and micro < args.accum - 1:
+                with opt.no_sync():
+                    loss.backward()
+            else:
+                loss.backward()
+            total += loss.detach()
+        loss = total
         opt.step()
         sync(device)
         elapsed = time.perf_counter() - start
@@ -180,24 +216,54 @@ def main():
                               generator=generator).to(device),
                 torch.randint(args.vocab, (args.batch, args.seq),
                               generator=generator).to(device))
-               for _ in range(args.warmup + args.steps)]
-    server = server_process.start_server(
-        args.server, [f"--threads={args.server_threads}"])
+               for _ in range((args.warmup + args.steps) * args.accum)]
+    cores = sorted(os.sched_getaffinity(0))
+    trainer_cores, server_cores = cores, cores
+    if args.trainer_cores:
+        if not 0 < args.trainer_cores < len(cores):
+            sys.exit(f"gpt_bench.py: --trainer_cores={args.trainer_cores} "
+                     f"leaves no core to the servers ({len(cores)} cores)")
+        trainer_cores = cores[:args.trainer_cores]
+        server_cores = cores[args.trainer_cores:]
+    if args.server_threads is None:
+        args.server_threads = max(1, len(server_cores) // args.servers)
+    servers = []
+    client_options = {}
+    if args.max_inflight_chunks is not None:
+        client_options["max_inflight_chunks"] = args.max_inflight_chunks
+    if args.streams_per_server is not None:
+        client_options["connections_per_server"] = max(
+            3, args.streams_per_server + 1)
     results = {}
     try:
-        with depot.Client([server.address]) as client:
+        # The servers inherit this affinity; then the trainer's own (the
+        # threads it starts later inherit that).
+        os.sched_setaffinity(0, server_cores)
+        for _ in range(args.servers):
+            servers.append(server_process.start_server(
+                args.server, [f"--threads={args.server_threads}"]))
+        os.sched_setaffinity(0, trainer_cores)
+        with depot.Client([s.address for s in servers],
+                          **client_options) as client:
             client.wait_for_servers(60)
             for name in args.runs.split(","):
                 results[name] = run(name, args, device, dtype, initial,
                                     batches, client)
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
     report = dict(bench="gpt", device=str(
         torch.cuda.get_device_name(device) if device.type == "cuda"
         else "cpu"), torch=torch.__version__, params=params,
         dtype=args.dtype, layers=args.layers, d_model=args.d_model,
-        seq=args.seq, batch=args.batch, steps=args.steps,
-        server_threads=args.server_threads)
+        seq=args.seq, batch=args.batch, accum=args.accum,
+        tokens_per_step=args.batch * args.seq * args.accum,
+        steps=args.steps, servers=args.servers,
+        trainer_cores=args.trainer_cores,
+        server_threads=args.server_threads,
+        streams_per_server=args.streams_per_server, slots=args.slots,
+        max_inflight_chunks=args.max_inflight_chunks,
+        chunk_elems=args.chunk_elems)
     reference = results.get("torch")
     for name, result in results.items():
         report[f"{name}_step_s"] = result["step_s"]
@@ -210,7 +276,8 @@ def main():
                 zip(result["losses"], reference["losses"]))
         report[f"{name}_losses"] = result["losses"]
     print(f"GPT {params / 1e6:.0f}M parameters, {args.dtype}, "
-          f"batch {args.batch}x{args.seq}, {report['device']}, "
+          f"batch {args.batch}x{args.seq} x{args.accum} accumulated, "
+          f"{args.servers} server(s), {report['device']}, "
           f"median of {args.steps} steps")
     print(f"{'run':8} {'step s':>10} {'x torch':>9} {'target':>7} "
           f"{'max loss rel diff':>18}")

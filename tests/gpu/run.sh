@@ -91,6 +91,15 @@ fi
 run_depot() {
   LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"
 }
+# Each part runs under a time limit (seconds), so that a hang in one leaves
+# the others their time on a lent machine: exit 124 says it ran out.
+# $DEPOT_GPU_TIMEOUT_{TESTS,PYTHON,GPT,BENCH} change them.
+limited() {  # limited SECONDS run_depot COMMAND...
+  local seconds="$1"
+  shift 2
+  LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    timeout --kill-after=10 "$seconds" "$@"
+}
 
 # The loader check: each binary starts (its usage, whatever its exit code,
 # shows that every library loaded; the loader itself exits 127). If the
@@ -132,7 +141,10 @@ else
 fi
 
 # ---- The GPU tests (ctest -L gpu runs this binary's tests) -----------------
-run_depot "$tests" --gtest_output="json:$logs/gpu_tests.json" \
+# All but GpuKernelsWithoutDeviceTest, which checks the error a launch gives
+# on a machine without a device and skips where there is one.
+limited "${DEPOT_GPU_TIMEOUT_TESTS:-180}" run_depot "$tests" --gtest_output="json:$logs/gpu_tests.json" \
+  --gtest_filter=-GpuKernelsWithoutDeviceTest.* \
   > "$logs/gpu_tests.log" 2>&1
 tests_rc=$?
 if grep -q 'no CUDA device' "$logs/gpu_tests.log"; then
@@ -147,7 +159,7 @@ client_lib="${client_lib:-$build/client/libdepot_client.so}"
 if python3 -c 'import torch, pytest; assert torch.cuda.is_available()' \
     > "$logs/torch_cuda_check.log" 2>&1; then
   DEPOT_CLIENT_LIBRARY="$client_lib" DEPOT_SERVER="$server" \
-    run_depot python3 -m pytest -q -rs -p no:cacheprovider \
+    limited "${DEPOT_GPU_TIMEOUT_PYTHON:-120}" run_depot python3 -m pytest -q -rs -p no:cacheprovider \
     "$repo/tests/gpu/test_torch_cuda.py" > "$logs/torch_cuda.log" 2>&1
   py_rc=$?
   say "python GPU test (DepotOptimizer on CUDA): exit $py_rc ($(tail -1 "$logs/torch_cuda.log"))"
@@ -161,7 +173,7 @@ if [[ -n "$py_rc" ]]; then
   # $DEPOT_GPT_BENCH_FLAGS: more flags (e.g. "--batch=16 --steps=40").
   read -r -a gpt_flags <<< "${DEPOT_GPT_BENCH_FLAGS:-}"
   DEPOT_CLIENT_LIBRARY="$client_lib" \
-    run_depot python3 "$repo/tests/gpu/gpt_bench.py" --server="$server" \
+    limited "${DEPOT_GPU_TIMEOUT_GPT:-240}" run_depot python3 "$repo/tests/gpu/gpt_bench.py" --server="$server" \
     --json "${gpt_flags[@]}" > "$logs/gpt_bench.log" 2>&1
   gpt_rc=$?
   say "gpt_bench.py: exit $gpt_rc"
@@ -169,7 +181,7 @@ if [[ -n "$py_rc" ]]; then
 fi
 
 # ---- depot-bench gpu -------------------------------------------------------
-DEPOT_SERVER_BINARY="$server" run_depot "$bench" gpu --json "$@" \
+DEPOT_SERVER_BINARY="$server" limited "${DEPOT_GPU_TIMEOUT_BENCH:-180}" run_depot "$bench" gpu --json "$@" \
   > "$logs/bench_gpu.json" 2> "$logs/bench_gpu.log"
 bench_rc=$?
 say "depot-bench gpu: exit $bench_rc"
