@@ -14,8 +14,8 @@ Runs, on the same batches from the same initial weights:
   depot   DepotOptimizer (the transfer engine; attach(model): forward waits
           per bucket)
   dpu     the same with delayed_update=True
-Each: --warmup steps, then --steps timed steps (the device synchronized at
-each step's end); the median step time. The loss curves are compared step by
+Each: --warmup steps, then --steps timed steps (the trainer's compute
+stream synchronized at each step's end); the median step time. The loss curves are compared step by
 step with torch's (the delayed update's is one step stale by design, so it is
 reported, not held to the tolerance). Prints a table and, with --json, one
 JSON line.
@@ -131,8 +131,13 @@ def parse():
 
 
 def sync(device):
+    """The end of a step: the trainer's own (compute) stream has finished.
+    Not the whole device: the engine's streams may still be moving this
+    step's gradients, as in a training loop (with the delayed update they
+    overlap the next step's compute); what the compute stream must wait for
+    is counted in the step that waits."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
 
 
 def run(name, args, device, dtype, initial, batches, client):
