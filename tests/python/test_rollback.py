@@ -39,7 +39,9 @@ def wait_for_manifest(directory, job, step):
     pattern = os.path.join(directory, f"job-{job}", f"step-{step:020d}",
                            "manifest-*")
     deadline = time.monotonic() + 30
-    while not glob.glob(pattern):
+    # Not a manifest still being written (its temporary file's name begins
+    # the same way: "manifest-0-of-2.tmp-PID-N").
+    while not [m for m in glob.glob(pattern) if ".tmp-" not in m]:
         assert time.monotonic() < deadline, \
             f"no checkpoint of step {step} in {directory}"
         time.sleep(0.01)

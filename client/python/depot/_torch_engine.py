@@ -40,6 +40,8 @@ import ctypes
 
 import torch
 
+import depot
+
 from depot.engine import Engine
 
 _HAS_POST_ACCUMULATE_HOOK = hasattr(torch.Tensor,
@@ -331,9 +333,71 @@ class _EngineDriver:
 
     def _finish_one(self):
         step, scale = self.in_flight.pop(0)
-        result = self.engine.finish_step()
+        try:
+            result = self.engine.finish_step()
+        except depot.DepotError as error:
+            if not _restart_may_explain(error):
+                raise
+            result = self._recover(step, scale, error)
         self.opt._record_result(step, result, scale)
         return result
+
+    def _recover(self, step, scale, error):
+        """Step `step` failed in a way a server restart explains (as
+        depot.Job.step recovers, docs/checkpoints.md "Rolling back"): makes
+        the servers agree again (Job.reconcile), then sends the step again
+        from the gradients still in the engine's buffer when every server is
+        at step - 1 or has applied it (the servers replay an applied step:
+        nothing is applied twice); otherwise, and always with the delayed
+        update (whose next step's gradient was computed from weights the
+        servers no longer agree on), the parameters take the servers'
+        weights and RolledBackError names the step to resume from."""
+        if self.local_ranks > 1 or not self.offloads_all:
+            raise type(error)(
+                f"{error.message} (a node of several local ranks or an "
+                f"engine with an offload fraction below 1 does not recover "
+                f"by itself: "
+                f"call job.reconcile() on one rank and load the weights "
+                f"(DepotOptimizer.load_state_dict) on every rank)") \
+                from error
+        for _ in range(_RECOVERY_ROUNDS):
+            # With the delayed update a second step may be in flight: its
+            # outcome no longer counts.
+            while self.in_flight:
+                self.in_flight.pop(0)
+                try:
+                    self.engine.finish_step()
+                except depot.DepotError:
+                    pass
+            try:
+                at, _ = self.job.reconcile()
+            except depot.DepotError as failed:
+                raise type(error)(
+                    f"{error.message} (and the job could not be made "
+                    f"consistent again: {failed})") from error
+            if self.delayed or at + 1 < step:
+                self.opt._depot_step = at
+                self.pending_waits = set()  # the weights are loaded here
+                self.load_weights()
+                raise depot.RolledBackError(
+                    f"the job was rolled back to step {at} (step {step} "
+                    f"failed: {error.message}): reload the trainer's data "
+                    f"position for step {at} and go on with step {at + 1}",
+                    at)
+            self.engine.begin_step(
+                step, group_hparams=self.opt._group_hparams(),
+                loss_scale=scale,
+                no_grad_tensors=sorted(self.declared_no_grad))
+            stream = self._stream()
+            for b in range(len(self.engine.bucket_ranges)):
+                self.engine.gradients_ready(b, stream)
+            try:
+                return self.engine.finish_step()
+            except depot.DepotError as again:
+                if not _restart_may_explain(again):
+                    raise
+                error = again
+        raise error
 
     def flush(self):
         """Finishes every step in flight (the delayed update's last one) and
@@ -468,6 +532,25 @@ class _EngineDriver:
             hook.remove()
         self.remove_hooks()
         self.engine.close()
+
+
+# Recoveries in a row before a step gives up (as the C++ client's): another
+# worker's rollback may abort the resend of one that had just recovered.
+_RECOVERY_ROUNDS = 3
+
+
+def _restart_may_explain(error):
+    """Whether a failed step may come from a server that restarted under it
+    (the C++ client's rule, client/src/job_recovery.cc): the job id is gone
+    (NOT_FOUND) or names another job (a fingerprint mismatch), the restored
+    job is behind (ABORTED), or the server was down (UNAVAILABLE)."""
+    if isinstance(error, depot.RolledBackError):
+        return False
+    if isinstance(error, (depot.NotFoundError, depot.AbortedError,
+                          depot.UnavailableError)):
+        return True
+    return isinstance(error, depot.FailedPreconditionError) and \
+        "fingerprint mismatch" in str(error)
 
 
 def check_engine_params(params, device):
