@@ -9,7 +9,9 @@ on the Depot servers, the model and its forward and backward stay here.
 
 The task is regression onto a fixed random "teacher" network of the same
 shape, with fresh inputs every step (each worker draws its own), so the loss
-must fall. Each worker prints "[worker R] step S loss L step_seconds T" and
+must fall. Each worker prints "[worker R] step S loss L step_seconds T
+depot_seconds D (servers' update U, B MB)" (D: the time step() took, the
+trainer's wait on Depot; DepotOptimizer.last_step) and
 exits non-zero if the loss did not fall. The package is used from the source
 tree unless `depot` is installed; the library from DEPOT_CLIENT_LIBRARY or
 build/client/ (client/python/depot/_loader.py).
@@ -126,8 +128,13 @@ def main():
         optimizer.step()
         schedule.step()
         first_loss = loss.item() if first_loss is None else first_loss
+        cost = optimizer.last_step
         print(f"[worker {rank}] step {step} loss {loss.item():.6f} "
-              f"step_seconds {time.monotonic() - start:.4f}", flush=True)
+              f"step_seconds {time.monotonic() - start:.4f} "
+              f"depot_seconds {cost.exposed_seconds:.4f} "
+              f"(servers' update {cost.server_update_seconds:.4f}, "
+              f"{(cost.bytes_sent + cost.bytes_received) / 1e6:.2f} MB)",
+              flush=True)
     print(f"[worker {rank}] final loss {loss.item():.6f} "
           f"(first {first_loss:.6f})")
     if not loss.item() < first_loss:

@@ -24,3 +24,4 @@ def test_train_torch_example_trains_with_two_workers(servers, job_name):
         assert worker.returncode == 0, f"worker {rank}:\n{log}"
         assert f"[worker {rank}] step 10 loss" in log
         assert f"[worker {rank}] final loss" in log
+        assert "depot_seconds" in log  # the step cost, from last_step

@@ -106,6 +106,7 @@ peer's step is pending is refused with FailedPreconditionError.
 
 import contextlib
 import dataclasses
+import time
 import warnings
 
 import torch
@@ -140,6 +141,17 @@ class LastStep:
     found_inf: the gradient held a NaN or Inf; skipped: the step changed no
       parameter (as Megatron, a found_inf step is skipped);
     loss_scale: the scale the step's gradients were divided by.
+
+    The trainer's view of the step's cost (docs/torch.md, "What a step
+    costs the trainer"):
+    exposed_seconds: the host time step() took (the trainer waited on Depot
+      that long: sending, the servers' update, the weights back; with an
+      engine, the finish of the step that completed in it);
+    wire_seconds: the step's own call to the servers, start to weights
+      back (Job.step's or the engine's StepResult.wall_seconds; within
+      exposed_seconds without an engine);
+    server_update_seconds: the servers' CPU update time, summed over them;
+    bytes_sent, bytes_received: gradient and weight payload bytes.
     """
 
     grad_norm: float
@@ -147,6 +159,11 @@ class LastStep:
     found_inf: bool
     skipped: bool
     loss_scale: float
+    exposed_seconds: float = 0.0
+    wire_seconds: float = 0.0
+    server_update_seconds: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
 
 
 class DepotOptimizer(torch.optim.Optimizer):
@@ -265,6 +282,7 @@ class DepotOptimizer(torch.optim.Optimizer):
         self.state = _ServerState(self)
         self.last_result = None  # the depot.StepResult of the last step
         self.last_step = None  # its LastStep
+        self._trainer_metrics = None  # serve_metrics()
         if self._scaling["loss_scale"] == 0:
             dtype = parse_dtype(grad_dtype or _common_dtype(self._all_params()))
             if dtype != DType.FP16:
@@ -506,6 +524,39 @@ class DepotOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        recorded = self.last_step
+        start = time.perf_counter()
+        try:
+            return self._step(loss)
+        finally:
+            if self.last_step is not None and self.last_step is not recorded:
+                self.last_step = dataclasses.replace(
+                    self.last_step,
+                    exposed_seconds=time.perf_counter() - start)
+                if self._trainer_metrics is not None:
+                    self._trainer_metrics.record(self._depot_step,
+                                                 self.last_step)
+
+    def serve_metrics(self, address="127.0.0.1:0"):
+        """Opt-in Prometheus metrics of this trainer process: serves
+        /metrics at `address` ("host:port"; port 0 picks one) from a daemon
+        thread, with each step's figures (LastStep) summed as counters:
+        depot_trainer_steps_total, depot_trainer_exposed_seconds_total,
+        depot_trainer_wire_seconds_total,
+        depot_trainer_server_update_seconds_total,
+        depot_trainer_sent_bytes_total, depot_trainer_received_bytes_total,
+        depot_trainer_skipped_steps_total, and the gauges depot_trainer_step,
+        depot_trainer_loss_scale, depot_trainer_grad_norm. Returns the
+        address it listens on. Once per optimizer."""
+        if self._trainer_metrics is not None:
+            raise RuntimeError("DepotOptimizer.serve_metrics: already "
+                               f"serving at {self._trainer_metrics.address}")
+        from depot._trainer_metrics import TrainerMetrics
+        self._trainer_metrics = TrainerMetrics(address,
+                                              self._job_args["job_name"])
+        return self._trainer_metrics.address
+
+    def _step(self, loss):
         job = self._open_job()
         args.check_fixed(self._kind, self._fixed, self.param_groups)
         if getattr(self, "_closed", False):
@@ -559,7 +610,10 @@ class DepotOptimizer(torch.optim.Optimizer):
         self.last_step = LastStep(
             grad_norm=result.grad_norm, clip_coef=result.clip_coef,
             found_inf=result.found_inf, skipped=result.skipped,
-            loss_scale=loss_scale)
+            loss_scale=loss_scale, wire_seconds=result.wall_seconds,
+            server_update_seconds=result.update_seconds,
+            bytes_sent=result.bytes_sent,
+            bytes_received=result.bytes_received)
         self._depot_step = step
         self._state_cache = None
 
@@ -610,7 +664,11 @@ class DepotOptimizer(torch.optim.Optimizer):
     def close(self):
         """Engine mode: finishes the steps in flight, gives every parameter
         (and .grad) its own storage again and frees the engine's device and
-        pinned memory. The optimizer cannot step afterwards."""
+        pinned memory. The optimizer cannot step afterwards. Stops the
+        trainer metrics server (serve_metrics) in any mode."""
+        if self._trainer_metrics is not None:
+            self._trainer_metrics.close()
+            self._trainer_metrics = None
         if self._driver is None:
             return
         self._driver.flush()
