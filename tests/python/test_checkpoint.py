@@ -83,3 +83,49 @@ def test_optimizer_resumes_from_a_restarted_servers_checkpoint(
         server.stop()
     for p, q in zip(fresh.parameters(), reference.parameters()):
         assert torch.equal(p.detach(), q.detach())
+
+
+def test_import_checkpoint_onto_another_server_count(tmp_path, job_name):
+    """Job.import_checkpoint: a checkpoint that 3 servers wrote loads into
+    the same job opened on 2 other servers; their weights are the old job's
+    at that step, the next step equals the old job's next step bit for bit,
+    and a directory missing from the list fails with nothing imported."""
+    tensors = [("w", 300, 0), ("b", 20, 0)]
+    dirs = [str(tmp_path / f"old-{s}") for s in range(3)]
+    old = [server_process.start_server(server_binary(),
+                                       [f"--checkpoint_dir={d}"])
+           for d in dirs]
+    new = [server_process.start_server(server_binary()) for _ in range(2)]
+    try:
+        with depot.Client([s.address for s in old]) as c3, \
+                depot.Client([s.address for s in new]) as c2:
+            job3 = c3.open_job(job_name, tensors, lr=1e-2, chunk_elems=64)
+            n = job3.total_elems  # with the layout's padding
+            torch.manual_seed(0)
+            initial = torch.randn(n)
+            grads = [torch.randn(n) for _ in range(4)]
+            job3.init_weights(initial)
+            weights3 = torch.empty(n)
+            for t in (1, 2, 3):
+                job3.step(t, grads[t - 1], weights3)
+            assert job3.checkpoint() == 3
+            expected_next = torch.empty(n)
+            job3.step(4, grads[3], expected_next)
+
+            job2 = c2.open_job(job_name, tensors, lr=1e-2, chunk_elems=64)
+            job2.init_weights(torch.zeros(n))
+            with pytest.raises(depot.FailedPreconditionError,
+                               match="manifest-2-of-3"):
+                job2.import_checkpoint(3, dirs[:2])  # server 2's part missing
+            assert torch.equal(torch.from_numpy(job2.pull()),
+                               torch.zeros(n))  # untouched
+            job2.import_checkpoint(3, dirs)
+            assert torch.equal(torch.from_numpy(job2.pull()), weights3)
+            weights2 = torch.empty(n)
+            job2.step(4, grads[3], weights2)
+            assert torch.equal(weights2, expected_next)
+            with pytest.raises(ValueError):
+                job2.import_checkpoint(3, [])
+    finally:
+        for server in old + new:
+            server.stop()

@@ -238,6 +238,8 @@ _PROTOTYPES = {
     "depot_job_reconcile": (ctypes.c_int, [
         c_void_p, ctypes.POINTER(c_uint64), ctypes.POINTER(ctypes.c_int)]),
     "depot_job_roll_back": (ctypes.c_int, [c_void_p, c_uint64]),
+    "depot_job_import_checkpoint": (ctypes.c_int, [
+        c_void_p, c_uint64, ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t]),
     "depot_buffer_free": (None, [c_void_p]),
     "depot_engine_options_init": (None, [_p(EngineOptions)]),
     "depot_engine_unique_id": (ctypes.c_int, [

@@ -544,6 +544,25 @@ class Job(OwnedHandle):
             _capi.check(_capi.lib().depot_job_roll_back(
                 self._live_handle(), step))
 
+    def import_checkpoint(self, step: int,
+                          checkpoint_dirs: Sequence[str]) -> None:
+        """Replaces the job's state on every server by the server-side
+        checkpoint of `step` that the servers of a job of the same config,
+        of any count, wrote into `checkpoint_dirs` (their --checkpoint_dir
+        values, each readable by every server of this job; a shared
+        filesystem). Every server verifies its part before any imports:
+        NotFoundError (no such step), FailedPreconditionError (incomplete,
+        naming the missing manifest; another config) and DataLossError (a
+        damaged or missing file, named) leave every server as it was. The
+        job is then at `step`: pull the weights (DepotOptimizer does)."""
+        dirs = [str(d) for d in checkpoint_dirs]
+        if not dirs:
+            raise ValueError("import_checkpoint: no checkpoint directory")
+        array = (ctypes.c_char_p * len(dirs))(*[d.encode() for d in dirs])
+        with self._lock:
+            _capi.check(_capi.lib().depot_job_import_checkpoint(
+                self._live_handle(), step, array, len(dirs)))
+
     def delete(self) -> None:
         """Deletes the job on every server, freeing its state."""
         with self._lock:
