@@ -4,6 +4,7 @@
 # loopback and exit 0 on SIGTERM. From the repository root:
 #
 #   deploy/docker/build-and-run.sh            # needs root, buildah, network
+#   DEPOT_IMAGE_REUSE=1 deploy/docker/build-and-run.sh   # run the built image
 #
 # Where no registry can be reached (as on the project's build machines), the
 # Debian base images the Dockerfile names are made locally first, with
@@ -21,6 +22,8 @@ set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 image="${DEPOT_IMAGE:-localhost/depot-server:test}"
+# The health check runs the client library of a build tree.
+client_library="${DEPOT_CLIENT_LIBRARY:-${repo}/build/client/libdepot_client.so}"
 work="$(mktemp -d /tmp/depot-image.XXXXXX)"
 container=""
 server_pid=""
@@ -66,16 +69,25 @@ if ! podman image exists docker.io/library/debian:bookworm; then
 fi
 say "base images: $(podman images --format '{{.Repository}}:{{.Tag}}' | grep -c debian) debian image(s)"
 
-# -- The image -------------------------------------------------------------
-say "building ${image} from deploy/docker/Dockerfile"
-buildah bud --isolation=chroot --network=host --layers=false \
-  -f "${repo}/deploy/docker/Dockerfile" \
-  --ignorefile "${repo}/deploy/docker/Dockerfile.dockerignore" \
-  -t "${image}" "${repo}" >"${work}/build.log" 2>&1 || {
-  tail -20 "${work}/build.log"
-  exit 1
+[[ -e "${client_library}" ]] || {
+  say "no client library at ${client_library} (build first, or set DEPOT_CLIENT_LIBRARY)"
+  exit 2
 }
-say "built: $(podman image inspect --format '{{.Size}}' "${image}") bytes"
+
+# -- The image -------------------------------------------------------------
+if [[ "${DEPOT_IMAGE_REUSE:-0}" == 1 ]] && podman image exists "${image}"; then
+  say "reusing ${image} (DEPOT_IMAGE_REUSE=1)"
+else
+  say "building ${image} from deploy/docker/Dockerfile"
+  buildah bud --isolation=chroot --network=host --layers=false \
+    -f "${repo}/deploy/docker/Dockerfile" \
+    --ignorefile "${repo}/deploy/docker/Dockerfile.dockerignore" \
+    -t "${image}" "${repo}" >"${work}/build.log" 2>&1 || {
+    tail -20 "${work}/build.log"
+    exit 1
+  }
+fi
+say "image: $(podman image inspect --format '{{.Size}}' "${image}") bytes"
 
 # -- Run it ----------------------------------------------------------------
 container="$(buildah from "${image}")"
@@ -97,21 +109,20 @@ if [[ ! -s "${mount}${port_file}" ]]; then
 fi
 address="$(head -1 "${mount}${port_file}")"
 say "server in the image listening on ${address}"
-# The gRPC health check, from outside the container.
-/usr/bin/python3 - "${address}" <<'EOF'
+# The gRPC health check, from outside the container, through the client
+# library (its wait_for_servers asks grpc.health.v1 for SERVING).
+PYTHONPATH="${repo}/client/python" DEPOT_CLIENT_LIBRARY="${client_library}" \
+  /usr/bin/python3 - "${address}" <<'EOF'
 import sys
-import grpc
-channel = grpc.insecure_channel(sys.argv[1])
-health = channel.unary_unary(
-    "/grpc.health.v1.Health/Check",
-    request_serializer=lambda _: b"",  # empty HealthCheckRequest: service ""
-    response_deserializer=lambda b: b)
-reply = health(None, timeout=10)
-# HealthCheckResponse { status = 1 (SERVING) }: field 1, varint 1.
-assert reply == b"\x08\x01", f"health check answered {reply!r}"
+import depot
+with depot.Client([sys.argv[1]]) as client:
+    client.wait_for_servers(30)
 print("build-and-run: health check: SERVING")
 EOF
-kill -TERM "${server_pid}"
+# SIGTERM to the server itself: buildah run does not pass signals on (it
+# kills its child), while docker stop and Kubernetes signal the process.
+inside="$(pgrep -f -n "^/usr/local/bin/depot-server --listen=127.0.0.1:0")"
+kill -TERM "${inside}"
 status=0
 wait "${server_pid}" || status=$?
 server_pid=""
