@@ -143,3 +143,72 @@ def test_job_reconcile_and_roll_back(tmp_path, job_name):
     finally:
         for server in servers:
             server.stop()
+
+
+def test_rollback_restores_the_dynamic_loss_scale(tmp_path, job_name):
+    """A dynamic loss scaler lives in the trainer, not on the servers: a
+    rollback to step t must also take it back to its state after t. Steps 5
+    and 6 overflow fp16 (their batches are scaled up), so the scaler backs
+    off after the checkpoint of step 4; after the rollback the steps run
+    again from the scaler of step 4, and the run ends bitwise like an
+    uninterrupted one (with the scaler left as it was, it does not)."""
+    data = batches(10)
+    for i in (4, 5):  # the batches of steps 5 and 6
+        x, y = data[i]
+        data[i] = (x * 1e4, y * 1e4)
+    torch.manual_seed(0)
+    initial = torch.nn.Linear(32, 8).state_dict()
+    dirs = [str(tmp_path / f"server-{s}") for s in range(2)]
+    servers = [start(d) for d in dirs]
+    options = dict(lr=1e-2, chunk_elems=64, grad_dtype="fp16",
+                   loss_scale="megatron", initial_loss_scale=2.0**16)
+
+    def scaled_step(model, opt, batch):
+        x, y = batch
+        opt.zero_grad()
+        opt.scale_loss(((model(x) - y) ** 2).mean()).backward()
+        opt.step()
+
+    try:
+        addresses = [s.address for s in servers]
+        with depot.Client(addresses, unavailable_retry=20) as c:
+            reference = torch.nn.Linear(32, 8)
+            reference.load_state_dict(initial)
+            ref_opt = DepotOptimizer(reference.parameters(), client=c,
+                                     job_name=f"{job_name}-ref", **options)
+            scales = {}
+            for step, batch in enumerate(data, start=1):
+                scaled_step(reference, ref_opt, batch)
+                scales[step] = ref_opt.loss_scale
+            assert scales[6] < scales[4]  # the overflows backed off
+            ref_opt.close()
+
+            model = torch.nn.Linear(32, 8)
+            model.load_state_dict(initial)
+            opt = DepotOptimizer(model.parameters(), client=c,
+                                 job_name=job_name, **options)
+            for step in range(1, 7):
+                scaled_step(model, opt, data[step - 1])
+            for d in dirs:
+                wait_for_manifest(d, job_name, EVERY)
+            servers[0].process.kill()
+            servers[0].process.wait()
+            servers[0] = start(dirs[0], address=addresses[0])
+            rolled = []
+            step = 6
+            while step < len(data):
+                try:
+                    scaled_step(model, opt, data[step])
+                    step += 1
+                except depot.RolledBackError as error:
+                    rolled.append(error.step)
+                    assert opt.loss_scale == scales[error.step]
+                    step = error.step
+            assert rolled == [EVERY]
+            assert opt.loss_scale == scales[len(data)]
+            for p, q in zip(model.parameters(), reference.parameters()):
+                assert torch.equal(p.detach(), q.detach())
+            opt.close()
+    finally:
+        for server in servers:
+            server.stop()

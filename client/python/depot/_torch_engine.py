@@ -376,6 +376,7 @@ class _EngineDriver:
                     f"{error.message} (and the job could not be made "
                     f"consistent again: {failed})") from error
             if self.delayed or at + 1 < step:
+                self.opt._restore_scaler(at)
                 self.opt._depot_step = at
                 self.pending_waits = set()  # the weights are loaded here
                 self.load_weights()

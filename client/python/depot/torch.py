@@ -104,6 +104,7 @@ and all must have loaded before any steps again (a barrier): a load while a
 peer's step is pending is refused with FailedPreconditionError.
 """
 
+import collections
 import contextlib
 import dataclasses
 import time
@@ -129,6 +130,9 @@ _SCALER_KEY = "depot_grad_scaler"
 # ... or, instead of the state, a reference to a server-side checkpoint.
 _REFERENCE_KEY = "depot_reference"
 _DEPOT_KEYS = (_STATE_KEY, _REFERENCE_KEY, _STEP_KEY, _SCALER_KEY)
+# Loss scaler states kept for rollbacks: a rollback goes back at most a
+# checkpoint interval and a write (docs/checkpoints.md); a few dozen bytes each.
+_SCALER_HISTORY_STEPS = 100000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,6 +287,8 @@ class DepotOptimizer(torch.optim.Optimizer):
         self.last_result = None  # the depot.StepResult of the last step
         self.last_step = None  # its LastStep
         self._trainer_metrics = None  # serve_metrics()
+        # step -> the loss scaler's state after it (_record_result).
+        self._scaler_history = collections.OrderedDict()
         if self._scaling["loss_scale"] == 0:
             dtype = parse_dtype(grad_dtype or _common_dtype(self._all_params()))
             if dtype != DType.FP16:
@@ -595,17 +601,42 @@ class DepotOptimizer(torch.optim.Optimizer):
         self._write_params()
         return loss
 
+    def _restore_scaler(self, step):
+        """A rollback to `step`: the loss scaler takes its state after that
+        step, as an uninterrupted run had it."""
+        state = self._scaler_history.get(step)
+        if state is None:
+            if self._scaler is not None and self._scaling["loss_scale"] == 0:
+                warnings.warn(
+                    f"DepotOptimizer: the job was rolled back to step {step}, "
+                    f"older than the {len(self._scaler_history)} steps of "
+                    f"loss scaler states kept: the dynamic loss scale goes "
+                    f"on from its current state", RuntimeWarning)
+            return
+        self._grad_scaler().load_state_dict(state)
+        for later in [t for t in self._scaler_history if t > step]:
+            del self._scaler_history[later]
+
     def _rolled_back(self, step):
         """The job went back to `step` under a step (a server restarted
-        behind the others): the parameters take the weights of `step`, and
-        the next step() is `step` + 1."""
+        behind the others): the parameters take the weights of `step`, the
+        loss scaler its state after `step`, and the next step() is `step`
+        + 1."""
+        self._restore_scaler(step)
         self._depot_step = step
         self._after_load()
         self._write_params()
 
     def _record_result(self, step, result, loss_scale):
         """Step `step` finished with `result` at `loss_scale`."""
-        self._grad_scaler().update(result.found_inf)
+        scaler = self._grad_scaler()
+        scaler.update(result.found_inf)
+        # The scaler's state after each step, for a rollback to it (the
+        # scaler lives here, not on the servers).
+        self._scaler_history[step] = scaler.state_dict()
+        self._scaler_history.move_to_end(step)
+        while len(self._scaler_history) > _SCALER_HISTORY_STEPS:
+            self._scaler_history.popitem(last=False)
         self.last_result = result
         self.last_step = LastStep(
             grad_norm=result.grad_norm, clip_coef=result.clip_coef,
@@ -841,6 +872,9 @@ class DepotOptimizer(torch.optim.Optimizer):
         # After the servers accepted the state; a scaler state made by
         # state_dict() always fits the same config.
         self._grad_scaler().load_state_dict(state_dict[_SCALER_KEY])
+        # A new history from the loaded step on.
+        self._scaler_history.clear()
+        self._scaler_history[step] = self._grad_scaler().state_dict()
         torch_state["state"] = {}
         super().load_state_dict(torch_state)
         self.state = _ServerState(self)
