@@ -154,9 +154,13 @@ absl::StatusOr<uint64_t> CheckpointDirectory::Write(
       absl::StrCat(step_dir, "/", manifest.shard_file);
   const std::string manifest_path = absl::StrCat(
       step_dir, "/", ManifestName(checkpoint.server_index, servers));
-  // A manifest of an earlier attempt at this step must not vouch for the
-  // file this write replaces.
-  if (absl::Status s = RemoveFile(manifest_path); !s.ok()) return s;
+  // A checkpoint of this step may exist already (Checkpoint called again at
+  // the same step): its manifest stays until the new one replaces it. The
+  // new shard file replaces the old by an atomic rename of a complete,
+  // durable file, so the manifest always vouches for a whole shard of this
+  // step (the same bytes, the state at a step being one); a write abandoned
+  // half way (a shutdown, an error, a kill) leaves the old checkpoint
+  // complete instead of taking it away.
   absl::Status written = WriteFileDurably(
       shard_path,
       [&](const ByteSink& sink) {

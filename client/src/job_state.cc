@@ -48,6 +48,35 @@ absl::StatusOr<std::string> JobImpl::SaveState() {
         return absl::OkStatus();
       });
   if (!status.ok()) return status;
+  // One step for the whole state: a step applied on some chunks and not on
+  // others (a step in flight, or a server that restarted behind the others)
+  // would save a state no uninterrupted run ever had.
+  const v1::StateChunk* lowest = nullptr;
+  const v1::StateChunk* highest = nullptr;
+  uint32_t lowest_server = 0, highest_server = 0;
+  for (uint32_t server = 0; server < blob.servers.size(); ++server) {
+    for (const v1::StateChunk& chunk : blob.servers[server]) {
+      if (lowest == nullptr || chunk.applied_step() < lowest->applied_step()) {
+        lowest = &chunk;
+        lowest_server = server;
+      }
+      if (highest == nullptr ||
+          chunk.applied_step() > highest->applied_step()) {
+        highest = &chunk;
+        highest_server = server;
+      }
+    }
+  }
+  if (lowest != nullptr && lowest->applied_step() != highest->applied_step()) {
+    return absl::AbortedError(absl::StrCat(
+        "SaveState: the job's chunks are at different steps (chunk ",
+        lowest->index(), " on server ", (*connections_)[lowest_server]->address,
+        " at step ", lowest->applied_step(), ", chunk ", highest->index(),
+        " on server ", (*connections_)[highest_server]->address, " at step ",
+        highest->applied_step(),
+        "): a step is in flight, or a server restarted behind the others; "
+        "save between steps, after Reconcile if a server restarted"));
+  }
   return EncodeStateBlob(blob);
 }
 

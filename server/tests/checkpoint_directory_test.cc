@@ -78,6 +78,30 @@ TEST_F(CheckpointDirectoryTest, WrittenCheckpointLoadsBack) {
   ExpectSameCheckpoint(*loaded, checkpoint);
 }
 
+// Checkpoint called again at a step that has a complete checkpoint, and the
+// second write abandoned half way (a shutdown's gate, an error): the step
+// stays complete and loads.
+TEST_F(CheckpointDirectoryTest, AbandonedRewriteOfAStepLeavesItComplete) {
+  auto dir = Open();
+  const ShardCheckpoint checkpoint = At(10);
+  Write(*dir, checkpoint);
+  uint64_t passed = 0;
+  absl::StatusOr<uint64_t> again =
+      dir->Write(checkpoint, [&](uint64_t bytes) -> absl::Status {
+        passed += bytes;
+        if (passed > 64) return absl::UnavailableError("shutting down");
+        return absl::OkStatus();
+      });
+  ASSERT_FALSE(again.ok());
+  EXPECT_THAT(dir->CompleteSteps("ckpt-job"), ElementsAre(10u));
+  absl::StatusOr<ShardCheckpoint> loaded = dir->Load("ckpt-job", 10);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step, 10u);
+  // And a rewrite that finishes leaves it complete too.
+  Write(*dir, checkpoint);
+  EXPECT_THAT(dir->CompleteSteps("ckpt-job"), ElementsAre(10u));
+}
+
 TEST_F(CheckpointDirectoryTest, NoTemporaryFilesAreLeft) {
   auto dir = Open();
   Write(*dir, At(10));

@@ -212,3 +212,35 @@ def test_rollback_restores_the_dynamic_loss_scale(tmp_path, job_name):
     finally:
         for server in servers:
             server.stop()
+
+
+def test_save_state_refuses_servers_at_different_steps(tmp_path, job_name):
+    """A server restarted behind the others holds the job at an older step:
+    save_state() must not mix the two into a state no run ever had. It
+    raises AbortedError naming both steps; after reconcile() it saves."""
+    dirs = [str(tmp_path / f"server-{s}") for s in range(2)]
+    servers = [start(d) for d in dirs]
+    try:
+        addresses = [s.address for s in servers]
+        with depot.Client(addresses, unavailable_retry=20) as c:
+            job = c.open_job(job_name, [("w", 256, 0)], lr=1e-2,
+                             chunk_elems=64)
+            n = job.total_elems
+            job.init_weights(torch.zeros(n))
+            weights = torch.empty(n)
+            for t in range(1, 7):
+                job.step(t, torch.full((n,), float(t)), weights)
+            for d in dirs:
+                wait_for_manifest(d, job_name, EVERY)
+            servers[0].process.kill()
+            servers[0].process.wait()
+            servers[0] = start(dirs[0], address=addresses[0])
+            with pytest.raises(depot.AbortedError,
+                               match=f"different steps.*step {EVERY}.*"
+                                     f"step 6"):
+                job.save_state()
+            assert job.reconcile() == (EVERY, True)
+            assert len(job.save_state()) > 0
+    finally:
+        for server in servers:
+            server.stop()
