@@ -9,7 +9,7 @@
 # tests/python/test_packaging.py). dpkg-dev (dpkg-shlibdeps) and file let
 # `cpack -G DEB` compute the .deb packages' dependencies (tests/install/).
 # shellcheck, systemd (systemd-analyze) and python3-yaml check deploy/'s files
-# (tests/deploy/).
+# (tests/deploy/); chromium opens the servers' status page headless there.
 #
 # Extra packages can be requested with DEPOT_OPTIONAL_PACKAGES, e.g.
 #   DEPOT_OPTIONAL_PACKAGES="gdb" ./scripts/setup.sh
@@ -24,7 +24,7 @@ REQUIRED_PACKAGES=(
   python3 python3-numpy python3-pytest python3-torch
   python3-pip python3-setuptools python3-wheel
   dpkg-dev file
-  shellcheck systemd python3-yaml
+  shellcheck systemd python3-yaml chromium
 )
 read -r -a OPTIONAL_PACKAGES <<<"${DEPOT_OPTIONAL_PACKAGES:-}"
 

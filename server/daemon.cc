@@ -72,22 +72,6 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
   std::unique_ptr<DepotDaemon> daemon(new DepotDaemon(options));
   daemon->registry_ = std::make_shared<prometheus::Registry>();
   daemon->metrics_ = std::make_unique<ServerMetrics>(*daemon->registry_);
-  if (!options.metrics_listen.empty()) {
-    // prometheus-cpp reports a failed bind by throwing, with words of its
-    // own: the probe above names the usual reasons, this catches the rest
-    // (e.g. the port taken since).
-    try {
-      daemon->exposer_ =
-          std::make_unique<prometheus::Exposer>(options.metrics_listen);
-    } catch (const std::exception& e) {
-      return BindError("cannot serve metrics on", options.metrics_listen,
-                       absl::UnknownError(e.what()), kMetricsListenHint);
-    }
-    daemon->exposer_->RegisterCollectable(daemon->registry_);
-    const std::vector<int> ports = daemon->exposer_->GetListeningPorts();
-    daemon->metrics_address_ = FormatHostPort(
-        metrics_at->host, ports.empty() ? metrics_at->port : ports.front());
-  }
   daemon->pool_ =
       std::make_unique<ThreadPool>(options.threads, options.pin_threads);
   daemon->metrics_->checkpoint_every_steps.Set(
@@ -112,6 +96,28 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
     // Before serving: a client that finds the server up finds its jobs.
     RestoreJobs(*daemon->checkpoint_dir_, *daemon->jobs_, *daemon->metrics_,
                 &LogLine);
+  }
+  if (!options.metrics_listen.empty()) {
+    // civetweb reports a failed bind with words of its own: the probe above
+    // names the usual reasons, this catches the rest (e.g. the port taken
+    // since).
+    StatusIdentity identity;
+    identity.listen = options.listen;
+    identity.checkpoint_dir = options.checkpoint_dir;
+    identity.threads = daemon->pool_->num_threads();
+    absl::StatusOr<std::unique_ptr<StatusEndpoint>> status =
+        StatusEndpoint::Start(options.metrics_listen, daemon->registry_,
+                              daemon->metrics_.get(), daemon->jobs_.get(),
+                              std::move(identity));
+    if (!status.ok()) {
+      return BindError("cannot serve metrics on", options.metrics_listen,
+                       status.status(), kMetricsListenHint);
+    }
+    daemon->status_ = *std::move(status);
+    daemon->metrics_address_ = FormatHostPort(
+        metrics_at->host, daemon->status_->port() != 0
+                              ? daemon->status_->port()
+                              : metrics_at->port);
   }
   daemon->service_ = std::make_unique<DepotService>(
       daemon->jobs_.get(), daemon->metrics_.get(), daemon->checkpointer_.get());
@@ -141,6 +147,7 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
                      absl::UnknownError("gRPC could not bind it"), kListenHint);
   }
   daemon->address_ = FormatHostPort(listen->host, port);
+  if (daemon->status_ != nullptr) daemon->status_->set_listen(daemon->address_);
   grpc::HealthCheckServiceInterface* health =
       daemon->server_->GetHealthCheckService();
   health->SetServingStatus(kServiceName, true);
@@ -191,7 +198,7 @@ void DepotDaemon::Shutdown() {
   if (stall_monitor_ != nullptr) stall_monitor_->Stop();
   pool_.reset();
   if (checkpointer_ != nullptr) checkpointer_->Stop();
-  exposer_.reset();
+  status_.reset();
 }
 
 }  // namespace depot

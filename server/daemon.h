@@ -1,5 +1,5 @@
 // DepotDaemon: one running depot server — the gRPC service with its health
-// service, the metrics exposer, the update thread pool, the payload buffer
+// service, the metrics and status endpoint, the update thread pool, the payload buffer
 // pool, the job store, the checkpointer and the stalled-step check — wired
 // together from ServerOptions. main.cc adds flags and signals; tests start it
 // in-process on ephemeral ports.
@@ -11,7 +11,6 @@
 
 #include "absl/status/statusor.h"
 #include "grpcpp/server.h"
-#include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "server/checkpoint_directory.h"
 #include "server/checkpointer.h"
@@ -21,6 +20,7 @@
 #include "server/payload_pool.h"
 #include "server/server_options.h"
 #include "server/stall_monitor.h"
+#include "server/status_endpoint.h"
 #include "server/thread_pool.h"
 
 namespace depot {
@@ -57,7 +57,7 @@ class DepotDaemon {
   // temporary file removed, no manifest: never a half checkpoint that looks
   // complete); then stops the gRPC server, giving handlers kCancelDelay to
   // send their status before it cancels the rest, the update pool, the
-  // checkpointer and the exposer. Returns about kCancelDelay after the grace
+  // checkpointer and the status endpoint. Returns about kCancelDelay after the grace
   // at the latest, unless a handler is stuck where it cannot notice (main.cc
   // bounds the whole with an exit). Idempotent.
   void Shutdown();
@@ -74,10 +74,11 @@ class DepotDaemon {
   // every queued update before the metrics it reports to go away.
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<ServerMetrics> metrics_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<ThreadPool> pool_;
   std::shared_ptr<PayloadPool> payloads_;
   std::unique_ptr<JobStore> jobs_;
+  // /metrics, /status and /status.json: reads the jobs and the metrics.
+  std::unique_ptr<StatusEndpoint> status_;
   // Null without --checkpoint_dir.
   std::unique_ptr<CheckpointDirectory> checkpoint_dir_;
   std::unique_ptr<Checkpointer> checkpointer_;
