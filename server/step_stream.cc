@@ -38,6 +38,28 @@ void StepStream::ExpectChunk() {
   ++expected_;
 }
 
+bool StepStream::MayRead() {
+  absl::MutexLock lock(&mu_);
+  if (UnansweredLocked() < kCredits) return true;
+  read_paused_ = true;
+  return false;
+}
+
+uint64_t StepStream::UnansweredLocked() const {
+  // An answer may come before its contribution is counted (ExpectChunk
+  // follows an accepted Contribute, and the update may be quicker).
+  return expected_ > answered_.size() ? expected_ - answered_.size() : 0;
+}
+
+bool StepStream::AnsweredLocked(uint64_t index) {
+  answered_.insert(index);
+  if (!read_paused_ || UnansweredLocked() >= kCredits) return false;
+  if (transport_ == nullptr || finishing_ || !failure_.ok()) return false;
+  read_paused_ = false;
+  ++resuming_;
+  return true;
+}
+
 void StepStream::ReadsDone() {
   Action action;
   {
@@ -71,10 +93,26 @@ void StepStream::DeliverGradStats(const GradStats& stats) {
 
 void StepStream::Enqueue(Outgoing message) {
   Action action;
+  StepTransport* resume = nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (finishing_ || !failure_.ok()) return;
+    const uint64_t index = message.kind == Outgoing::kAck
+                               ? message.ack_index
+                               : message.weights.chunk_index;
+    if (message.kind != Outgoing::kGradStats && AnsweredLocked(index)) {
+      resume = transport_;
+    }
     outbox_.push_back(std::move(message));
+    action = NextActionLocked();
+  }
+  Perform(action);
+  if (resume == nullptr) return;
+  // No finish is decided while resuming_ is set, so the transport is alive.
+  resume->ResumeReading();
+  {
+    absl::MutexLock lock(&mu_);
+    --resuming_;
     action = NextActionLocked();
   }
   Perform(action);
@@ -136,6 +174,8 @@ StepStream::Action StepStream::NextActionLocked() {
   if (transport_ == nullptr || finishing_ || write_in_flight_) return action;
   action.transport = transport_;
   if (!failure_.ok()) {
+    // Not while the reader is being resumed (ResumeReading runs).
+    if (resuming_ > 0) return Action();
     finishing_ = true;
     action.kind = Action::kFinishWithError;
     action.status = failure_;
@@ -168,7 +208,7 @@ StepStream::Action StepStream::NextActionLocked() {
     action.response = &response_;
     return action;
   }
-  if (reads_done_ && sent_ == expected_) {
+  if (reads_done_ && sent_ == expected_ && resuming_ == 0) {
     finishing_ = true;
     v1::StepResponse response;
     v1::StepStats* stats = response.mutable_stats();
