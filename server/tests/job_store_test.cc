@@ -1,5 +1,6 @@
 #include "server/job_store.h"
 
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -188,6 +189,36 @@ TEST_F(JobStoreTest, PerWorkerAndPerServerBookkeepingCountsAgainstTheBudget) {
   ASSERT_TRUE(roomy.CreateOrAttach(many, last).ok());
   EXPECT_EQ(roomy.state_bytes(),
             shape.state_bytes() + shape.kept_weights_bytes() + bookkeeping);
+}
+
+// A listener that throws when told of a new job.
+class ThrowingListener : public JobListener {
+ public:
+  void JobAdded(const std::shared_ptr<ShardState>&, bool) override {
+    throw std::runtime_error("listener failed");
+  }
+  void JobDeleted(const std::shared_ptr<ShardState>&) override {}
+  void JobStateReplaced(const std::shared_ptr<ShardState>&) override {}
+};
+
+// CreateOrAttach allocates and announces a job with the store's lock
+// released: an exception there used to escape with the lock released (the
+// caller's lock then released twice) and the name left "being created" for
+// ever, every later request for it waiting. It is a status now, and the name
+// and the budget are free again.
+TEST_F(JobStoreTest, AnExceptionWhileCreatingIsAStatusAndLeavesNothingHeld) {
+  ThrowingListener listener;
+  store_.SetListener(&listener, 0);
+  auto opened = store_.CreateOrAttach(AdamConfig("run"), 0);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(opened.status().message().find("listener failed"),
+            std::string::npos)
+      << opened.status();
+  EXPECT_EQ(store_.state_bytes(), 0u);
+  EXPECT_EQ(store_.budget()->used(), 0u);
+  // The same name again does not wait for a creation that is over.
+  EXPECT_EQ(store_.CreateOrAttach(AdamConfig("run"), 0).status().code(),
+            absl::StatusCode::kInternal);
 }
 
 TEST_F(JobStoreTest, SizeFieldsAboveTheirBoundsAreInvalidArgument) {
