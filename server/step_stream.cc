@@ -93,23 +93,20 @@ void StepStream::DeliverGradStats(const GradStats& stats) {
 
 void StepStream::Enqueue(Outgoing message) {
   Action action;
-  StepTransport* resume = nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (finishing_ || !failure_.ok()) return;
-    const uint64_t index = message.kind == Outgoing::kAck
-                               ? message.ack_index
-                               : message.weights.chunk_index;
-    if (message.kind != Outgoing::kGradStats && AnsweredLocked(index)) {
-      resume = transport_;
-    }
     outbox_.push_back(std::move(message));
     action = NextActionLocked();
   }
   Perform(action);
-  if (resume == nullptr) return;
+}
+
+void StepStream::Resume(StepTransport* transport) {
+  if (transport == nullptr) return;
   // No finish is decided while resuming_ is set, so the transport is alive.
-  resume->ResumeReading();
+  transport->ResumeReading();
+  Action action;
   {
     absl::MutexLock lock(&mu_);
     --resuming_;
@@ -130,9 +127,19 @@ bool StepStream::ended() const {
 
 void StepStream::OnWriteDone(bool ok) {
   Action action;
+  StepTransport* resume = nullptr;
   {
     absl::MutexLock lock(&mu_);
     write_in_flight_ = false;
+    // A chunk is answered once its ack or weights are written: what waits in
+    // the send queue still holds a credit, so a client that does not read
+    // stops being read too, and the queue stays short.
+    if (ok && in_flight_.kind != Outgoing::kGradStats &&
+        AnsweredLocked(in_flight_.kind == Outgoing::kAck
+                           ? in_flight_.ack_index
+                           : in_flight_.weights.chunk_index)) {
+      resume = transport_;
+    }
     if (ok && in_flight_.kind == Outgoing::kWeights) {
       const ChunkWeights& weights = in_flight_.weights;
       ++sent_;
@@ -149,6 +156,7 @@ void StepStream::OnWriteDone(bool ok) {
     action = NextActionLocked();
   }
   Perform(action);
+  Resume(resume);
 }
 
 void StepStream::Fail(absl::Status status) {

@@ -68,7 +68,7 @@ class StepStream final : public WeightsSink {
   void ExpectChunk();
 
   // Server-side credits: a stream has at most kCredits of its contributions
-  // unanswered (neither acknowledged nor answered with weights). The reader
+  // unanswered (no ack nor weights for them written yet). The reader
   // asks after each message: true, read the next; false, stop reading until
   // the stream calls StepTransport::ResumeReading, once an answer has made
   // room. So a client that ignores its window is slowed by HTTP/2 flow
@@ -121,10 +121,13 @@ class StepStream final : public WeightsSink {
   };
   // Queues `message` and starts writing if the stream is idle.
   void Enqueue(Outgoing message);
-  // Counts chunk `index` as answered (the first ack or weights for it), and
-  // says whether the reader is to be resumed.
+  // Counts chunk `index` as answered (the first ack or weights for it
+  // written), and says whether the reader is to be resumed (then resuming_
+  // is raised: call Resume).
   bool AnsweredLocked(uint64_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t UnansweredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resumes the reader through `transport` (none: nothing to do).
+  void Resume(StepTransport* transport);
   Action NextActionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Perform(const Action& action);
 

@@ -150,8 +150,8 @@ TEST_F(StepStreamTest, AnAckIsNotAnAnsweredChunk) {
 
 // Issue 13: the in-flight window was enforced by the client only. The server
 // stops reading a stream that has kCredits contributions unanswered, and
-// resumes once an answer (an ack or weights, each chunk counted once) makes
-// room.
+// resumes once an answer (an ack or weights, each chunk counted once) is
+// written: one still in the send queue holds its credit.
 TEST_F(StepStreamTest, ReaderStopsAtItsCreditsAndResumesOnAnAnswer) {
   for (uint64_t chunk = 0; chunk < StepStream::kCredits; ++chunk) {
     EXPECT_TRUE(stream_.MayRead()) << chunk;
@@ -159,15 +159,20 @@ TEST_F(StepStreamTest, ReaderStopsAtItsCreditsAndResumesOnAnAnswer) {
   }
   EXPECT_FALSE(stream_.MayRead());
   EXPECT_EQ(transport_.resumed, 0);
-  // A two-phase ack of chunk 3 answers it: the reader resumes, once.
+  // A two-phase ack of chunk 3 answers it once written: the reader resumes,
+  // once.
   stream_.DeliverAck(3);
+  EXPECT_EQ(transport_.resumed, 0);
+  stream_.OnWriteDone(true);
   EXPECT_EQ(transport_.resumed, 1);
   stream_.ExpectChunk();
   EXPECT_FALSE(stream_.MayRead());
   // Chunk 3's weights do not answer it again.
   stream_.Deliver(Weights(3, "abcd", 0.0, false));
+  stream_.OnWriteDone(true);
   EXPECT_EQ(transport_.resumed, 1);
   stream_.Deliver(Weights(5, "abcd", 0.0, false));
+  stream_.OnWriteDone(true);
   EXPECT_EQ(transport_.resumed, 2);
   EXPECT_TRUE(stream_.MayRead());
 }
@@ -177,8 +182,9 @@ TEST_F(StepStreamTest, AFailedStreamIsNotResumed) {
     stream_.ExpectChunk();
   }
   EXPECT_FALSE(stream_.MayRead());
-  stream_.Fail(absl::CancelledError("gone"));
   stream_.Deliver(Weights(0, "abcd", 0.0, false));
+  stream_.Fail(absl::CancelledError("gone"));
+  stream_.OnWriteDone(true);
   EXPECT_EQ(transport_.resumed, 0);
 }
 
