@@ -49,7 +49,10 @@ ABSL_FLAG(uint64_t, memory_limit_bytes, 0,
           "its last two steps for pulls at a step (2 x the weight dtype's "
           "size per element), and each job's bookkeeping (per server, "
           "worker, tensor and chunk); CreateJob beyond it fails with "
-          "RESOURCE_EXHAUSTED. 0: 80% of physical RAM, or the server's "
+          "RESOURCE_EXHAUSTED. Also counted: the gradient payloads of steps "
+          "in flight and staged imports, refused with RESOURCE_EXHAUSTED "
+          "when they do not fit (docs/protocol.md, \"Bounds and memory\"). "
+          "0: 80% of physical RAM, or the server's "
           "cgroup memory limit (cgroup v2 memory.max, v1 "
           "memory.limit_in_bytes) less max(128 MiB, 1/8 of it) if that is "
           "less; the log says which.");
