@@ -478,9 +478,8 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
                      " is out of order for chunk ", chunk_index,
                      ": its last applied step is ", applied));
   }
-  if (chunk.pending == nullptr) {
-    chunk.pending = std::make_unique<PendingStep>(workers);
-  }
+  const bool created = chunk.pending == nullptr;
+  if (created) chunk.pending = std::make_unique<PendingStep>(workers);
   PendingStep& pending = *chunk.pending;
   if (pending.present[worker_rank]) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -501,6 +500,7 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
         " (send each element once)"));
   }
   if (!TryHold(piece.payload.size())) {
+    if (created) chunk.pending.reset();  // no trace of the refused piece
     return absl::ResourceExhaustedError(absl::StrCat(
         "weights override of chunk ", chunk_index, " in step ", step,
         ": the server's memory budget (", budget_->limit(), " bytes, ",
@@ -545,7 +545,8 @@ absl::Status ShardState::Contribute(Contribution contribution) {
     absl::MutexLock lock(&chunk.mu);
     const uint64_t applied = chunk.applied_step;
     if (step == applied + 1) {
-      if (chunk.pending == nullptr) {
+      const bool created = chunk.pending == nullptr;
+      if (created) {
         chunk.pending = std::make_unique<PendingStep>(config.num_workers);
       }
       PendingStep& pending = *chunk.pending;
@@ -571,6 +572,9 @@ absl::Status ShardState::Contribute(Contribution contribution) {
         // charge): a client that sends more than the budget holds is
         // refused, never allowed to grow the server's memory.
         if (!TryHold(contribution.payload.size())) {
+          // Refused, it leaves no trace (an empty PendingStep would make the
+          // chunk look busy to InitChunk).
+          if (created) chunk.pending.reset();
           return absl::ResourceExhaustedError(absl::StrCat(
               "chunk ", index, " of step ", step, " from worker ", worker,
               ": the server's memory budget (", budget_->limit(),
