@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/descriptor.h"
+#include "grpcpp/support/method_handler.h"
 #include "server/checkpoint_import.h"
 #include "wire/wire.h"
 
@@ -32,7 +34,109 @@ void Log(const std::string& line) {
 
 DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
                            Checkpointer* checkpointer)
-    : jobs_(jobs), metrics_(metrics), checkpointer_(checkpointer) {}
+    : jobs_(jobs), metrics_(metrics), checkpointer_(checkpointer) {
+  RegisterRawMethods();
+}
+
+void DepotService::RegisterRaw(
+    const char* method,
+    std::function<grpc::Status(grpc::ServerContext*, RawStream*)> handler) {
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          "depot.v1.Depot");
+  const google::protobuf::MethodDescriptor* found =
+      service->FindMethodByName(method);
+  // Declared bidirectional to gRPC, which then leaves every message, the
+  // first included, to the handler; on the wire the method is unchanged.
+  MarkMethodStreamed(
+      found->index(),
+      new grpc::internal::TemplatedBidiStreamingHandler<RawStream, false>(
+          std::move(handler)));
+}
+
+absl::Status DepotService::ReadOneRequest(
+    RawStream* stream, Rpc rpc, google::protobuf::MessageLite* request) {
+  const std::string what =
+      absl::StrCat(kRpcNames[static_cast<int>(rpc)], " request");
+  grpc::ByteBuffer buffer;
+  absl::Status status =
+      stream->Read(&buffer)
+          ? ParseRawMessage(&buffer, what, request)
+          : absl::InvalidArgumentError(absl::StrCat("no ", what, " message"));
+  if (!status.ok()) {
+    metrics_->CountRpc(rpc);
+    RecordFailure(rpc, status);
+  }
+  return status;
+}
+
+template <typename Request, typename Response>
+void DepotService::RegisterRawUnary(
+    const char* method, Rpc rpc,
+    grpc::Status (DepotService::*typed)(grpc::ServerContext*, const Request*,
+                                        Response*)) {
+  RegisterRaw(method, [this, rpc, typed](grpc::ServerContext* context,
+                                         RawStream* stream) {
+    Request request;
+    if (absl::Status s = ReadOneRequest(stream, rpc, &request); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+    Response response;
+    const grpc::Status status = (this->*typed)(context, &request, &response);
+    if (status.ok()) ResponseWriter<Response>(stream).Write(response);
+    return status;
+  });
+}
+
+void DepotService::RegisterRawMethods() {
+  RegisterRawUnary("CreateJob", Rpc::kCreateJob, &DepotService::CreateJob);
+  RegisterRawUnary("GetJob", Rpc::kGetJob, &DepotService::GetJob);
+  RegisterRawUnary("DeleteJob", Rpc::kDeleteJob, &DepotService::DeleteJob);
+  RegisterRawUnary("Checkpoint", Rpc::kCheckpoint, &DepotService::Checkpoint);
+  RegisterRawUnary("ListCheckpoints", Rpc::kListCheckpoints,
+                   &DepotService::ListCheckpoints);
+  RegisterRawUnary("RollBack", Rpc::kRollBack, &DepotService::RollBack);
+  RegisterRawUnary("ImportCheckpoint", Rpc::kImportCheckpoint,
+                   &DepotService::ImportCheckpoint);
+  RegisterRaw("PullWeights", [this](grpc::ServerContext* context,
+                                    RawStream* stream) {
+    v1::PullRequest request;
+    if (absl::Status s = ReadOneRequest(stream, Rpc::kPullWeights, &request);
+        !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+    ResponseWriter<v1::PullResponse> writer(stream);
+    return PullWeights(context, &request, &writer);
+  });
+  RegisterRaw("ExportState", [this](grpc::ServerContext* context,
+                                    RawStream* stream) {
+    v1::ExportStateRequest request;
+    if (absl::Status s = ReadOneRequest(stream, Rpc::kExportState, &request);
+        !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+    ResponseWriter<v1::StateChunk> writer(stream);
+    return ExportState(context, &request, &writer);
+  });
+  RegisterRaw("InitWeights", [this](grpc::ServerContext* context,
+                                    RawStream* stream) {
+    RequestReader<v1::InitWeightsRequest> reader(stream,
+                                                 "InitWeights request");
+    v1::InitWeightsResponse response;
+    const grpc::Status status = InitWeights(context, &reader, &response);
+    if (status.ok()) ResponseWriter<v1::InitWeightsResponse>(stream).Write(response);
+    return status;
+  });
+  RegisterRaw("ImportState", [this](grpc::ServerContext* context,
+                                    RawStream* stream) {
+    RequestReader<v1::ImportStateRequest> reader(stream,
+                                                 "ImportState request");
+    v1::ImportStateResponse response;
+    const grpc::Status status = ImportState(context, &reader, &response);
+    if (status.ok()) ResponseWriter<v1::ImportStateResponse>(stream).Write(response);
+    return status;
+  });
+}
 
 grpc::Status DepotService::Serve(Rpc rpc,
                                  absl::FunctionRef<absl::Status()> body) {
@@ -89,7 +193,7 @@ grpc::Status DepotService::CreateJob(grpc::ServerContext*,
 }
 
 grpc::Status DepotService::InitWeights(
-    grpc::ServerContext*, grpc::ServerReader<v1::InitWeightsRequest>* reader,
+    grpc::ServerContext*, RequestReader<v1::InitWeightsRequest>* reader,
     v1::InitWeightsResponse* response) {
   return Serve(Rpc::kInitWeights,
                [&] { return DoInitWeights(reader, response); });
@@ -97,7 +201,7 @@ grpc::Status DepotService::InitWeights(
 
 grpc::Status DepotService::PullWeights(
     grpc::ServerContext*, const v1::PullRequest* request,
-    grpc::ServerWriter<v1::PullResponse>* writer) {
+    ResponseWriter<v1::PullResponse>* writer) {
   return Serve(Rpc::kPullWeights,
                [&] { return DoPullWeights(*request, writer); });
 }
@@ -139,10 +243,13 @@ absl::Status DepotService::DoCreateJob(const v1::CreateJobRequest& request,
 }
 
 absl::Status DepotService::DoInitWeights(
-    grpc::ServerReader<v1::InitWeightsRequest>* reader,
+    RequestReader<v1::InitWeightsRequest>* reader,
     v1::InitWeightsResponse* response) {
   v1::InitWeightsRequest request;
-  if (!reader->Read(&request) || !request.has_header()) {
+  if (!reader->Read(&request)) {
+    if (!reader->status().ok()) return reader->status();
+  }
+  if (!request.has_header()) {
     return absl::InvalidArgumentError(
         "the first message of an InitWeights stream must be its header");
   }
@@ -169,13 +276,16 @@ absl::Status DepotService::DoInitWeights(
         static_cast<double>(chunk.payload().size()));
     ++chunks;
   }
+  // A malformed message ends the reads: the stream fails with it (the chunks
+  // before it stay written), it is never taken for the stream's end.
+  if (!reader->status().ok()) return reader->status();
   response->set_chunks(chunks);
   return absl::OkStatus();
 }
 
 absl::Status DepotService::DoPullWeights(
     const v1::PullRequest& request,
-    grpc::ServerWriter<v1::PullResponse>* writer) {
+    ResponseWriter<v1::PullResponse>* writer) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
       jobs_->Find(request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
@@ -245,13 +355,13 @@ absl::Status DepotService::DoDeleteJob(const v1::DeleteJobRequest& request) {
 
 grpc::Status DepotService::ExportState(
     grpc::ServerContext*, const v1::ExportStateRequest* request,
-    grpc::ServerWriter<v1::StateChunk>* writer) {
+    ResponseWriter<v1::StateChunk>* writer) {
   return Serve(Rpc::kExportState,
                [&] { return DoExportState(*request, writer); });
 }
 
 grpc::Status DepotService::ImportState(
-    grpc::ServerContext*, grpc::ServerReader<v1::ImportStateRequest>* reader,
+    grpc::ServerContext*, RequestReader<v1::ImportStateRequest>* reader,
     v1::ImportStateResponse* response) {
   return Serve(Rpc::kImportState,
                [&] { return DoImportState(reader, response); });
@@ -362,10 +472,20 @@ absl::Status DepotService::DoRollBack(const v1::RollBackRequest& request,
   const uint64_t dropped = shard.DropInFlight();
   absl::Status status;
   bool restored = false;
+  // The checkpoint, read whole before it replaces the state, is charged to
+  // the memory budget meanwhile.
+  ScopedReservation staged(jobs_->budget().get());
   if (!(shard.completed_step() == step && shard.newest_step() == step)) {
-    absl::StatusOr<ShardCheckpoint> loaded = checkpointer_ == nullptr
-        ? absl::FailedPreconditionError("no --checkpoint_dir")
-        : checkpointer_->Load(name, step);
+    absl::StatusOr<ShardCheckpoint> loaded =
+        checkpointer_ == nullptr
+            ? absl::FailedPreconditionError("no --checkpoint_dir")
+        : !staged.TryAdd(shard.shape().state_bytes())
+            ? absl::ResourceExhaustedError(absl::StrCat(
+                  "the server's memory budget (", jobs_->budget()->limit(),
+                  " bytes, ", jobs_->budget()->used(),
+                  " in use) has no room to read the checkpoint's ",
+                  shard.shape().state_bytes(), " bytes of state"))
+            : checkpointer_->Load(name, step);
     if (loaded.ok() && (loaded->fingerprint != shard.shape().fingerprint() ||
                         loaded->server_index != shard.shape().server_index() ||
                         loaded->chunks.size() != shard.shape().shard().num_chunks())) {
@@ -418,6 +538,16 @@ absl::Status DepotService::DoImportCheckpoint(
   const JobShape& shape = (*shard)->shape();
   const std::vector<std::string> dirs(request.checkpoint_dirs().begin(),
                                       request.checkpoint_dirs().end());
+  // The shard's state, read and staged whole before it replaces the job's,
+  // is charged to the memory budget meanwhile.
+  ScopedReservation staged(jobs_->budget().get());
+  if (!request.verify_only() && !staged.TryAdd(shape.state_bytes())) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "ImportCheckpoint: the server's memory budget (",
+        jobs_->budget()->limit(), " bytes, ", jobs_->budget()->used(),
+        " in use) has no room to stage the shard's ", shape.state_bytes(),
+        " bytes of state"));
+  }
   // Read on this call's thread: the files are other servers', so the
   // checkpointer's writer (this server's directory) has no part in it.
   absl::StatusOr<CheckpointForShard> read = ReadCheckpointForShard(
@@ -446,7 +576,7 @@ absl::Status DepotService::DoImportCheckpoint(
 
 absl::Status DepotService::DoExportState(
     const v1::ExportStateRequest& request,
-    grpc::ServerWriter<v1::StateChunk>* writer) {
+    ResponseWriter<v1::StateChunk>* writer) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
       jobs_->Find(request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
@@ -470,10 +600,13 @@ absl::Status DepotService::DoExportState(
 }
 
 absl::Status DepotService::DoImportState(
-    grpc::ServerReader<v1::ImportStateRequest>* reader,
+    RequestReader<v1::ImportStateRequest>* reader,
     v1::ImportStateResponse* response) {
   v1::ImportStateRequest request;
-  if (!reader->Read(&request) || !request.has_header()) {
+  if (!reader->Read(&request) && !reader->status().ok()) {
+    return reader->status();
+  }
+  if (!request.has_header()) {
     return absl::InvalidArgumentError(
         "the first message of an ImportState stream must be its header");
   }
@@ -481,7 +614,10 @@ absl::Status DepotService::DoImportState(
       jobs_->Find(request.header().job_id(), request.header().fingerprint());
   if (!shard.ok()) return shard.status();
   // Staged whole: ImportChunks checks everything before it replaces anything.
+  // The staged chunks are charged to the memory budget while they are held:
+  // a client that sends more than it holds is refused.
   std::vector<ChunkSnapshot> chunks;
+  ScopedReservation staged(jobs_->budget().get());
   while (reader->Read(&request)) {
     if (ended()) return absl::UnavailableError(kShuttingDown);
     if (!request.has_chunk()) {
@@ -489,6 +625,14 @@ absl::Status DepotService::DoImportState(
           "an ImportState stream carries one header, then only chunks");
     }
     v1::StateChunk* chunk = request.mutable_chunk();
+    if (!staged.TryAdd(chunk->ByteSizeLong())) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "ImportState: the server's memory budget (",
+          jobs_->budget()->limit(), " bytes, ", jobs_->budget()->used(),
+          " in use) has no room to stage chunk ", chunk->index(), " (",
+          chunk->ByteSizeLong(), " bytes) after ", chunks.size(),
+          " chunks staged (", staged.bytes(), " bytes)"));
+    }
     ChunkSnapshot& snapshot = chunks.emplace_back();
     snapshot.index = chunk->index();
     snapshot.applied_step = chunk->applied_step();
@@ -500,6 +644,7 @@ absl::Status DepotService::DoImportState(
       snapshot.slots.push_back(std::move(slot));
     }
   }
+  if (!reader->status().ok()) return reader->status();
   if (absl::Status s = (*shard)->ImportChunks(std::move(chunks)); !s.ok()) {
     return s;
   }

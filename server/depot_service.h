@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -26,12 +27,16 @@
 #include "server/checkpointer.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
+#include "server/raw_stream.h"
 #include "server/step_stream.h"
 
 namespace depot {
 
 // Step is a raw callback method (step_reactor.cc): its chunks bypass protobuf
-// `bytes` in both directions.
+// `bytes` in both directions. Every other method is registered raw too, as a
+// sync stream of ByteBuffers whose messages the service parses itself
+// (raw_stream.h): a malformed request is INVALID_ARGUMENT, never gRPC's
+// INTERNAL, and a malformed message in a client stream fails the stream.
 class DepotService final
     : public v1::Depot::WithRawCallbackMethod_Step<v1::Depot::Service> {
  public:
@@ -43,14 +48,17 @@ class DepotService final
   grpc::Status CreateJob(grpc::ServerContext* context,
                          const v1::CreateJobRequest* request,
                          v1::CreateJobResponse* response) override;
+  // The client-streaming and server-streaming methods, called by their raw
+  // handlers with the messages parsed (not overrides: gRPC never calls the
+  // generated ones).
   grpc::Status InitWeights(grpc::ServerContext* context,
-                           grpc::ServerReader<v1::InitWeightsRequest>* reader,
-                           v1::InitWeightsResponse* response) override;
+                           RequestReader<v1::InitWeightsRequest>* reader,
+                           v1::InitWeightsResponse* response);
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Step(
       grpc::CallbackServerContext* context) override;
-  grpc::Status PullWeights(
-      grpc::ServerContext* context, const v1::PullRequest* request,
-      grpc::ServerWriter<v1::PullResponse>* writer) override;
+  grpc::Status PullWeights(grpc::ServerContext* context,
+                           const v1::PullRequest* request,
+                           ResponseWriter<v1::PullResponse>* writer);
   grpc::Status GetJob(grpc::ServerContext* context,
                       const v1::GetJobRequest* request,
                       v1::JobStatus* response) override;
@@ -59,10 +67,10 @@ class DepotService final
                          v1::DeleteJobResponse* response) override;
   grpc::Status ExportState(grpc::ServerContext* context,
                            const v1::ExportStateRequest* request,
-                           grpc::ServerWriter<v1::StateChunk>* writer) override;
+                           ResponseWriter<v1::StateChunk>* writer);
   grpc::Status ImportState(grpc::ServerContext* context,
-                           grpc::ServerReader<v1::ImportStateRequest>* reader,
-                           v1::ImportStateResponse* response) override;
+                           RequestReader<v1::ImportStateRequest>* reader,
+                           v1::ImportStateResponse* response);
   grpc::Status Checkpoint(grpc::ServerContext* context,
                           const v1::CheckpointRequest* request,
                           v1::CheckpointResponse* response) override;
@@ -103,6 +111,25 @@ class DepotService final
   // One Step stream's reactor (step_reactor.cc).
   class StepReactor;
 
+  // Registers every method but Step raw (raw_stream.h), each handler parsing
+  // its requests and calling the method above.
+  void RegisterRawMethods();
+  // Registers `method` (its name in the service) with `handler`.
+  void RegisterRaw(
+      const char* method,
+      std::function<grpc::Status(grpc::ServerContext*, RawStream*)> handler);
+  // A unary method: reads its one request, calls `typed` and writes the
+  // response once it succeeds.
+  template <typename Request, typename Response>
+  void RegisterRawUnary(const char* method, Rpc rpc,
+                        grpc::Status (DepotService::*typed)(
+                            grpc::ServerContext*, const Request*, Response*));
+  // The one request message of a unary or server-streaming raw method.
+  // INVALID_ARGUMENT when there is none or it does not parse (counted and
+  // logged as a failure of `rpc`).
+  absl::Status ReadOneRequest(RawStream* stream, Rpc rpc,
+                              google::protobuf::MessageLite* request);
+
   // Counts the RPC, rejects it when shutting down, runs `body` (counted in
   // flight), records a failure, and converts the status.
   grpc::Status Serve(Rpc rpc, absl::FunctionRef<absl::Status()> body);
@@ -121,16 +148,16 @@ class DepotService final
 
   absl::Status DoCreateJob(const v1::CreateJobRequest& request,
                            v1::CreateJobResponse* response);
-  absl::Status DoInitWeights(grpc::ServerReader<v1::InitWeightsRequest>* reader,
+  absl::Status DoInitWeights(RequestReader<v1::InitWeightsRequest>* reader,
                              v1::InitWeightsResponse* response);
   absl::Status DoPullWeights(const v1::PullRequest& request,
-                             grpc::ServerWriter<v1::PullResponse>* writer);
+                             ResponseWriter<v1::PullResponse>* writer);
   absl::Status DoGetJob(const v1::GetJobRequest& request,
                         v1::JobStatus* response);
   absl::Status DoDeleteJob(const v1::DeleteJobRequest& request);
   absl::Status DoExportState(const v1::ExportStateRequest& request,
-                             grpc::ServerWriter<v1::StateChunk>* writer);
-  absl::Status DoImportState(grpc::ServerReader<v1::ImportStateRequest>* reader,
+                             ResponseWriter<v1::StateChunk>* writer);
+  absl::Status DoImportState(RequestReader<v1::ImportStateRequest>* reader,
                              v1::ImportStateResponse* response);
   absl::Status DoCheckpoint(const v1::CheckpointRequest& request,
                             v1::CheckpointResponse* response);

@@ -1,5 +1,9 @@
 #include "server/job_store.h"
 
+#include <algorithm>
+#include <exception>
+#include <limits>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +19,7 @@ JobStore::JobStore(uint64_t memory_limit_bytes, ThreadPool* pool,
                    ServerMetrics* metrics, bool bench_noop_update,
                    std::shared_ptr<PayloadPool> payloads)
     : memory_limit_bytes_(memory_limit_bytes),
+      budget_(std::make_shared<MemoryBudget>(memory_limit_bytes)),
       pool_(pool),
       payloads_(payloads != nullptr
                     ? std::move(payloads)
@@ -94,8 +99,16 @@ bool JobStore::Checkpointed(const JobShape& shape) const {
 }
 
 uint64_t JobStore::ChargedBytes(const JobShape& shape) const {
-  return shape.state_bytes() * (Checkpointed(shape) ? 2 : 1) +
-         shape.kept_weights_bytes();
+  // Saturated: each part may be near 2^64 for a job far too large, which
+  // must fail the budget check, not wrap around into it.
+  const uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  uint64_t bytes = shape.state_bytes();
+  if (Checkpointed(shape)) bytes = bytes > kMax / 2 ? kMax : 2 * bytes;
+  for (const uint64_t part :
+       {shape.kept_weights_bytes(), ShardState::BookkeepingBytes(shape)}) {
+    bytes = part > kMax - bytes ? kMax : bytes + part;
+  }
+  return bytes;
 }
 
 absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Restore(
@@ -127,17 +140,24 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::CreateLocked(
         name, shape.config().checkpoint_every_steps));
   }
   const uint64_t needed = ChargedBytes(shape);
-  const uint64_t committed = state_bytes_ + reserved_bytes_;
-  if (needed > memory_limit_bytes_ - committed) {
+  if (!budget_->TryReserve(needed)) {
+    const uint64_t committed = std::min(budget_->used(), memory_limit_bytes_);
+    const uint64_t bookkeeping = ShardState::BookkeepingBytes(shape);
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "job \"%s\" needs %d bytes: %d of state%s and %d of weights kept for "
-        "pulls at a step (2 x %d elements x %d bytes of %s), but %d of this "
-        "server's %d byte budget are in use or being allocated (%d free)",
-        name, needed, needed - shape.kept_weights_bytes(),
+        "job \"%s\" needs %d bytes: %d of state%s, %d of weights kept for "
+        "pulls at a step (2 x %d elements x %d bytes of %s) and %d of "
+        "bookkeeping (for its %d servers, %d workers, %d tensors and %d "
+        "chunks here), but %d of this server's %d byte budget are in use "
+        "(jobs, and payloads of steps in flight) or being allocated (%d "
+        "free)",
+        name, needed,
+        shape.state_bytes() * (Checkpointed(shape) ? 2 : 1),
         Checkpointed(shape) ? " (twice its state: checkpoints are on)" : "",
         shape.kept_weights_bytes(), shape.shard().size(),
         DTypeSize(shape.config().weight_dtype),
-        std::string(DTypeName(shape.config().weight_dtype)), committed,
+        std::string(DTypeName(shape.config().weight_dtype)), bookkeeping,
+        shape.config().num_servers, shape.config().num_workers,
+        shape.config().tensors.size(), shape.shard().num_chunks(), committed,
         memory_limit_bytes_, memory_limit_bytes_ - committed));
   }
   // Allocating and first-touching the state takes a while (about 0.1 s per
@@ -145,23 +165,55 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::CreateLocked(
   // it, so it runs unlocked with the name and the budget reserved.
   const uint64_t id = next_id_++;
   creating_.insert(name);
-  reserved_bytes_ += needed;
   mu_.Unlock();
-  absl::StatusOr<std::shared_ptr<ShardState>> shard = ShardState::Create(
-      id, std::move(shape), pool_, payloads_, metrics_, bench_noop_update_);
-  if (shard.ok() && prepare) {
-    if (absl::Status s = prepare(**shard); !s.ok()) shard = s;
+  // Nothing may throw past here with mu_ released or the name reserved: the
+  // caller's lock would be released twice, and the name would stay
+  // "being created" for ever (every later request for it waiting).
+  absl::StatusOr<std::shared_ptr<ShardState>> shard =
+      absl::InternalError("job not created");
+  try {
+    shard = ShardState::Create(id, std::move(shape), pool_, payloads_,
+                               metrics_, bench_noop_update_, budget_);
+    if (shard.ok() && prepare) {
+      if (absl::Status s = prepare(**shard); !s.ok()) shard = s;
+    }
+    if (shard.ok() && listener_ != nullptr) {
+      listener_->JobAdded(*shard, restored);
+    }
+  } catch (const std::exception& e) {
+    shard = CreationFailed(name, e);
   }
-  if (shard.ok() && listener_ != nullptr) listener_->JobAdded(*shard, restored);
   mu_.Lock();
   creating_.erase(name);
-  reserved_bytes_ -= needed;
-  if (!shard.ok()) return shard.status();
-  jobs_.emplace(id, *shard);
-  ids_by_name_.emplace(name, id);
+  if (shard.ok()) {
+    try {
+      jobs_.emplace(id, *shard);
+      ids_by_name_.emplace(name, id);
+    } catch (const std::exception& e) {
+      jobs_.erase(id);
+      shard = CreationFailed(name, e);
+    }
+  }
+  // (If the insertion threw after the listener was told, the listener keeps
+  // only a weak reference and hooks of a job that is gone: nothing runs, and
+  // its checkpoints on disk, if it was being restored, stay.)
+  if (!shard.ok()) {
+    budget_->Release(needed);
+    return shard.status();
+  }
   state_bytes_ += needed;
   UpdateGaugesLocked();
   return shard;
+}
+
+absl::Status JobStore::CreationFailed(const std::string& name,
+                                      const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "job \"%s\": the server could not allocate its state", name));
+  }
+  return absl::InternalError(
+      absl::StrFormat("job \"%s\" could not be created: %s", name, e.what()));
 }
 
 absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Find(
@@ -207,6 +259,7 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Delete(
     jobs_.erase(job_id);
     ids_by_name_.erase((*shard)->shape().config().name);
     state_bytes_ -= ChargedBytes((*shard)->shape());
+    budget_->Release(ChargedBytes((*shard)->shape()));
     UpdateGaugesLocked();
   }
   if (listener_ != nullptr) listener_->JobDeleted(*shard);

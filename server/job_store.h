@@ -8,6 +8,7 @@
 #define DEPOT_SERVER_JOB_STORE_H_
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "depot/job_config.h"
+#include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/payload_pool.h"
 #include "server/shard_state.h"
@@ -118,9 +120,13 @@ class JobStore {
   // Every job the store holds now, by id.
   std::vector<std::shared_ptr<ShardState>> Jobs() const;
 
-  // Bytes of state counted against the budget, all jobs.
+  // Bytes counted against the budget, all jobs: each job's state (twice when
+  // it is checkpointed), the weights it keeps for pulls at a step, and its
+  // bookkeeping (ShardState::BookkeepingBytes).
   uint64_t state_bytes() const;
   uint64_t memory_limit_bytes() const { return memory_limit_bytes_; }
+  // The budget, shared with every job's ShardState (payloads in flight).
+  const std::shared_ptr<MemoryBudget>& budget() const { return budget_; }
 
  private:
   absl::StatusOr<std::shared_ptr<ShardState>> FindLocked(
@@ -140,7 +146,13 @@ class JobStore {
       const std::function<absl::Status(ShardState&)>& prepare)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The status of a creation that threw `e`: RESOURCE_EXHAUSTED for a failed
+  // allocation, INTERNAL otherwise.
+  static absl::Status CreationFailed(const std::string& name,
+                                     const std::exception& e);
+
   const uint64_t memory_limit_bytes_;
+  const std::shared_ptr<MemoryBudget> budget_;
   ThreadPool* const pool_;
   const std::shared_ptr<PayloadPool> payloads_;
   ServerMetrics* const metrics_;
@@ -153,10 +165,9 @@ class JobStore {
   std::map<std::string, uint64_t> ids_by_name_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t state_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  // Jobs being created (their state allocated outside mu_) and the budget
-  // they hold until they are in jobs_ or have failed.
+  // Jobs being created (their state allocated outside mu_; their bytes
+  // reserved in budget_ until they are in jobs_ or have failed).
   std::set<std::string> creating_ ABSL_GUARDED_BY(mu_);
-  uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace depot

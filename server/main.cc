@@ -47,8 +47,15 @@ ABSL_FLAG(uint64_t, memory_limit_bytes, 0,
           "Budget for job memory, all jobs together: the state (master "
           "weights and optimizer moments) and the weights each job keeps of "
           "its last two steps for pulls at a step (2 x the weight dtype's "
-          "size per element); CreateJob beyond it fails with "
-          "RESOURCE_EXHAUSTED. 0: 80% of physical RAM.");
+          "size per element), and each job's bookkeeping (per server, "
+          "worker, tensor and chunk); CreateJob beyond it fails with "
+          "RESOURCE_EXHAUSTED. Also counted: the gradient payloads of steps "
+          "in flight and staged imports, refused with RESOURCE_EXHAUSTED "
+          "when they do not fit (docs/protocol.md, \"Bounds and memory\"). "
+          "0: 80% of physical RAM, or the server's "
+          "cgroup memory limit (cgroup v2 memory.max, v1 "
+          "memory.limit_in_bytes) less max(128 MiB, 1/8 of it) if that is "
+          "less; the log says which.");
 ABSL_FLAG(bool, bench_noop_update, false,
           "Benchmarking only, never for training: Step streams carry their "
           "chunks as usual, but no chunk is summed or updated. Each chunk is "
@@ -250,6 +257,9 @@ int main(int argc, char** argv) {
       (*daemon)->address().c_str(),
       std::string(depot::KernelIsaName(depot::ActiveKernelIsa())).c_str(),
       options->threads, options->pin_threads ? ", pinned" : "");
+  std::fprintf(stderr, "depot-server: memory budget %llu bytes (%s)\n",
+               static_cast<unsigned long long>(options->memory_limit_bytes),
+               options->memory_limit_source.c_str());
   if (options->bench_noop_update) {
     std::fprintf(stderr,
                  "depot-server: WARNING: --bench_noop_update is set: steps "

@@ -98,7 +98,9 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                         "weights and optimizer slots; with checkpoints on, "
                         "twice: one checkpoint capture per job) and the "
                         "weights kept for pulls at a step (2 x weight dtype "
-                        "size per element).")),
+                        "size per element), and each job's bookkeeping (per "
+                        "server, worker, tensor and chunk). Payloads of steps "
+                        "in flight are counted too, but not here.")),
       jobs(Gauge(registry, "depot_jobs", "Jobs held by this server.")),
       active_streams(Gauge(registry, "depot_active_streams",
                            "Step streams currently open.")),

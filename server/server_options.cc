@@ -3,10 +3,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace depot {
 namespace {
@@ -14,6 +20,9 @@ namespace {
 // Share of physical RAM that job state may use when no limit is given: the rest
 // is left to in-flight payloads, gRPC and the system.
 constexpr double kDefaultMemoryFraction = 0.8;
+// What the default budget leaves below a cgroup's memory limit, at least:
+// gRPC, the binary, the pool's free buffers (and 1/8 of the limit if more).
+constexpr uint64_t kCgroupMarginBytes = uint64_t{128} << 20;
 
 uint64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -31,7 +40,101 @@ absl::Status CheckAddress(const char* flag, const std::string& address) {
   return absl::OkStatus();
 }
 
+// The whole (small) file, or nothing when it cannot be read.
+std::optional<std::string> ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+// A limit file's value: bytes, or nothing for "max", an unreadable file or a
+// value of at least 2^62 (v1 writes unlimited as 2^63 less a page).
+std::optional<uint64_t> ReadLimitFile(const std::string& path) {
+  const std::optional<std::string> text = ReadSmallFile(path);
+  if (!text.has_value()) return std::nullopt;
+  uint64_t value = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(*text), &value) ||
+      value >= (uint64_t{1} << 62)) {
+    return std::nullopt;
+  }
+  return value;
+}
+
 }  // namespace
+
+std::optional<uint64_t> CgroupMemoryLimit(const std::string& proc_self_cgroup,
+                                          const std::string& cgroup_root,
+                                          std::string* path) {
+  const std::optional<std::string> lines = ReadSmallFile(proc_self_cgroup);
+  if (!lines.has_value()) return std::nullopt;
+  for (absl::string_view line : absl::StrSplit(*lines, '\n')) {
+    // "hierarchy-id:controllers:path"; the path may itself hold ':'.
+    const std::vector<absl::string_view> fields =
+        absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (fields.size() != 3) continue;
+    std::vector<std::string> candidates;
+    if (fields[0] == "0" && fields[1].empty()) {
+      candidates = {absl::StrCat(cgroup_root, fields[2], "/memory.max"),
+                    absl::StrCat(cgroup_root, "/memory.max")};
+    } else {
+      const std::vector<absl::string_view> controllers =
+          absl::StrSplit(fields[1], ',');
+      if (std::find(controllers.begin(), controllers.end(), "memory") ==
+          controllers.end()) {
+        continue;
+      }
+      const std::string hierarchy = absl::StrCat(cgroup_root, "/memory");
+      candidates = {
+          absl::StrCat(hierarchy, fields[2], "/memory.limit_in_bytes"),
+          absl::StrCat(hierarchy, "/memory.limit_in_bytes")};
+    }
+    for (const std::string& candidate : candidates) {
+      if (!ReadSmallFile(candidate).has_value()) continue;
+      if (path != nullptr) *path = candidate;
+      return ReadLimitFile(candidate);
+    }
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<MemoryLimitDefault> DefaultMemoryLimit(
+    uint64_t physical_bytes, const std::string& proc_self_cgroup,
+    const std::string& cgroup_root) {
+  MemoryLimitDefault result;
+  if (physical_bytes > 0) {
+    result.bytes = static_cast<uint64_t>(static_cast<double>(physical_bytes) *
+                                         kDefaultMemoryFraction);
+    result.source = absl::StrCat("80% of physical RAM (", physical_bytes,
+                                 " bytes)");
+  }
+  std::string path;
+  const std::optional<uint64_t> cgroup =
+      CgroupMemoryLimit(proc_self_cgroup, cgroup_root, &path);
+  if (cgroup.has_value()) {
+    const uint64_t margin = std::max(kCgroupMarginBytes, *cgroup / 8);
+    if (*cgroup <= margin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--memory_limit_bytes: the cgroup's memory limit of ", *cgroup,
+          " bytes (", path, ") leaves nothing after a margin of ", margin,
+          " bytes for the server itself; raise it, or give the budget "
+          "explicitly"));
+    }
+    if (result.bytes == 0 || *cgroup - margin < result.bytes) {
+      result.bytes = *cgroup - margin;
+      result.source = absl::StrCat("the cgroup's memory limit of ", *cgroup,
+                                   " bytes (", path, ") less a margin of ",
+                                   margin, " bytes");
+    }
+  }
+  if (result.bytes == 0) {
+    return absl::InvalidArgumentError(
+        "--memory_limit_bytes: cannot read this machine's physical memory "
+        "nor a cgroup memory limit; give the limit explicitly");
+  }
+  return result;
+}
 
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view address) {
   const size_t colon = address.rfind(':');
@@ -81,13 +184,13 @@ absl::StatusOr<ServerOptions> ResolveServerOptions(ServerOptions options) {
         std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   }
   if (options.memory_limit_bytes == 0) {
-    options.memory_limit_bytes = static_cast<uint64_t>(
-        static_cast<double>(PhysicalMemoryBytes()) * kDefaultMemoryFraction);
-    if (options.memory_limit_bytes == 0) {
-      return absl::InvalidArgumentError(
-          "--memory_limit_bytes: cannot read this machine's physical memory; "
-          "give the limit explicitly");
-    }
+    absl::StatusOr<MemoryLimitDefault> limit =
+        DefaultMemoryLimit(PhysicalMemoryBytes());
+    if (!limit.ok()) return limit.status();
+    options.memory_limit_bytes = limit->bytes;
+    options.memory_limit_source = limit->source;
+  } else {
+    options.memory_limit_source = "--memory_limit_bytes";
   }
   if (options.shutdown_grace < absl::ZeroDuration() ||
       options.shutdown_grace == absl::InfiniteDuration()) {

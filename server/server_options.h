@@ -4,6 +4,7 @@
 #define DEPOT_SERVER_SERVER_OPTIONS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -23,8 +24,12 @@ struct ServerOptions {
   int threads = 0;
   // Pin update thread i to the i-th CPU of the process's affinity mask.
   bool pin_threads = true;
-  // Budget for job state; 0 means 80% of physical RAM.
+  // Budget for all the memory clients can make the server hold (docs/
+  // protocol.md, "Memory"); 0: DefaultMemoryLimit's.
   uint64_t memory_limit_bytes = 0;
+  // How memory_limit_bytes was chosen, for the log: "--memory_limit_bytes",
+  // or DefaultMemoryLimit's `source`. Set by ResolveServerOptions.
+  std::string memory_limit_source;
   // How long in-flight steps may run on after SIGTERM/SIGINT.
   absl::Duration shutdown_grace = absl::Seconds(10);
   // How long a step may wait for workers that sent nothing for some chunk
@@ -59,9 +64,39 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address);
 
 std::string FormatHostPort(absl::string_view host, int port);
 
+// Where the default memory budget comes from (DefaultMemoryLimit).
+struct MemoryLimitDefault {
+  uint64_t bytes = 0;
+  // What it is, for the log: "80% of physical RAM (N bytes)", or "the
+  // cgroup's memory limit of N bytes at PATH less a margin of M bytes".
+  std::string source;
+};
+
+// The memory limit of the process's own memory cgroup, read under
+// `cgroup_root` (normally /sys/fs/cgroup) for the cgroup that
+// `proc_self_cgroup` (normally /proc/self/cgroup) names: cgroup v2's
+// memory.max for the "0::PATH" line, v1's memory.limit_in_bytes under the
+// memory controller's hierarchy for a "N:...memory...:PATH" line. When the
+// file is not at ROOT/PATH (a cgroup namespace shows the process's own cgroup
+// as the mount's root), ROOT itself is read. Sets *path to the file read.
+// Nothing (no limit) when none is found, or it is "max" or at least 2^62
+// (v1's way of saying unlimited).
+std::optional<uint64_t> CgroupMemoryLimit(const std::string& proc_self_cgroup,
+                                          const std::string& cgroup_root,
+                                          std::string* path = nullptr);
+
+// The default budget: min(80% of `physical_bytes`, the cgroup's limit (as
+// CgroupMemoryLimit reads it) less a margin of max(128 MiB, 1/8 of it)), so
+// that a server in a container is not killed by the cgroup before its budget
+// refuses anything. INVALID_ARGUMENT when neither is known, or the cgroup's
+// limit leaves nothing after the margin.
+absl::StatusOr<MemoryLimitDefault> DefaultMemoryLimit(
+    uint64_t physical_bytes, const std::string& proc_self_cgroup = "/proc/self/cgroup",
+    const std::string& cgroup_root = "/sys/fs/cgroup");
+
 // Checks every value and replaces the 0 defaults of threads and
-// memory_limit_bytes by this machine's values. INVALID_ARGUMENT naming the
-// flag.
+// memory_limit_bytes by this machine's values (DefaultMemoryLimit). INVALID_
+// ARGUMENT naming the flag.
 absl::StatusOr<ServerOptions> ResolveServerOptions(ServerOptions options);
 
 }  // namespace depot

@@ -58,6 +58,11 @@ uint64_t ShardState::DropInFlight() {
     }
     if (pending == nullptr) continue;
     dropped += pending->count;
+    uint64_t held = TotalBytes(pending->payloads) + pending->summed.size();
+    for (const std::vector<WeightsPiece>& pieces : pending->overrides) {
+      for (const WeightsPiece& piece : pieces) held += piece.payload.size();
+    }
+    Unhold(held);
     GiveBack(pending->payloads);
     if (!pending->summed.empty()) payloads_->Give(std::move(pending->summed));
   }

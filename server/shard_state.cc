@@ -57,7 +57,7 @@ void ZeroPadding(const Layout& layout, const ChunkRange& range, float* data) {
 absl::StatusOr<std::shared_ptr<ShardState>> ShardState::Create(
     uint64_t job_id, JobShape shape, ThreadPool* pool,
     std::shared_ptr<PayloadPool> payloads, ServerMetrics* metrics,
-    bool noop_update) {
+    bool noop_update, std::shared_ptr<MemoryBudget> budget) {
   const uint64_t arrays = 1 + static_cast<uint64_t>(shape.slots());
   const uint64_t shard_elems = shape.shard().size();
   // Each array may round up by less than a line.
@@ -74,7 +74,8 @@ absl::StatusOr<std::shared_ptr<ShardState>> ShardState::Create(
   if (!state.ok()) return state.status();
   std::shared_ptr<ShardState> shard(
       new ShardState(job_id, std::move(shape), *std::move(state), pool,
-                     std::move(payloads), metrics, noop_update));
+                     std::move(payloads), metrics, noop_update,
+                     std::move(budget)));
   // Before any other method can run: InitChunk and the updates then only ever
   // see the initial values (Adagrad's state_sum starts at its accumulator).
   const ShardRange& range = shard->shape_.shard();
@@ -91,7 +92,8 @@ absl::StatusOr<std::shared_ptr<ShardState>> ShardState::Create(
 
 ShardState::ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
                        ThreadPool* pool, std::shared_ptr<PayloadPool> payloads,
-                       ServerMetrics* metrics, bool noop_update)
+                       ServerMetrics* metrics, bool noop_update,
+                       std::shared_ptr<MemoryBudget> budget)
     : job_id_(job_id),
       shape_(std::move(shape)),
       state_(std::move(state)),
@@ -100,6 +102,7 @@ ShardState::ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
       payloads_(std::move(payloads)),
       metrics_(metrics),
       noop_update_(noop_update),
+      budget_(std::move(budget)),
       chunks_(new ChunkState[shape_.shard().num_chunks()]) {
   const OptimizerConfig& slots = shape_.slot_config();
   const StateArrays arrays = PlanStateArrays(shape_.shard().size(), slots);
@@ -137,7 +140,89 @@ void ShardState::InitChunkState(uint64_t chunk_index) {
   chunk.tensor_steps.assign(segments.size(), 0);
 }
 
-ShardState::~ShardState() = default;
+ShardState::~ShardState() {
+  // Payloads still waiting (a deleted job's) leave the budget with the job.
+  Unhold(held_bytes_.load(std::memory_order_relaxed));
+}
+
+bool ShardState::TryHold(uint64_t bytes) {
+  if (budget_ != nullptr && !budget_->TryReserve(bytes)) return false;
+  held_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  return true;
+}
+
+void ShardState::Hold(uint64_t bytes) {
+  if (budget_ != nullptr) budget_->Charge(bytes);
+  held_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void ShardState::Unhold(uint64_t bytes) {
+  if (bytes == 0) return;
+  if (budget_ != nullptr) budget_->Release(bytes);
+  held_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+uint64_t ShardState::TotalBytes(const std::vector<std::string>& payloads) {
+  uint64_t bytes = 0;
+  for (const std::string& payload : payloads) bytes += payload.size();
+  return bytes;
+}
+
+namespace {
+
+uint64_t SaturatingMul(uint64_t a, uint64_t b) {
+  if (a != 0 && b > std::numeric_limits<uint64_t>::max() / a) {
+    return std::numeric_limits<uint64_t>::max();
+  }
+  return a * b;
+}
+
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
+  return b > std::numeric_limits<uint64_t>::max() - a
+             ? std::numeric_limits<uint64_t>::max()
+             : a + b;
+}
+
+}  // namespace
+
+uint64_t ShardState::BookkeepingBytes(const JobShape& shape) {
+  const JobConfig& config = shape.config();
+  const uint64_t workers = config.num_workers;
+  const uint64_t tensors = config.tensors.size();
+  const uint64_t chunks = shape.shard().num_chunks();
+  uint64_t bytes = sizeof(ShardState);
+  // The config and the layout each hold the tensor list; the layout adds an
+  // offset per tensor.
+  uint64_t names = 0;
+  for (const TensorSpec& tensor : config.tensors) names += tensor.name.size();
+  bytes = SaturatingAdd(
+      bytes, 2 * (tensors * sizeof(TensorSpec) + names) +
+                 tensors * sizeof(uint64_t) +
+                 config.group_optimizers.size() * sizeof(OptimizerConfig));
+  // The shard plan: one range per server.
+  bytes = SaturatingAdd(bytes, uint64_t{config.num_servers} * sizeof(ShardRange));
+  // Per chunk: its state and its next step's PendingStep with a slot per
+  // worker (payload, sink, presence, overrides).
+  const uint64_t per_worker_pending =
+      sizeof(std::string) + sizeof(std::weak_ptr<WeightsSink>) + 1 +
+      sizeof(std::vector<WeightsPiece>);
+  const uint64_t per_chunk =
+      SaturatingAdd(sizeof(ChunkState) + sizeof(PendingStep),
+                    SaturatingMul(workers, per_worker_pending));
+  bytes = SaturatingAdd(bytes, SaturatingMul(chunks, per_chunk));
+  // Each chunk's tensor step counts: one per tensor segment, and a chunk
+  // holds one segment per tensor it touches (at most chunks + tensors in
+  // all).
+  bytes = SaturatingAdd(
+      bytes, SaturatingMul(SaturatingAdd(chunks, tensors), sizeof(uint64_t)));
+  // The steps' headers: per worker a no_grad_tensors bitmap (ceil(T / 8)
+  // bytes at most), a node shape and a seen flag.
+  const uint64_t per_worker_step =
+      sizeof(std::string) + (tensors + 7) / 8 + sizeof(NodeShape) + 1;
+  bytes = SaturatingAdd(
+      bytes, SaturatingMul(kTrackedSteps * workers, per_worker_step));
+  return bytes;
+}
 
 absl::Status ShardState::CheckNotDeleted() const {
   if (deleted_.load(std::memory_order_acquire)) {
@@ -393,9 +478,8 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
                      " is out of order for chunk ", chunk_index,
                      ": its last applied step is ", applied));
   }
-  if (chunk.pending == nullptr) {
-    chunk.pending = std::make_unique<PendingStep>(workers);
-  }
+  const bool created = chunk.pending == nullptr;
+  if (created) chunk.pending = std::make_unique<PendingStep>(workers);
   PendingStep& pending = *chunk.pending;
   if (pending.present[worker_rank]) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -403,7 +487,27 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
         " after worker ", worker_rank,
         "'s gradient for it: send overrides before the chunk"));
   }
-  pending.overrides[worker_rank].push_back(std::move(piece));
+  // At most a chunk's worth of values per worker: a client that sends
+  // overrides over and over must not grow the server's memory.
+  std::vector<WeightsPiece>& pieces = pending.overrides[worker_rank];
+  uint64_t held = 0;
+  for (const WeightsPiece& earlier : pieces) held += earlier.payload.size();
+  if (held + piece.payload.size() > chunk_elems * sizeof(float)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "weights overrides of chunk ", chunk_index, " in step ", step,
+        " from worker ", worker_rank, ": ", held + piece.payload.size(),
+        " bytes in all, more than the chunk's ", chunk_elems * sizeof(float),
+        " (send each element once)"));
+  }
+  if (!TryHold(piece.payload.size())) {
+    if (created) chunk.pending.reset();  // no trace of the refused piece
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "weights override of chunk ", chunk_index, " in step ", step,
+        ": the server's memory budget (", budget_->limit(), " bytes, ",
+        budget_->used(), " in use) has no room for its ",
+        piece.payload.size(), " bytes"));
+  }
+  pieces.push_back(std::move(piece));
   return absl::OkStatus();
 }
 
@@ -441,7 +545,8 @@ absl::Status ShardState::Contribute(Contribution contribution) {
     absl::MutexLock lock(&chunk.mu);
     const uint64_t applied = chunk.applied_step;
     if (step == applied + 1) {
-      if (chunk.pending == nullptr) {
+      const bool created = chunk.pending == nullptr;
+      if (created) {
         chunk.pending = std::make_unique<PendingStep>(config.num_workers);
       }
       PendingStep& pending = *chunk.pending;
@@ -462,6 +567,23 @@ absl::Status ShardState::Contribute(Contribution contribution) {
         // A summed chunk was acknowledged to the earlier stream only.
         ack_retry = pending.summed_ready;
       } else {
+        // Charged to the server's budget while it waits for the other
+        // workers (a retry above takes its earlier payload's place and
+        // charge): a client that sends more than the budget holds is
+        // refused, never allowed to grow the server's memory.
+        if (!TryHold(contribution.payload.size())) {
+          // Refused, it leaves no trace (an empty PendingStep would make the
+          // chunk look busy to InitChunk).
+          if (created) chunk.pending.reset();
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "chunk ", index, " of step ", step, " from worker ", worker,
+              ": the server's memory budget (", budget_->limit(),
+              " bytes, ", budget_->used(),
+              " in use by jobs and the payloads of steps in flight) has no "
+              "room for its ", contribution.payload.size(),
+              " bytes; send it again once the step's other chunks are "
+              "answered (keep fewer chunks in flight)"));
+        }
         // The chunk's first gradient (a weights override may have made its
         // PendingStep already).
         first_of_chunk = pending.count == 0;

@@ -65,6 +65,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/aligned_buffer.h"
 #include "server/job_shape.h"
+#include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/node_sender.h"
 #include "server/optimizer/optimizer_kernel.h"
@@ -170,14 +171,32 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // counts never change), and each chunk's weights answer is worker 0's
   // gradient payload itself when the grad and weight dtypes are the same (no
   // conversion, no copy), else the unchanged weights.
+  //
+  // `budget` (the server's, shared with JobStore; null: none) is charged the
+  // gradient payloads the shard holds while they wait for the rest of their
+  // chunk's workers, and a two-phase step's sums until the update: a
+  // contribution that does not fit is RESOURCE_EXHAUSTED (Contribute).
   static absl::StatusOr<std::shared_ptr<ShardState>> Create(
       uint64_t job_id, JobShape shape, ThreadPool* pool,
       std::shared_ptr<PayloadPool> payloads, ServerMetrics* metrics,
-      bool noop_update = false);
+      bool noop_update = false,
+      std::shared_ptr<MemoryBudget> budget = nullptr);
 
   ShardState(const ShardState&) = delete;
   ShardState& operator=(const ShardState&) = delete;
   ~ShardState();
+
+  // The most a shard of `shape` keeps besides its state arrays, whatever its
+  // clients send (saturated at 2^64 - 1): the job's config, layout and shard
+  // plan (per tensor, per server), each chunk's bookkeeping and the slots of
+  // its next step's contributions (per worker), the tensor step counts, and
+  // the steps' per-worker header records (at most kTrackedSteps steps, each
+  // with every worker's no_grad_tensors bitmap). The payloads themselves are
+  // not in it. JobStore counts it against the budget with the state.
+  static uint64_t BookkeepingBytes(const JobShape& shape);
+  // The steps a shard records headers of at once: its completed step and the
+  // two after it (BeginStep refuses later ones).
+  static constexpr uint64_t kTrackedSteps = 3;
 
   uint64_t job_id() const { return job_id_; }
   const JobShape& shape() const { return shape_; }
@@ -239,6 +258,15 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
                                uint64_t chunk_index, WeightsPiece piece,
                                const NodeSender& sender = {});
 
+  // OUT_OF_RANGE unless chunk `chunk_index` is in the shard; INVALID_ARGUMENT
+  // unless `payload_bytes` is the chunk's size in the grad dtype: Contribute's
+  // first checks, for a reader to make before it copies a payload anywhere.
+  absl::Status CheckGradientPayload(uint64_t chunk_index,
+                                    size_t payload_bytes) const {
+    return CheckChunkPayload(chunk_index, payload_bytes,
+                             DTypeSize(shape_.config().grad_dtype));
+  }
+
   // Accepts one contribution (see the class comment). REQUIRES: BeginStep(step,
   // worker_rank, ...) succeeded. OUT_OF_RANGE: chunk outside the shard.
   // INVALID_ARGUMENT: wrong payload size, worker_rank out of range, or the
@@ -246,6 +274,8 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // the chunk (NodeSender::CheckOwns). ALREADY_EXISTS: this worker already
   // contributed the chunk for this step from a stream that is still open.
   // ABORTED: step out of order for the chunk, or the job was deleted.
+  // RESOURCE_EXHAUSTED: the server's memory budget has no room for the
+  // payload (it is not kept; the worker may send it again later).
   absl::Status Contribute(Contribution contribution);
 
   // A worker's commit of two-phase step `step`; the first one starts the
@@ -273,6 +303,12 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
       uint64_t begin, uint64_t end, DType dtype, uint64_t step,
       const std::function<bool(uint64_t offset, std::string payload)>& emit)
       const;
+
+  // Bytes of payloads (and two-phase sums) the shard holds for steps in
+  // flight, charged to the budget.
+  uint64_t inflight_bytes() const {
+    return held_bytes_.load(std::memory_order_relaxed);
+  }
 
   // The last step applied to every chunk of the shard (0 before the first).
   uint64_t completed_step() const;
@@ -371,7 +407,16 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
 
   ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
              ThreadPool* pool, std::shared_ptr<PayloadPool> payloads,
-             ServerMetrics* metrics, bool noop_update);
+             ServerMetrics* metrics, bool noop_update,
+             std::shared_ptr<MemoryBudget> budget);
+
+  // The budget's share of payloads held (held_bytes_): TryHold refuses what
+  // does not fit, Hold does not; Unhold gives bytes back.
+  bool TryHold(uint64_t bytes);
+  void Hold(uint64_t bytes);
+  void Unhold(uint64_t bytes);
+  // The sizes of `payloads`, summed.
+  static uint64_t TotalBytes(const std::vector<std::string>& payloads);
 
   // Writes the initial state of chunk `chunk_index` (see Create).
   void InitChunkState(uint64_t chunk_index);
@@ -457,6 +502,8 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   const std::shared_ptr<PayloadPool> payloads_;
   ServerMetrics* const metrics_;
   const bool noop_update_;
+  const std::shared_ptr<MemoryBudget> budget_;
+  std::atomic<uint64_t> held_bytes_{0};
   std::unique_ptr<ChunkState[]> chunks_;
   std::atomic<bool> deleted_{false};
 

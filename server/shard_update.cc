@@ -73,6 +73,9 @@ void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
   float* sum = reinterpret_cast<float*>(summed.data());
   SumGradients(shape_.config().grad_dtype, payloads, sum, range.size(),
                UnscaleFactor(settings.numerics.loss_scale));
+  // The sum is held until the update instead of the payloads.
+  Hold(summed.size());
+  Unhold(TotalBytes(payloads));
   GiveBack(payloads);
   const GradStats stats = ComputeGradStats(shape_.layout(), range, sum);
 
@@ -136,6 +139,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   std::string summed;
   std::vector<uint64_t> tensor_steps;
   std::vector<std::vector<WeightsPiece>> overrides;
+  uint64_t held = 0;  // what the payloads and the sum were charged
   bool history_missing = false;
   {
     absl::MutexLock lock(&chunk.mu);
@@ -143,6 +147,10 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
     payloads = std::move(chunk.pending->payloads);
     summed = std::move(chunk.pending->summed);
     overrides = std::move(chunk.pending->overrides);
+    held = TotalBytes(payloads) + summed.size();
+    for (const std::vector<WeightsPiece>& pieces : overrides) {
+      for (const WeightsPiece& piece : pieces) held += piece.payload.size();
+    }
     history_missing = !noop_update_ && (chunk.last.weights == nullptr ||
                                         chunk.last.step != step - 1);
   }
@@ -212,6 +220,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   }
   GiveBack(payloads);
   if (!summed.empty()) payloads_->Give(std::move(summed));
+  Unhold(held);
   // Still the only owner of the chunk's arrays: its next step cannot start.
   if (const uint64_t every = capture_every_.load(std::memory_order_relaxed);
       every != 0 && step % every == 0) {

@@ -76,7 +76,9 @@ class DepotService::StepReactor final
       stream_->Fail(std::move(status));
       return;
     }
-    StartRead(&request_);
+    // Out of credits: the stream resumes the reads (ResumeReading) once an
+    // answer makes room; meanwhile HTTP/2 flow control holds the client.
+    if (stream_->MayRead()) StartRead(&request_);
   }
 
   void OnWriteDone(bool ok) override { stream_->OnWriteDone(ok); }
@@ -99,6 +101,7 @@ class DepotService::StepReactor final
   void WriteLastAndFinish(const grpc::ByteBuffer* response) override {
     StartWriteAndFinish(response, grpc::WriteOptions(), grpc::Status::OK);
   }
+  void ResumeReading() override { StartRead(&request_); }
   void FinishWithError(const absl::Status& status) override {
     service_->RecordFailure(Rpc::kStep, status);
     Finish(ToGrpcStatus(status));
@@ -212,6 +215,11 @@ class DepotService::StepReactor final
       return absl::InvalidArgumentError(
           "a chunk after the commit: a two-phase step sends all its chunks "
           "before its StepCommit");
+    }
+    // The chunk's range and the payload's size are checked before the payload
+    // is copied into a buffer of the pool (a rejected chunk copies nothing).
+    if (absl::Status s = shard_->CheckGradientPayload(index, bytes); !s.ok()) {
+      return s;
     }
     Contribution contribution;
     contribution.step = header_.step();

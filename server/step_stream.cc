@@ -38,6 +38,28 @@ void StepStream::ExpectChunk() {
   ++expected_;
 }
 
+bool StepStream::MayRead() {
+  absl::MutexLock lock(&mu_);
+  if (UnansweredLocked() < kCredits) return true;
+  read_paused_ = true;
+  return false;
+}
+
+uint64_t StepStream::UnansweredLocked() const {
+  // An answer may come before its contribution is counted (ExpectChunk
+  // follows an accepted Contribute, and the update may be quicker).
+  return expected_ > answered_.size() ? expected_ - answered_.size() : 0;
+}
+
+bool StepStream::AnsweredLocked(uint64_t index) {
+  answered_.insert(index);
+  if (!read_paused_ || UnansweredLocked() >= kCredits) return false;
+  if (transport_ == nullptr || finishing_ || !failure_.ok()) return false;
+  read_paused_ = false;
+  ++resuming_;
+  return true;
+}
+
 void StepStream::ReadsDone() {
   Action action;
   {
@@ -80,6 +102,19 @@ void StepStream::Enqueue(Outgoing message) {
   Perform(action);
 }
 
+void StepStream::Resume(StepTransport* transport) {
+  if (transport == nullptr) return;
+  // No finish is decided while resuming_ is set, so the transport is alive.
+  transport->ResumeReading();
+  Action action;
+  {
+    absl::MutexLock lock(&mu_);
+    --resuming_;
+    action = NextActionLocked();
+  }
+  Perform(action);
+}
+
 bool StepStream::IsOpen() const {
   absl::MutexLock lock(&mu_);
   return transport_ != nullptr && !finishing_ && failure_.ok();
@@ -92,9 +127,19 @@ bool StepStream::ended() const {
 
 void StepStream::OnWriteDone(bool ok) {
   Action action;
+  StepTransport* resume = nullptr;
   {
     absl::MutexLock lock(&mu_);
     write_in_flight_ = false;
+    // A chunk is answered once its ack or weights are written: what waits in
+    // the send queue still holds a credit, so a client that does not read
+    // stops being read too, and the queue stays short.
+    if (ok && in_flight_.kind != Outgoing::kGradStats &&
+        AnsweredLocked(in_flight_.kind == Outgoing::kAck
+                           ? in_flight_.ack_index
+                           : in_flight_.weights.chunk_index)) {
+      resume = transport_;
+    }
     if (ok && in_flight_.kind == Outgoing::kWeights) {
       const ChunkWeights& weights = in_flight_.weights;
       ++sent_;
@@ -111,6 +156,7 @@ void StepStream::OnWriteDone(bool ok) {
     action = NextActionLocked();
   }
   Perform(action);
+  Resume(resume);
 }
 
 void StepStream::Fail(absl::Status status) {
@@ -136,6 +182,8 @@ StepStream::Action StepStream::NextActionLocked() {
   if (transport_ == nullptr || finishing_ || write_in_flight_) return action;
   action.transport = transport_;
   if (!failure_.ok()) {
+    // Not while the reader is being resumed (ResumeReading runs).
+    if (resuming_ > 0) return Action();
     finishing_ = true;
     action.kind = Action::kFinishWithError;
     action.status = failure_;
@@ -168,7 +216,7 @@ StepStream::Action StepStream::NextActionLocked() {
     action.response = &response_;
     return action;
   }
-  if (reads_done_ && sent_ == expected_) {
+  if (reads_done_ && sent_ == expected_ && resuming_ == 0) {
     finishing_ = true;
     v1::StepResponse response;
     v1::StepStats* stats = response.mutable_stats();

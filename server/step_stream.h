@@ -24,6 +24,7 @@
 #include <deque>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -45,6 +46,9 @@ class StepTransport {
   virtual void WriteLastAndFinish(const grpc::ByteBuffer* response) = 0;
   // Ends the RPC with `status` (not OK).
   virtual void FinishWithError(const absl::Status& status) = 0;
+  // Starts the next read, after StepStream::MayRead said to stop (server-side
+  // credits). Never called once the RPC is finishing.
+  virtual void ResumeReading() {}
 };
 
 class StepStream final : public WeightsSink {
@@ -62,6 +66,16 @@ class StepStream final : public WeightsSink {
   // Records that one more chunk's weights are owed to this stream (the reader
   // had a contribution accepted).
   void ExpectChunk();
+
+  // Server-side credits: a stream has at most kCredits of its contributions
+  // unanswered (no ack nor weights for them written yet). The reader
+  // asks after each message: true, read the next; false, stop reading until
+  // the stream calls StepTransport::ResumeReading, once an answer has made
+  // room. So a client that ignores its window is slowed by HTTP/2 flow
+  // control instead of growing the server's memory (its payloads are charged
+  // to the budget too: ShardState::Contribute).
+  static constexpr uint64_t kCredits = 16;
+  bool MayRead();
   // The worker has half-closed: finish once every expected chunk is written.
   void ReadsDone();
 
@@ -107,6 +121,13 @@ class StepStream final : public WeightsSink {
   };
   // Queues `message` and starts writing if the stream is idle.
   void Enqueue(Outgoing message);
+  // Counts chunk `index` as answered (the first ack or weights for it
+  // written), and says whether the reader is to be resumed (then resuming_
+  // is raised: call Resume).
+  bool AnsweredLocked(uint64_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t UnansweredLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resumes the reader through `transport` (none: nothing to do).
+  void Resume(StepTransport* transport);
   Action NextActionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Perform(const Action& action);
 
@@ -117,6 +138,13 @@ class StepStream final : public WeightsSink {
   uint64_t step_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Outgoing> outbox_ ABSL_GUARDED_BY(mu_);
   uint64_t expected_ ABSL_GUARDED_BY(mu_) = 0;
+  // The chunks answered so far (each counted once: a two-phase chunk is
+  // acknowledged, then answered with weights).
+  absl::flat_hash_set<uint64_t> answered_ ABSL_GUARDED_BY(mu_);
+  // The reader stopped for want of credits (MayRead), and is being resumed
+  // (the transport call in progress: the stream does not finish meanwhile).
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  int resuming_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t replayed_ ABSL_GUARDED_BY(mu_) = 0;
   double update_seconds_ ABSL_GUARDED_BY(mu_) = 0.0;

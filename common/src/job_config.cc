@@ -355,9 +355,47 @@ void HashOptimizerFlags(FingerprintHasher& h, const OptimizerConfig& opt) {
 
 }  // namespace
 
+uint64_t MaxChunkElems(const JobConfig& config) {
+  const uint64_t tensors = config.tensors.size();
+  const uint64_t fixed =
+      kStateChunkOverheadBytes +
+      std::min(tensors, kMaxTensors + 1) * kStateChunkBytesPerTensor;
+  if (fixed >= kWireMessageLimitBytes) return 0;
+  return (kWireMessageLimitBytes - fixed) /
+         OptimizerStateBytesPerParam(JobSlotConfig(config));
+}
+
 absl::Status ValidateJobConfig(const JobConfig& config) {
   if (config.name.empty()) {
     return absl::InvalidArgumentError("name: must not be empty");
+  }
+  if (config.name.size() > kMaxJobNameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("name: must be at most ", kMaxJobNameBytes,
+                     " bytes, got ", config.name.size()));
+  }
+  // Checked before the layout is built: these bound what it allocates.
+  if (config.tensors.size() > kMaxTensors) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensors: at most ", kMaxTensors, " tensors, got ",
+                     config.tensors.size()));
+  }
+  for (size_t i = 0; i < config.tensors.size(); ++i) {
+    if (config.tensors[i].name.size() > kMaxTensorNameBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensors[", i, "].name: must be at most ", kMaxTensorNameBytes,
+          " bytes, got ", config.tensors[i].name.size()));
+    }
+  }
+  if (config.num_workers > kMaxWorkers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_workers: must be at most ", kMaxWorkers, ", got ",
+                     config.num_workers));
+  }
+  if (config.num_servers > kMaxServers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_servers: must be at most ", kMaxServers, ", got ",
+                     config.num_servers));
   }
   absl::StatusOr<Layout> layout =
       Layout::Create(config.tensors, config.alignment_elems);
@@ -384,6 +422,16 @@ absl::Status ValidateJobConfig(const JobConfig& config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chunk_elems: must be a positive multiple of alignment_elems (",
         config.alignment_elems, "), got ", config.chunk_elems));
+  }
+  if (const uint64_t max_chunk = MaxChunkElems(config);
+      config.chunk_elems > max_chunk) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk_elems: at most ", max_chunk, " for this job, got ",
+        config.chunk_elems, ": a chunk's saved state (",
+        OptimizerStateBytesPerParam(JobSlotConfig(config)),
+        " bytes per element, and ", kStateChunkBytesPerTensor,
+        " per tensor) must fit one ", kWireMessageLimitBytes,
+        "-byte message, or the job could never be exported or imported"));
   }
   if (config.num_servers == 0) {
     return absl::InvalidArgumentError("num_servers: must be > 0");

@@ -459,8 +459,10 @@ TEST_F(CheckpointerTest, EachJobCountsTwiceItsStateAgainstTheBudget) {
   auto dir = CheckpointDirectory::Open(temp.path() + "/c").value();
   const JobShape shape = JobShape::Create(TwoChunkConfig(), 0).value();
   const uint64_t state = shape.state_bytes();
-  // Besides the state, each job counts the weights kept for pulls at a step.
-  const uint64_t kept = shape.kept_weights_bytes();
+  // Besides the state, each job counts the weights kept for pulls at a step
+  // and its bookkeeping.
+  const uint64_t kept =
+      shape.kept_weights_bytes() + ShardState::BookkeepingBytes(shape);
   JobStore store(/*memory_limit_bytes=*/state * 3 + kept, &pool_, &metrics_);
   CheckpointPolicy policy;
   policy.every_steps = 1;
@@ -488,7 +490,8 @@ TEST_F(CheckpointerTest, AJobsOwnIntervalOverridesTheServers) {
   ASSERT_TRUE(opened.ok()) << opened.status();
   const JobShape& shape = opened->shard->shape();
   EXPECT_EQ(store_->state_bytes(),
-            2 * shape.state_bytes() + shape.kept_weights_bytes());
+            2 * shape.state_bytes() + shape.kept_weights_bytes() +
+                ShardState::BookkeepingBytes(shape));
   InitShard(*opened->shard);
   // A job without its own interval on the same server is not checkpointed.
   std::shared_ptr<ShardState> plain = Create("plain");

@@ -1,5 +1,6 @@
 #include "server/job_store.h"
 
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,16 +27,21 @@ JobConfig AdamConfig(const std::string& name) {
   config.num_servers = 2;
   return config;
 }
-// A job counts its state and the weights its chunks keep for pulls at a
-// step: 2 * 32 elements * 4 bytes (fp32 weights) = 256, 640 in all.
-constexpr uint64_t kShardBytes = 384 + 256;
+// A job counts its state, the weights its chunks keep for pulls at a step
+// (2 * 32 elements * 4 bytes of fp32 weights = 256) and its bookkeeping.
+uint64_t AdamBookkeepingBytes() {
+  return ShardState::BookkeepingBytes(*JobShape::Create(AdamConfig("a"), 0));
+}
+const uint64_t kShardBytes = 384 + 256 + AdamBookkeepingBytes();
 
 class JobStoreTest : public ::testing::Test {
  protected:
   prometheus::Registry registry_;
   ServerMetrics metrics_{registry_};
   ThreadPool pool_{1};
-  JobStore store_{/*memory_limit_bytes=*/1500, &pool_, &metrics_};
+  // Room for two such jobs, not three.
+  JobStore store_{/*memory_limit_bytes=*/kShardBytes * 5 / 2, &pool_,
+                  &metrics_};
 };
 
 TEST_F(JobStoreTest, CreatedJobsGetIdsOneTwoThree) {
@@ -137,16 +143,100 @@ TEST_F(JobStoreTest, JobOverTheBudgetIsResourceExhaustedAndAllocatesNothing) {
 }
 
 TEST_F(JobStoreTest, KeptWeightsCountAgainstTheBudgetAndTheErrorSaysSo) {
-  // Room for the state (384 bytes) but not for the kept weights too.
-  JobStore store(/*memory_limit_bytes=*/500, &pool_, &metrics_);
+  // Room for the state (384 bytes) and the bookkeeping, not for the kept
+  // weights too.
+  JobStore store(/*memory_limit_bytes=*/kShardBytes - 1, &pool_, &metrics_);
   auto opened = store.CreateOrAttach(AdamConfig("run"), 0);
   EXPECT_EQ(opened.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(opened.status().message().find(
-                "needs 640 bytes: 384 of state and 256 of weights kept for "
-                "pulls at a step (2 x 32 elements x 4 bytes of fp32)"),
+  EXPECT_NE(opened.status().message().find(absl::StrCat(
+                "needs ", kShardBytes,
+                " bytes: 384 of state, 256 of weights kept for pulls at a "
+                "step (2 x 32 elements x 4 bytes of fp32) and ",
+                AdamBookkeepingBytes(), " of bookkeeping")),
             std::string::npos)
       << opened.status();
   EXPECT_EQ(store.state_bytes(), 0u);
+}
+
+// Issue 13: a job of 100 elements with 2^27 servers grew the server by 5.2
+// GB (a shard plan entry per server), and per-worker bookkeeping was
+// allocated outside the budget. Both are counted now: a job whose
+// bookkeeping does not fit is refused before anything is allocated.
+TEST_F(JobStoreTest, PerWorkerAndPerServerBookkeepingCountsAgainstTheBudget) {
+  JobConfig many = AdamConfig("many");
+  many.num_workers = kMaxWorkers;
+  many.num_servers = kMaxServers;
+  // The last server holds a chunk (most of the 65536 hold none).
+  const uint32_t last = kMaxServers - 1;
+  const JobShape shape = *JobShape::Create(many, last);
+  ASSERT_EQ(shape.shard().num_chunks(), 1u);
+  const uint64_t bookkeeping = ShardState::BookkeepingBytes(shape);
+  // Every chunk's next step has a slot per worker (tens of bytes each), and
+  // the plan an entry per server.
+  EXPECT_GT(bookkeeping, uint64_t{kMaxWorkers} * 32 + uint64_t{kMaxServers} * 32);
+  JobStore store(/*memory_limit_bytes=*/bookkeeping, &pool_, &metrics_);
+  auto opened = store.CreateOrAttach(many, last);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(opened.status().message().find(
+                absl::StrCat(bookkeeping, " of bookkeeping (for its ",
+                             kMaxServers, " servers, ", kMaxWorkers,
+                             " workers, 1 tensors")),
+            std::string::npos)
+      << opened.status();
+  EXPECT_EQ(store.state_bytes(), 0u);
+  // With room for it, the job is created and charged all of it.
+  JobStore roomy(/*memory_limit_bytes=*/uint64_t{1} << 30, &pool_, &metrics_);
+  ASSERT_TRUE(roomy.CreateOrAttach(many, last).ok());
+  EXPECT_EQ(roomy.state_bytes(),
+            shape.state_bytes() + shape.kept_weights_bytes() + bookkeeping);
+}
+
+// A listener that throws when told of a new job.
+class ThrowingListener : public JobListener {
+ public:
+  void JobAdded(const std::shared_ptr<ShardState>&, bool) override {
+    throw std::runtime_error("listener failed");
+  }
+  void JobDeleted(const std::shared_ptr<ShardState>&) override {}
+  void JobStateReplaced(const std::shared_ptr<ShardState>&) override {}
+};
+
+// CreateOrAttach allocates and announces a job with the store's lock
+// released: an exception there used to escape with the lock released (the
+// caller's lock then released twice) and the name left "being created" for
+// ever, every later request for it waiting. It is a status now, and the name
+// and the budget are free again.
+TEST_F(JobStoreTest, AnExceptionWhileCreatingIsAStatusAndLeavesNothingHeld) {
+  ThrowingListener listener;
+  store_.SetListener(&listener, 0);
+  auto opened = store_.CreateOrAttach(AdamConfig("run"), 0);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(opened.status().message().find("listener failed"),
+            std::string::npos)
+      << opened.status();
+  EXPECT_EQ(store_.state_bytes(), 0u);
+  EXPECT_EQ(store_.budget()->used(), 0u);
+  // The same name again does not wait for a creation that is over.
+  EXPECT_EQ(store_.CreateOrAttach(AdamConfig("run"), 0).status().code(),
+            absl::StatusCode::kInternal);
+}
+
+TEST_F(JobStoreTest, SizeFieldsAboveTheirBoundsAreInvalidArgument) {
+  JobConfig servers = AdamConfig("servers");
+  servers.num_servers = uint32_t{1} << 27;
+  auto opened = store_.CreateOrAttach(servers, 0);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(opened.status().message().find("num_servers: must be at most"),
+            std::string::npos)
+      << opened.status();
+  JobConfig workers = AdamConfig("workers");
+  workers.num_workers = uint32_t{1} << 31;
+  opened = store_.CreateOrAttach(workers, 0);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(opened.status().message().find("num_workers: must be at most"),
+            std::string::npos)
+      << opened.status();
+  EXPECT_EQ(store_.state_bytes(), 0u);
 }
 
 TEST_F(JobStoreTest, DeleteFreesTheBudgetAndForgetsTheJob) {

@@ -1,5 +1,11 @@
 #include "server/server_options.h"
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace depot {
@@ -24,6 +30,108 @@ TEST(ParseHostPortTest, RejectsMalformedAddresses) {
                           "host:65536", "host:8x", "::1:80", "[::1:80"}) {
     EXPECT_FALSE(ParseHostPort(bad).ok()) << bad;
   }
+}
+
+// A fake /proc/self/cgroup and cgroup mount under a temporary directory.
+class FakeCgroup : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/depot-cgroup-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    root_ = pattern;
+  }
+  void TearDown() override { std::filesystem::remove_all(root_); }
+
+  void Write(const std::string& relative, const std::string& contents) {
+    const std::filesystem::path path = root_ + "/" + relative;
+    std::filesystem::create_directories(path.parent_path());
+    std::ofstream(path) << contents;
+  }
+  std::string proc() const { return root_ + "/proc-self-cgroup"; }
+  std::string mount() const { return root_ + "/sys-fs-cgroup"; }
+
+  std::string root_;
+};
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+TEST_F(FakeCgroup, ReadsCgroupV2MemoryMaxOfTheProcesssOwnCgroup) {
+  Write("proc-self-cgroup", "0::/user.slice/depot.scope\n");
+  Write("sys-fs-cgroup/user.slice/depot.scope/memory.max", "1073741824\n");
+  Write("sys-fs-cgroup/memory.max", "max\n");
+  std::string path;
+  EXPECT_EQ(CgroupMemoryLimit(proc(), mount(), &path), kGiB);
+  EXPECT_EQ(path, mount() + "/user.slice/depot.scope/memory.max");
+}
+
+TEST_F(FakeCgroup, CgroupV2MaxIsNoLimit) {
+  Write("proc-self-cgroup", "0::/\n");
+  Write("sys-fs-cgroup/memory.max", "max\n");
+  EXPECT_EQ(CgroupMemoryLimit(proc(), mount()), std::nullopt);
+}
+
+TEST_F(FakeCgroup, ReadsCgroupV1LimitInBytesOfTheMemoryHierarchy) {
+  Write("proc-self-cgroup",
+        "5:cpu,cpuacct:/a\n4:memory:/process_api/abc\n0::/\n");
+  Write("sys-fs-cgroup/memory/process_api/abc/memory.limit_in_bytes",
+        "2147483648\n");
+  EXPECT_EQ(CgroupMemoryLimit(proc(), mount()), 2 * kGiB);
+}
+
+TEST_F(FakeCgroup, CgroupV1UnlimitedIsNoLimit) {
+  Write("proc-self-cgroup", "4:memory:/\n");
+  Write("sys-fs-cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n");
+  EXPECT_EQ(CgroupMemoryLimit(proc(), mount()), std::nullopt);
+}
+
+// In a cgroup namespace the process's cgroup is the mount's root.
+TEST_F(FakeCgroup, FallsBackToTheMountsRootInACgroupNamespace) {
+  Write("proc-self-cgroup", "0::/not/visible/here\n");
+  Write("sys-fs-cgroup/memory.max", "536870912\n");
+  EXPECT_EQ(CgroupMemoryLimit(proc(), mount()), 512 * kMiB);
+}
+
+TEST_F(FakeCgroup, DefaultBudgetIsTheCgroupLimitLessAMarginWhenBelowRam) {
+  Write("proc-self-cgroup", "0::/job\n");
+  Write("sys-fs-cgroup/job/memory.max", "1073741824\n");
+  // 64 GiB of RAM, a 1 GiB cgroup: 1 GiB - max(128 MiB, 1/8 GiB).
+  absl::StatusOr<MemoryLimitDefault> limit =
+      DefaultMemoryLimit(64 * kGiB, proc(), mount());
+  ASSERT_TRUE(limit.ok()) << limit.status();
+  EXPECT_EQ(limit->bytes, kGiB - 128 * kMiB);
+  EXPECT_NE(limit->source.find("the cgroup's memory limit of 1073741824"),
+            std::string::npos)
+      << limit->source;
+  // A 64 GiB cgroup: 1/8 of it is the margin, 56 GiB, above 80% of 32 GiB.
+  Write("sys-fs-cgroup/job/memory.max", absl::StrCat(64 * kGiB));
+  limit = DefaultMemoryLimit(32 * kGiB, proc(), mount());
+  ASSERT_TRUE(limit.ok()) << limit.status();
+  EXPECT_EQ(limit->bytes, static_cast<uint64_t>(32 * kGiB * 0.8));
+  EXPECT_NE(limit->source.find("80% of physical RAM"), std::string::npos);
+  limit = DefaultMemoryLimit(128 * kGiB, proc(), mount());
+  ASSERT_TRUE(limit.ok()) << limit.status();
+  EXPECT_EQ(limit->bytes, 56 * kGiB);
+}
+
+TEST_F(FakeCgroup, DefaultBudgetWithoutACgroupLimitIs80PercentOfRam) {
+  Write("proc-self-cgroup", "0::/\n");
+  Write("sys-fs-cgroup/memory.max", "max\n");
+  absl::StatusOr<MemoryLimitDefault> limit =
+      DefaultMemoryLimit(10 * kGiB, proc(), mount());
+  ASSERT_TRUE(limit.ok()) << limit.status();
+  EXPECT_EQ(limit->bytes, 8 * kGiB);
+  // No /proc/self/cgroup at all: the same.
+  limit = DefaultMemoryLimit(10 * kGiB, root_ + "/none", mount());
+  ASSERT_TRUE(limit.ok()) << limit.status();
+  EXPECT_EQ(limit->bytes, 8 * kGiB);
+}
+
+TEST_F(FakeCgroup, CgroupLimitBelowTheMarginIsInvalidArgument) {
+  Write("proc-self-cgroup", "0::/\n");
+  Write("sys-fs-cgroup/memory.max", absl::StrCat(100 * kMiB));
+  EXPECT_EQ(DefaultMemoryLimit(64 * kGiB, proc(), mount()).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ResolveServerOptionsTest, FillsInMachineDefaults) {

@@ -230,6 +230,108 @@ TEST_F(ShardStateTest, ContributionsAreSummedInWorkerRankOrderNotArrivalOrder) {
   } while (std::next_permutation(arrival.begin(), arrival.end()));
 }
 
+// Issue 13: 63 workers sending to a 180 MB job drove the server to 19x its
+// budget, held after they timed out. Every payload waiting for its peers is
+// charged to the server's budget now, and one that does not fit is refused.
+TEST_F(ShardStateTest, PayloadsWaitingForPeersAreChargedToTheBudget) {
+  constexpr uint64_t kChunkBytes = 8 * sizeof(float);
+  // Room for three waiting payloads, not four.
+  auto budget = std::make_shared<MemoryBudget>(3 * kChunkBytes + 1);
+  auto shard = ShardState::Create(/*job_id=*/1,
+                                  JobShape::Create(TwoTensorConfig(3), 0).value(),
+                                  &pool_, payloads_, &metrics_, false, budget)
+                   .value();
+  auto sink = std::make_shared<RecordingSink>();
+  for (uint32_t worker = 0; worker < 3; ++worker) {
+    ASSERT_TRUE(shard->BeginStep(1, worker, {}).ok());
+  }
+  ASSERT_TRUE(Send(*shard, 1, 0, 0, 1, sink).ok());
+  ASSERT_TRUE(Send(*shard, 1, 0, 1, 1, sink).ok());
+  ASSERT_TRUE(Send(*shard, 1, 1, 0, 1, sink).ok());
+  EXPECT_EQ(budget->used(), 3 * kChunkBytes);
+  EXPECT_EQ(shard->inflight_bytes(), 3 * kChunkBytes);
+  // The fourth is refused, and leaves nothing behind.
+  const absl::Status refused = Send(*shard, 1, 1, 1, 1, sink);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("memory budget"), std::string::npos);
+  EXPECT_EQ(budget->used(), 3 * kChunkBytes);
+  // A retry of a waiting payload takes its place and its charge.
+  sink->set_open(false);
+  auto retry = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(Send(*shard, 1, 0, 0, 1, retry).ok());
+  EXPECT_EQ(budget->used(), 3 * kChunkBytes);
+  // What a deleted job still holds leaves the budget with it.
+  shard.reset();
+  EXPECT_EQ(budget->used(), 0u);
+}
+
+// A refused contribution leaves no trace: the chunk may still be initialised
+// (InitChunk refuses a chunk with contributions pending).
+TEST_F(ShardStateTest, ARefusedContributionLeavesTheChunkAsItWas) {
+  auto budget = std::make_shared<MemoryBudget>(8 * sizeof(float) - 1);
+  auto shard = ShardState::Create(/*job_id=*/1,
+                                  JobShape::Create(TwoTensorConfig(2), 0).value(),
+                                  &pool_, payloads_, &metrics_, false, budget)
+                   .value();
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
+  EXPECT_EQ(Send(*shard, 1, 0, 0, 1, sink).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(shard->OldestPendingStep().step, 0u);
+  EXPECT_TRUE(shard->InitChunk(0, DType::kFloat32,
+                               Fp32Payload(std::vector<float>(8, 1.0f)))
+                  .ok());
+  EXPECT_EQ(budget->used(), 0u);
+}
+
+TEST_F(ShardStateTest, AnUpdateGivesItsPayloadsBackToTheBudget) {
+  auto budget = std::make_shared<MemoryBudget>(1 << 20);
+  auto shard = ShardState::Create(/*job_id=*/1,
+                                  JobShape::Create(TwoTensorConfig(2), 0).value(),
+                                  &pool_, payloads_, &metrics_, false, budget)
+                   .value();
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
+  ASSERT_TRUE(shard->BeginStep(1, 1, {}).ok());
+  ASSERT_TRUE(Send(*shard, 1, 0, 0, 1, sink).ok());
+  ASSERT_TRUE(Send(*shard, 1, 0, 1, 1, sink).ok());
+  EXPECT_EQ(budget->used(), 2 * 8 * sizeof(float));
+  ASSERT_TRUE(Send(*shard, 1, 1, 0, 1, sink).ok());
+  sink->WaitFor(1);
+  DrainPool(pool_);
+  // Chunk 0's two payloads are back; chunk 1's one still waits.
+  EXPECT_EQ(budget->used(), 8 * sizeof(float));
+  EXPECT_EQ(shard->inflight_bytes(), 8 * sizeof(float));
+}
+
+TEST_F(ShardStateTest, RolledBackPayloadsLeaveTheBudget) {
+  auto budget = std::make_shared<MemoryBudget>(1 << 20);
+  auto shard = ShardState::Create(/*job_id=*/1,
+                                  JobShape::Create(TwoTensorConfig(2), 0).value(),
+                                  &pool_, payloads_, &metrics_, false, budget)
+                   .value();
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
+  ASSERT_TRUE(Send(*shard, 1, 0, 0, 1, sink).ok());
+  ASSERT_TRUE(Send(*shard, 1, 0, 1, 1, sink).ok());
+  EXPECT_EQ(budget->used(), 2 * 8 * sizeof(float));
+  shard->BeginRollBack();
+  EXPECT_EQ(shard->DropInFlight(), 2u);
+  shard->EndRollBack();
+  EXPECT_EQ(budget->used(), 0u);
+}
+
+// A chunk outside the shard or of the wrong size is refused before its
+// payload is copied anywhere (the Step reader checks first).
+TEST_F(ShardStateTest, GradientPayloadIsCheckedBeforeItIsCopied) {
+  auto shard = MakeShard(TwoTensorConfig(1));
+  EXPECT_TRUE(shard->CheckGradientPayload(1, 8 * sizeof(float)).ok());
+  EXPECT_EQ(shard->CheckGradientPayload(2, 8 * sizeof(float)).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(shard->CheckGradientPayload(0, 7 * sizeof(float)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ShardStateTest, DuplicateContributionFromAnOpenStreamIsAlreadyExists) {
   auto shard = MakeShard(TwoTensorConfig(2));
   auto sink = std::make_shared<RecordingSink>();

@@ -41,12 +41,14 @@ class FakeTransport : public StepTransport {
     finished_ok = true;
   }
   void FinishWithError(const absl::Status& status) override { error = status; }
+  void ResumeReading() override { ++resumed; }
 
   // What gRPC would hold: references to the written messages' slices.
   std::vector<grpc::ByteBuffer> buffers;
   std::vector<v1::StepResponse> writes;
   bool finished_ok = false;
   absl::Status error;
+  int resumed = 0;
 };
 
 ChunkWeights Weights(uint64_t chunk, std::string bytes, double seconds,
@@ -144,6 +146,46 @@ TEST_F(StepStreamTest, AnAckIsNotAnAnsweredChunk) {
   ASSERT_TRUE(transport_.finished_ok);
   EXPECT_EQ(transport_.writes.back().stats().chunks(), 1u);
   EXPECT_EQ(metrics_.sent_step_bytes.Value(), 4.0);
+}
+
+// Issue 13: the in-flight window was enforced by the client only. The server
+// stops reading a stream that has kCredits contributions unanswered, and
+// resumes once an answer (an ack or weights, each chunk counted once) is
+// written: one still in the send queue holds its credit.
+TEST_F(StepStreamTest, ReaderStopsAtItsCreditsAndResumesOnAnAnswer) {
+  for (uint64_t chunk = 0; chunk < StepStream::kCredits; ++chunk) {
+    EXPECT_TRUE(stream_.MayRead()) << chunk;
+    stream_.ExpectChunk();
+  }
+  EXPECT_FALSE(stream_.MayRead());
+  EXPECT_EQ(transport_.resumed, 0);
+  // A two-phase ack of chunk 3 answers it once written: the reader resumes,
+  // once.
+  stream_.DeliverAck(3);
+  EXPECT_EQ(transport_.resumed, 0);
+  stream_.OnWriteDone(true);
+  EXPECT_EQ(transport_.resumed, 1);
+  stream_.ExpectChunk();
+  EXPECT_FALSE(stream_.MayRead());
+  // Chunk 3's weights do not answer it again.
+  stream_.Deliver(Weights(3, "abcd", 0.0, false));
+  stream_.OnWriteDone(true);
+  EXPECT_EQ(transport_.resumed, 1);
+  stream_.Deliver(Weights(5, "abcd", 0.0, false));
+  stream_.OnWriteDone(true);
+  EXPECT_EQ(transport_.resumed, 2);
+  EXPECT_TRUE(stream_.MayRead());
+}
+
+TEST_F(StepStreamTest, AFailedStreamIsNotResumed) {
+  for (uint64_t chunk = 0; chunk < StepStream::kCredits; ++chunk) {
+    stream_.ExpectChunk();
+  }
+  EXPECT_FALSE(stream_.MayRead());
+  stream_.Deliver(Weights(0, "abcd", 0.0, false));
+  stream_.Fail(absl::CancelledError("gone"));
+  stream_.OnWriteDone(true);
+  EXPECT_EQ(transport_.resumed, 0);
 }
 
 TEST_F(StepStreamTest, FailFinishesAtOnceWhenNoWriteIsInFlight) {

@@ -50,7 +50,8 @@ class MomentPrecisionTest : public TwoServers {
 
 // Every server reports shard elements * bytes per element (padding included),
 // and its depot_state_bytes gauge is the sum over the jobs it holds, with the
-// fp32 weights each job keeps of two steps (8 bytes per element).
+// fp32 weights each job keeps of two steps (8 bytes per element) and the
+// jobs' bookkeeping.
 TEST_F(MomentPrecisionTest, StateBytesAreTwelvePerParamForFp32AndEightForBf16) {
   absl::StatusOr<std::unique_ptr<ClientTraining>> fp32 = ClientTraining::Open(
       Addresses(), AdamWJob("fp32-moments", DType::kFloat32));
@@ -77,9 +78,13 @@ TEST_F(MomentPrecisionTest, StateBytesAreTwelvePerParamForFp32AndEightForBf16) {
     ASSERT_TRUE(metrics.ok()) << metrics.status();
     const uint64_t kept =
         8 * (a.shard_end - a.shard_begin) + 8 * (b.shard_end - b.shard_begin);
-    EXPECT_EQ(MetricValue(*metrics, "depot_state_bytes").value_or(-1),
-              static_cast<double>(a.state_bytes + b.state_bytes + kept))
-        << s;
+    // Besides, each job's bookkeeping (ShardState::BookkeepingBytes: its
+    // config, plan and per-chunk records), a few KiB for these small jobs.
+    const double counted =
+        MetricValue(*metrics, "depot_state_bytes").value_or(-1);
+    const double data = static_cast<double>(a.state_bytes + b.state_bytes + kept);
+    EXPECT_GT(counted, data) << s;
+    EXPECT_LT(counted, data + 2 * 64 * 1024) << s;
   }
 }
 

@@ -390,9 +390,12 @@ TEST_F(ShutdownTest, SecondSigtermExitsAtOnce) {
   EXPECT_FALSE(paused.ReadToTheEnd().ok());
 }
 
-// Issue 13: a job of 2^31 workers, whose bookkeeping cannot be allocated,
-// and a step that ran into its deadline: the step fails cleanly and SIGTERM
-// still ends the server within its bound (it used to wait forever).
+// Issue 13: a job of 2^31 workers, whose bookkeeping could not be
+// allocated, and a step that ran into its deadline: SIGTERM never ended the
+// server. Such a job is refused now (num_workers is at most 2^16); one of the
+// most workers allowed, whose step runs into its deadline for want of the
+// others, still fails cleanly and lets SIGTERM end the server within its
+// bound.
 TEST_F(ShutdownTest, HugeWorkerCountAfterAStepsDeadlineStillShutsDown) {
   const absl::Duration grace = absl::Seconds(1);
   ASSERT_NO_FATAL_FAILURE(StartServer(grace));
@@ -405,6 +408,10 @@ TEST_F(ShutdownTest, HugeWorkerCountAfterAStepsDeadlineStillShutsDown) {
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   ASSERT_TRUE(client.ok()) << client.status();
   absl::StatusOr<std::unique_ptr<Job>> job = (*client)->OpenJob(config, 0);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument)
+      << job.status();
+  config.num_workers = kMaxWorkers;
+  job = (*client)->OpenJob(config, 0);
   ASSERT_TRUE(job.ok()) << job.status();
   const Layout& layout = (*job)->layout();
   const std::string weights =

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace depot {
@@ -65,6 +66,72 @@ TEST(ValidateJobConfigTest, RejectsZeroChunkElems) {
 
 TEST(ValidateJobConfigTest, RejectsChunksThatAreNotAMultipleOfTheAlignment) {
   ExpectRejected([](JobConfig& c) { c.chunk_elems = 100; }, "chunk_elems");
+}
+
+// Issue 13: every size field has a bound (docs/protocol.md, "Bounds").
+TEST(ValidateJobConfigTest, RejectsSizeFieldsAboveTheirBounds) {
+  ExpectRejected([](JobConfig& c) { c.num_servers = kMaxServers + 1; },
+                 "num_servers");
+  ExpectRejected([](JobConfig& c) { c.num_servers = uint32_t{1} << 30; },
+                 "num_servers");
+  ExpectRejected([](JobConfig& c) { c.num_workers = kMaxWorkers + 1; },
+                 "num_workers");
+  ExpectRejected([](JobConfig& c) { c.num_workers = uint32_t{1} << 31; },
+                 "num_workers");
+  ExpectRejected(
+      [](JobConfig& c) { c.name = std::string(kMaxJobNameBytes + 1, 'n'); },
+      "name");
+  ExpectRejected(
+      [](JobConfig& c) {
+        c.tensors[1].name = std::string(kMaxTensorNameBytes + 1, 't');
+      },
+      "tensors[1].name");
+  ExpectRejected(
+      [](JobConfig& c) {
+        c.tensors.clear();
+        for (uint64_t i = 0; i <= kMaxTensors; ++i) {
+          c.tensors.push_back({std::to_string(i), 1, 0});
+        }
+      },
+      "tensors");
+}
+
+TEST(ValidateJobConfigTest, AcceptsSizeFieldsAtTheirBounds) {
+  JobConfig config = ValidJob();
+  config.num_servers = kMaxServers;
+  config.num_workers = kMaxWorkers;
+  config.name = std::string(kMaxJobNameBytes, 'n');
+  config.tensors[0].name = std::string(kMaxTensorNameBytes, 't');
+  EXPECT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+}
+
+// A chunk whose saved state (ExportState's StateChunk) would not fit one
+// message could never be exported or imported: such a job is refused.
+TEST(ValidateJobConfigTest, ChunkElemsMustLetTheChunksStateFitOneMessage) {
+  JobConfig config = ValidJob();  // AdamW, fp32 moments: 12 bytes a parameter
+  const uint64_t max_chunk = MaxChunkElems(config);
+  EXPECT_EQ(max_chunk,
+            (kWireMessageLimitBytes - kStateChunkOverheadBytes -
+             2 * kStateChunkBytesPerTensor) / 12);
+  config.chunk_elems = max_chunk / 64 * 64;
+  EXPECT_TRUE(ValidateJobConfig(config).ok()) << ValidateJobConfig(config);
+  config.chunk_elems = (max_chunk / 64 + 1) * 64;
+  const absl::Status status = ValidateJobConfig(config);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find(absl::StrCat("chunk_elems: at most ",
+                                               max_chunk, " for this job")),
+            std::string::npos)
+      << status;
+  // 4 Mi elements fit with AdamW's fp32 moments (48 MiB), not with
+  // AMSGrad's third slot (64 MiB and the rest).
+  config.chunk_elems = uint64_t{4} << 20;
+  EXPECT_TRUE(ValidateJobConfig(config).ok());
+  config.optimizer.amsgrad = true;
+  EXPECT_EQ(ValidateJobConfig(config).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Unbounded before: 2^40 elements a chunk.
+  ExpectRejected([](JobConfig& c) { c.chunk_elems = uint64_t{1} << 40; },
+                 "chunk_elems");
 }
 
 TEST(ValidateJobConfigTest, RejectsUnknownDTypes) {

@@ -111,6 +111,25 @@ DEPOT_API absl::Status ValidateOptimizerConfig(const OptimizerConfig& config);
 inline constexpr uint64_t kDefaultChunkElems = uint64_t{1} << 20;
 inline constexpr uint64_t kDefaultAlignmentElems = 64;
 
+// Bounds on a job's size fields (docs/protocol.md, "Bounds"). Everything a
+// server keeps per server, per worker, per tensor and per chunk of a job is
+// counted against its memory budget, and these bounds keep what it builds
+// before that check (the shard plan: one entry per server) small.
+inline constexpr uint32_t kMaxServers = uint32_t{1} << 16;
+inline constexpr uint32_t kMaxWorkers = uint32_t{1} << 16;
+inline constexpr uint64_t kMaxTensors = uint64_t{1} << 20;
+inline constexpr size_t kMaxJobNameBytes = 256;
+inline constexpr size_t kMaxTensorNameBytes = 1024;
+// The largest gRPC message client and server exchange (both set it).
+inline constexpr uint64_t kWireMessageLimitBytes = uint64_t{64} << 20;
+// What a StateChunk message (the largest message of a job, ExportState and
+// ImportState) holds besides its arrays and its per-tensor step counts: field
+// tags, lengths and the scalar fields, with room to spare.
+inline constexpr uint64_t kStateChunkOverheadBytes = 4096;
+// Each per-tensor optimizer step count of a StateChunk: at most 10 bytes
+// (a varint; steps are at most 2^62).
+inline constexpr uint64_t kStateChunkBytesPerTensor = 10;
+
 struct JobConfig {
   std::string name;
   std::vector<TensorSpec> tensors;
@@ -158,9 +177,20 @@ struct GroupHyperParams {
   double weight_decay = 0.0;
 };
 
+// The largest chunk_elems a job of `config` may use: every message of the job
+// fits kWireMessageLimitBytes, the largest being a chunk's StateChunk
+// (chunk_elems * OptimizerStateBytesPerParam of its slots, plus
+// kStateChunkBytesPerTensor for each tensor, plus kStateChunkOverheadBytes);
+// step, pull and init messages carry at most 4 bytes per element, less.
+// 0 when even one element does not fit (more tensors than that allows).
+DEPOT_API uint64_t MaxChunkElems(const JobConfig& config);
+
 // Validates everything, the layout included. INVALID_ARGUMENT with a message
-// naming the field when: name is empty; num_workers or num_servers is 0;
-// chunk_elems is 0 or not a multiple of alignment_elems; the layout or
+// naming the field when: name is empty or longer than kMaxJobNameBytes;
+// num_workers or num_servers is 0 or above kMaxWorkers / kMaxServers; more
+// than kMaxTensors tensors, or a tensor name longer than kMaxTensorNameBytes;
+// chunk_elems is 0, not a multiple of alignment_elems, or above
+// MaxChunkElems; the layout or
 // optimizer config is invalid; group_optimizers is not empty and does not have
 // one valid entry per param group of the layout (0 to the largest), or an
 // entry differs from `optimizer` in a job-wide field.

@@ -1,0 +1,266 @@
+// Requests that are not valid protobuf encodings, sent as raw bytes with
+// grpc::GenericStub, and size fields past their bounds (issue 13): every one
+// is INVALID_ARGUMENT with a message naming what was wrong, never gRPC's
+// INTERNAL with an empty message or UNKNOWN; a malformed message in the middle
+// of a client stream fails the stream instead of ending it quietly; and the
+// job's state is left as it was.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "depot/layout.h"
+#include "depot/shard_plan.h"
+#include "gmock/gmock.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/completion_queue.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "gtest/gtest.h"
+#include "raw_driver.h"
+#include "server_process.h"
+#include "training_data.h"
+#include "wire/wire.h"
+
+namespace depot::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Field 0 with wire type 7: no protobuf message starts so.
+const std::string kGarbage("\x07\xff\xff\xff", 4);
+
+grpc::ByteBuffer BufferOf(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+grpc::ByteBuffer BufferOf(const google::protobuf::MessageLite& message) {
+  return BufferOf(message.SerializeAsString());
+}
+
+// One call of `method` ("/depot.v1.Depot/GetJob") that writes `messages` as
+// they are, half-closes, reads whatever comes back and returns the status:
+// the wire exchange of any method, unary or streaming, through
+// grpc::GenericStub, step by step on a completion queue.
+grpc::Status RawCall(const std::string& address, const std::string& method,
+                     const std::vector<grpc::ByteBuffer>& messages,
+                     std::vector<grpc::ByteBuffer>* responses = nullptr) {
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(60));
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+      stub.PrepareCall(&context, method, &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  // Each operation in turn, waited for before the next.
+  auto wait = [&] {
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  bool open = wait();
+  for (const grpc::ByteBuffer& message : messages) {
+    if (!open) break;
+    call->Write(message, reinterpret_cast<void*>(2));
+    open = wait();
+  }
+  if (open) {
+    call->WritesDone(reinterpret_cast<void*>(3));
+    wait();
+  }
+  while (true) {
+    grpc::ByteBuffer response;
+    call->Read(&response, reinterpret_cast<void*>(4));
+    if (!wait()) break;
+    if (responses != nullptr) responses->push_back(std::move(response));
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  wait();
+  return status;
+}
+
+class MalformedRequestTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::Start();
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    stub_ = NewDepotStub(server_->grpc_address());
+    config_ = SmallJobConfig("malformed", /*num_workers=*/1,
+                             /*num_servers=*/1);
+    JobConfigToProto(config_, &spec_);
+    v1::CreateJobResponse created;
+    const grpc::Status status = RawCreateJob(*stub_, spec_, 0, &created);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    job_id_ = created.job_id();
+    fingerprint_ = created.fingerprint();
+    layout_ = std::make_unique<Layout>(
+        *Layout::Create(config_.tensors, config_.alignment_elems));
+    plan_ = std::make_unique<ShardPlan>(
+        *ShardPlan::Create(layout_->total_elems(), 1, config_.chunk_elems));
+    ASSERT_GE(plan_->num_chunks(), 2u);
+  }
+
+  grpc::Status Call(const std::string& method,
+                    const std::vector<grpc::ByteBuffer>& messages) {
+    return RawCall(server_->grpc_address(),
+                   absl::StrCat("/depot.v1.Depot/", method), messages);
+  }
+
+  std::string PullAll() {
+    std::string payload;
+    const grpc::Status status = RawPull(
+        *stub_,
+        MakePullRequest(job_id_, fingerprint_, 0, layout_->total_elems(),
+                        v1::DTYPE_FP32),
+        &payload);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return payload;
+  }
+
+  std::unique_ptr<ServerProcess> server_;
+  std::unique_ptr<v1::Depot::Stub> stub_;
+  JobConfig config_;
+  v1::JobSpec spec_;
+  uint64_t job_id_ = 0;
+  uint64_t fingerprint_ = 0;
+  std::unique_ptr<Layout> layout_;
+  std::unique_ptr<ShardPlan> plan_;
+};
+
+// Before: INTERNAL with an empty message, from gRPC, before the handler ran.
+TEST_F(MalformedRequestTest, GarbageRequestOfEveryMethodButStepIsInvalidArgument) {
+  StateChecksumWatch state;
+  ASSERT_NO_FATAL_FAILURE(state.Record(*stub_, job_id_));
+  for (const char* method :
+       {"CreateJob", "InitWeights", "PullWeights", "GetJob", "DeleteJob",
+        "ExportState", "ImportState", "Checkpoint", "ListCheckpoints",
+        "RollBack", "ImportCheckpoint"}) {
+    const grpc::Status status = Call(method, {BufferOf(kGarbage)});
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << method << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(),
+                HasSubstr(absl::StrCat("malformed ", method, " request")))
+        << method;
+  }
+  // The server is still up, the job still there and unchanged.
+  ASSERT_NO_FATAL_FAILURE(state.ExpectUnchanged(*stub_, job_id_));
+}
+
+// A well-formed request through the raw path still works: the methods are
+// the same on the wire.
+TEST_F(MalformedRequestTest, WellFormedRawRequestIsAnswered) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id_);
+  std::vector<grpc::ByteBuffer> responses;
+  const grpc::Status status =
+      RawCall(server_->grpc_address(), "/depot.v1.Depot/GetJob",
+              {BufferOf(request)}, &responses);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(responses.size(), 1u);
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(responses[0].Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  v1::JobStatus job;
+  ASSERT_TRUE(job.ParseFromString(bytes));
+  EXPECT_EQ(job.job_id(), job_id_);
+  EXPECT_EQ(job.fingerprint(), fingerprint_);
+}
+
+// Before: the malformed message was taken as the stream's end, the RPC was
+// OK, and the chunk after it was dropped without a word.
+TEST_F(MalformedRequestTest, MalformedMessageInsideInitWeightsFailsTheStream) {
+  const std::string weights =
+      MakeInitialWeights(*layout_, DType::kFloat32, /*seed=*/5);
+  v1::InitWeightsRequest header;
+  *header.mutable_header() =
+      MakeInitHeader(job_id_, fingerprint_, v1::DTYPE_FP32);
+  v1::InitWeightsRequest first;
+  *first.mutable_chunk() = MakeChunk(*plan_, 0, weights.data(), DType::kFloat32);
+  v1::InitWeightsRequest second;
+  *second.mutable_chunk() =
+      MakeChunk(*plan_, 1, weights.data(), DType::kFloat32);
+  const std::string before = PullAll();
+
+  const grpc::Status status =
+      Call("InitWeights", {BufferOf(header), BufferOf(first),
+                           BufferOf(kGarbage), BufferOf(second)});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("malformed InitWeights request"));
+
+  // The chunk before the bad message was written (as the protocol says of
+  // what a stream accepted before its error); the one after it was not.
+  const std::string after = PullAll();
+  const ChunkRange c0 = plan_->chunk(0);
+  const ChunkRange c1 = plan_->chunk(1);
+  EXPECT_EQ(after.substr(c0.begin * 4, c0.size() * 4),
+            weights.substr(c0.begin * 4, c0.size() * 4));
+  EXPECT_EQ(after.substr(c1.begin * 4, c1.size() * 4),
+            before.substr(c1.begin * 4, c1.size() * 4));
+}
+
+TEST_F(MalformedRequestTest, MalformedMessageInsideImportStateFailsTheStream) {
+  StateChecksumWatch state;
+  ASSERT_NO_FATAL_FAILURE(state.Record(*stub_, job_id_));
+  v1::ImportStateRequest header;
+  header.mutable_header()->set_job_id(job_id_);
+  header.mutable_header()->set_fingerprint(fingerprint_);
+  const grpc::Status status =
+      Call("ImportState", {BufferOf(header), BufferOf(kGarbage)});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("malformed ImportState request"));
+  ASSERT_NO_FATAL_FAILURE(state.ExpectUnchanged(*stub_, job_id_));
+}
+
+// Issue 13: num_servers 2^27 grew the server by 5.2 GB (and stayed OK),
+// 2^30 escaped as UNKNOWN; num_workers 2^31 allocated per-worker bookkeeping
+// outside the budget; chunk_elems had no bound, so a job could exist whose
+// state can never be exported. Each is INVALID_ARGUMENT naming the field now.
+TEST_F(MalformedRequestTest, SizeFieldsPastTheirBoundsAreInvalidArgument) {
+  struct Case {
+    const char* field;
+    void (*mutate)(v1::JobSpec&);
+  };
+  const Case cases[] = {
+      {"num_servers", [](v1::JobSpec& s) { s.set_num_servers(1u << 27); }},
+      {"num_servers", [](v1::JobSpec& s) { s.set_num_servers(1u << 30); }},
+      {"num_workers", [](v1::JobSpec& s) { s.set_num_workers(1u << 26); }},
+      {"num_workers", [](v1::JobSpec& s) { s.set_num_workers(1u << 31); }},
+      {"chunk_elems",
+       [](v1::JobSpec& s) { s.set_chunk_elems(uint64_t{1} << 30); }},
+      {"name", [](v1::JobSpec& s) { s.set_name(std::string(4096, 'n')); }},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec spec = spec_;
+    spec.set_name(absl::StrCat("bounds-", c.field));
+    c.mutate(spec);
+    v1::CreateJobResponse response;
+    const grpc::Status status = RawCreateJob(*stub_, spec, 0, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.field << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(absl::StrCat(c.field, ":")));
+  }
+  // None of them left a job behind.
+  v1::JobStatus job;
+  EXPECT_TRUE(RawGetJob(*stub_, job_id_, false, &job).ok());
+  EXPECT_EQ(RawGetJob(*stub_, job_id_ + 1, false, &job).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+}  // namespace
+}  // namespace depot::testing
