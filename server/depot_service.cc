@@ -28,21 +28,61 @@ void Log(const std::string& line) {
   std::fprintf(stderr, "depot-server: %s\n", line.c_str());
 }
 
+// The RPCs whose every call, allowed or refused, gets an audit line: those
+// that create, read or change a job's state (docs/security.md, "Audit").
+bool Audited(Rpc rpc) {
+  switch (rpc) {
+    case Rpc::kCreateJob:
+    case Rpc::kInitWeights:
+    case Rpc::kPullWeights:
+    case Rpc::kDeleteJob:
+    case Rpc::kExportState:
+    case Rpc::kImportState:
+    case Rpc::kCheckpoint:
+    case Rpc::kRollBack:
+    case Rpc::kImportCheckpoint:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
-                           Checkpointer* checkpointer)
-    : jobs_(jobs), metrics_(metrics), checkpointer_(checkpointer) {}
+                           Checkpointer* checkpointer, const TenantAuth* auth)
+    : jobs_(jobs), metrics_(metrics), checkpointer_(checkpointer), auth_(auth) {
+  for (const std::shared_ptr<ShardState>& shard : jobs_->Jobs()) {
+    owners_.AddRestored(shard->shape().config().name, shard->job_id());
+  }
+}
 
-grpc::Status DepotService::Serve(Rpc rpc,
-                                 absl::FunctionRef<absl::Status()> body) {
+absl::StatusOr<std::string> DepotService::TenantOf(
+    const grpc::ServerContextBase& context) const {
+  if (auth_ == nullptr) return std::string(kImplicitTenant);
+  return auth_->TenantOf(context);
+}
+
+grpc::Status DepotService::Serve(
+    Rpc rpc, const grpc::ServerContextBase& context,
+    absl::FunctionRef<absl::Status(Caller&)> body) {
   metrics_->CountRpc(rpc);
+  Caller caller;
+  caller.peer = context.peer();
+  bool authenticated = false;
   absl::Status status;
   if (EnterCall()) {
     // An exception must not skip ExitCall, or shutdown would wait for the
     // call until its grace period ends.
     try {
-      status = body();
+      absl::StatusOr<std::string> tenant = TenantOf(context);
+      if (tenant.ok()) {
+        authenticated = true;
+        caller.tenant = *std::move(tenant);
+        status = body(caller);
+      } else {
+        status = tenant.status();
+      }
     } catch (const std::exception& e) {
       status = ExceptionStatus(e);
     }
@@ -50,8 +90,48 @@ grpc::Status DepotService::Serve(Rpc rpc,
   } else {
     status = absl::UnavailableError(kShuttingDown);
   }
+  if (Audited(rpc)) {
+    Log(absl::StrFormat(
+        "audit: %s tenant=%s peer=%s%s: %s", kRpcNames[static_cast<int>(rpc)],
+        authenticated ? absl::StrCat("\"", caller.tenant, "\"")
+                      : std::string("(unauthenticated)"),
+        caller.peer, caller.job.empty() ? "" : absl::StrCat(" ", caller.job),
+        status.ok() ? std::string("OK")
+                    : std::string(absl::StatusCodeToString(status.code()))));
+  }
   if (!status.ok()) RecordFailure(rpc, status);
   return ToGrpcStatus(status);
+}
+
+namespace {
+
+void NoteJob(std::string* job, const ShardState& shard) {
+  *job = absl::StrFormat("job %d \"%s\"", shard.job_id(),
+                         shard.shape().config().name);
+}
+
+absl::Status UnknownJob(uint64_t job_id) {
+  // JobStore's words for an id it does not hold.
+  return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<ShardState>> DepotService::FindOwned(
+    Caller& caller, uint64_t job_id) const {
+  if (!owners_.Owns(caller.tenant, job_id)) return UnknownJob(job_id);
+  absl::StatusOr<std::shared_ptr<ShardState>> shard = jobs_->Find(job_id);
+  if (shard.ok()) NoteJob(&caller.job, **shard);
+  return shard;
+}
+
+absl::StatusOr<std::shared_ptr<ShardState>> DepotService::FindOwned(
+    Caller& caller, uint64_t job_id, uint64_t fingerprint) const {
+  if (!owners_.Owns(caller.tenant, job_id)) return UnknownJob(job_id);
+  absl::StatusOr<std::shared_ptr<ShardState>> shard =
+      jobs_->Find(job_id, fingerprint);
+  if (shard.ok()) NoteJob(&caller.job, **shard);
+  return shard;
 }
 
 absl::Status DepotService::ExceptionStatus(const std::exception& e) {
@@ -81,47 +161,64 @@ void DepotService::RecordFailure(Rpc rpc, const absl::Status& status) {
                    " failed: ", status.ToString()));
 }
 
-grpc::Status DepotService::CreateJob(grpc::ServerContext*,
+grpc::Status DepotService::CreateJob(grpc::ServerContext* context,
                                      const v1::CreateJobRequest* request,
                                      v1::CreateJobResponse* response) {
-  return Serve(Rpc::kCreateJob,
-               [&] { return DoCreateJob(*request, response); });
+  return Serve(Rpc::kCreateJob, *context, [&](Caller& caller) {
+    return DoCreateJob(caller, *request, response);
+  });
 }
 
 grpc::Status DepotService::InitWeights(
-    grpc::ServerContext*, grpc::ServerReader<v1::InitWeightsRequest>* reader,
+    grpc::ServerContext* context,
+    grpc::ServerReader<v1::InitWeightsRequest>* reader,
     v1::InitWeightsResponse* response) {
-  return Serve(Rpc::kInitWeights,
-               [&] { return DoInitWeights(reader, response); });
+  return Serve(Rpc::kInitWeights, *context, [&](Caller& caller) {
+    return DoInitWeights(caller, reader, response);
+  });
 }
 
 grpc::Status DepotService::PullWeights(
-    grpc::ServerContext*, const v1::PullRequest* request,
+    grpc::ServerContext* context, const v1::PullRequest* request,
     grpc::ServerWriter<v1::PullResponse>* writer) {
-  return Serve(Rpc::kPullWeights,
-               [&] { return DoPullWeights(*request, writer); });
+  return Serve(Rpc::kPullWeights, *context, [&](Caller& caller) {
+    return DoPullWeights(caller, *request, writer);
+  });
 }
 
-grpc::Status DepotService::GetJob(grpc::ServerContext*,
+grpc::Status DepotService::GetJob(grpc::ServerContext* context,
                                   const v1::GetJobRequest* request,
                                   v1::JobStatus* response) {
-  return Serve(Rpc::kGetJob, [&] { return DoGetJob(*request, response); });
+  return Serve(Rpc::kGetJob, *context, [&](Caller& caller) {
+    return DoGetJob(caller, *request, response);
+  });
 }
 
-grpc::Status DepotService::DeleteJob(grpc::ServerContext*,
+grpc::Status DepotService::DeleteJob(grpc::ServerContext* context,
                                      const v1::DeleteJobRequest* request,
                                      v1::DeleteJobResponse*) {
-  return Serve(Rpc::kDeleteJob, [&] { return DoDeleteJob(*request); });
+  return Serve(Rpc::kDeleteJob, *context,
+               [&](Caller& caller) { return DoDeleteJob(caller, *request); });
 }
 
-absl::Status DepotService::DoCreateJob(const v1::CreateJobRequest& request,
+absl::Status DepotService::DoCreateJob(Caller& caller,
+                                       const v1::CreateJobRequest& request,
                                        v1::CreateJobResponse* response) {
   absl::StatusOr<JobConfig> config = JobConfigFromProto(request.spec());
   if (!config.ok()) return config.status();
+  const std::string name = config->name;
+  if (absl::Status s = owners_.ClaimName(caller.tenant, name); !s.ok()) {
+    return s;
+  }
   absl::StatusOr<OpenedJob> opened =
       jobs_->CreateOrAttach(*std::move(config), request.server_index());
-  if (!opened.ok()) return opened.status();
+  if (!opened.ok()) {
+    owners_.Abandoned(name);
+    return opened.status();
+  }
+  owners_.Established(caller.tenant, name, opened->shard->job_id());
   const ShardState& shard = *opened->shard;
+  NoteJob(&caller.job, shard);
   const JobShape& shape = shard.shape();
   response->set_job_id(shard.job_id());
   response->set_fingerprint(shape.fingerprint());
@@ -139,7 +236,7 @@ absl::Status DepotService::DoCreateJob(const v1::CreateJobRequest& request,
 }
 
 absl::Status DepotService::DoInitWeights(
-    grpc::ServerReader<v1::InitWeightsRequest>* reader,
+    Caller& caller, grpc::ServerReader<v1::InitWeightsRequest>* reader,
     v1::InitWeightsResponse* response) {
   v1::InitWeightsRequest request;
   if (!reader->Read(&request) || !request.has_header()) {
@@ -148,7 +245,7 @@ absl::Status DepotService::DoInitWeights(
   }
   const v1::InitHeader& header = request.header();
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(header.job_id(), header.fingerprint());
+      FindOwned(caller, header.job_id(), header.fingerprint());
   if (!shard.ok()) return shard.status();
   absl::StatusOr<DType> dtype = DTypeFromProto(header.dtype(), "dtype");
   if (!dtype.ok()) return dtype.status();
@@ -174,10 +271,10 @@ absl::Status DepotService::DoInitWeights(
 }
 
 absl::Status DepotService::DoPullWeights(
-    const v1::PullRequest& request,
+    Caller& caller, const v1::PullRequest& request,
     grpc::ServerWriter<v1::PullResponse>* writer) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.job_id(), request.fingerprint());
+      FindOwned(caller, request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
   absl::StatusOr<DType> dtype = DTypeFromProto(request.dtype(), "dtype");
   if (!dtype.ok()) return dtype.status();
@@ -197,10 +294,11 @@ absl::Status DepotService::DoPullWeights(
                                  : status;
 }
 
-absl::Status DepotService::DoGetJob(const v1::GetJobRequest& request,
+absl::Status DepotService::DoGetJob(Caller& caller,
+                                    const v1::GetJobRequest& request,
                                     v1::JobStatus* response) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.job_id());
+      FindOwned(caller, request.job_id());
   if (!shard.ok()) return shard.status();
   const JobShape& shape = (*shard)->shape();
   response->set_job_id((*shard)->job_id());
@@ -231,10 +329,18 @@ absl::Status DepotService::DoGetJob(const v1::GetJobRequest& request,
   return absl::OkStatus();
 }
 
-absl::Status DepotService::DoDeleteJob(const v1::DeleteJobRequest& request) {
+absl::Status DepotService::DoDeleteJob(Caller& caller,
+                                       const v1::DeleteJobRequest& request) {
+  // Ownership and fingerprint first: Delete itself cannot be undone.
+  if (absl::StatusOr<std::shared_ptr<ShardState>> found =
+          FindOwned(caller, request.job_id(), request.fingerprint());
+      !found.ok()) {
+    return found.status();
+  }
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
       jobs_->Delete(request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
+  owners_.Removed((*shard)->shape().config().name, request.job_id());
   FailStreamsOf(request.job_id(),
                 absl::AbortedError(
                     absl::StrCat("job ", request.job_id(), " was deleted")));
@@ -244,30 +350,35 @@ absl::Status DepotService::DoDeleteJob(const v1::DeleteJobRequest& request) {
 }
 
 grpc::Status DepotService::ExportState(
-    grpc::ServerContext*, const v1::ExportStateRequest* request,
+    grpc::ServerContext* context, const v1::ExportStateRequest* request,
     grpc::ServerWriter<v1::StateChunk>* writer) {
-  return Serve(Rpc::kExportState,
-               [&] { return DoExportState(*request, writer); });
+  return Serve(Rpc::kExportState, *context, [&](Caller& caller) {
+    return DoExportState(caller, *request, writer);
+  });
 }
 
 grpc::Status DepotService::ImportState(
-    grpc::ServerContext*, grpc::ServerReader<v1::ImportStateRequest>* reader,
+    grpc::ServerContext* context,
+    grpc::ServerReader<v1::ImportStateRequest>* reader,
     v1::ImportStateResponse* response) {
-  return Serve(Rpc::kImportState,
-               [&] { return DoImportState(reader, response); });
+  return Serve(Rpc::kImportState, *context, [&](Caller& caller) {
+    return DoImportState(caller, reader, response);
+  });
 }
 
-grpc::Status DepotService::Checkpoint(grpc::ServerContext*,
+grpc::Status DepotService::Checkpoint(grpc::ServerContext* context,
                                       const v1::CheckpointRequest* request,
                                       v1::CheckpointResponse* response) {
-  return Serve(Rpc::kCheckpoint,
-               [&] { return DoCheckpoint(*request, response); });
+  return Serve(Rpc::kCheckpoint, *context, [&](Caller& caller) {
+    return DoCheckpoint(caller, *request, response);
+  });
 }
 
-absl::Status DepotService::DoCheckpoint(const v1::CheckpointRequest& request,
+absl::Status DepotService::DoCheckpoint(Caller& caller,
+                                        const v1::CheckpointRequest& request,
                                         v1::CheckpointResponse* response) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.job_id(), request.fingerprint());
+      FindOwned(caller, request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
   if (checkpointer_ == nullptr) {
     return absl::FailedPreconditionError(
@@ -286,17 +397,18 @@ void DepotService::FailStreamsOf(uint64_t job_id, const absl::Status& status) {
 }
 
 grpc::Status DepotService::ListCheckpoints(
-    grpc::ServerContext*, const v1::ListCheckpointsRequest* request,
+    grpc::ServerContext* context, const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
-  return Serve(Rpc::kListCheckpoints,
-               [&] { return DoListCheckpoints(*request, response); });
+  return Serve(Rpc::kListCheckpoints, *context, [&](Caller& caller) {
+    return DoListCheckpoints(caller, *request, response);
+  });
 }
 
 absl::Status DepotService::DoListCheckpoints(
-    const v1::ListCheckpointsRequest& request,
+    Caller& caller, const v1::ListCheckpointsRequest& request,
     v1::ListCheckpointsResponse* response) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.job_id(), request.fingerprint());
+      FindOwned(caller, request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
   response->set_step((*shard)->completed_step());
   response->set_newest_step((*shard)->newest_step());
@@ -309,16 +421,19 @@ absl::Status DepotService::DoListCheckpoints(
   return absl::OkStatus();
 }
 
-grpc::Status DepotService::RollBack(grpc::ServerContext*,
+grpc::Status DepotService::RollBack(grpc::ServerContext* context,
                                     const v1::RollBackRequest* request,
                                     v1::RollBackResponse* response) {
-  return Serve(Rpc::kRollBack, [&] { return DoRollBack(*request, response); });
+  return Serve(Rpc::kRollBack, *context, [&](Caller& caller) {
+    return DoRollBack(caller, *request, response);
+  });
 }
 
-absl::Status DepotService::DoRollBack(const v1::RollBackRequest& request,
+absl::Status DepotService::DoRollBack(Caller& caller,
+                                      const v1::RollBackRequest& request,
                                       v1::RollBackResponse* response) {
   absl::StatusOr<std::shared_ptr<ShardState>> found =
-      jobs_->Find(request.job_id(), request.fingerprint());
+      FindOwned(caller, request.job_id(), request.fingerprint());
   if (!found.ok()) return found.status();
   ShardState& shard = **found;
   const std::string& name = shard.shape().config().name;
@@ -403,17 +518,18 @@ absl::Status DepotService::DoRollBack(const v1::RollBackRequest& request,
 }
 
 grpc::Status DepotService::ImportCheckpoint(
-    grpc::ServerContext*, const v1::ImportCheckpointRequest* request,
+    grpc::ServerContext* context, const v1::ImportCheckpointRequest* request,
     v1::ImportCheckpointResponse* response) {
-  return Serve(Rpc::kImportCheckpoint,
-               [&] { return DoImportCheckpoint(*request, response); });
+  return Serve(Rpc::kImportCheckpoint, *context, [&](Caller& caller) {
+    return DoImportCheckpoint(caller, *request, response);
+  });
 }
 
 absl::Status DepotService::DoImportCheckpoint(
-    const v1::ImportCheckpointRequest& request,
+    Caller& caller, const v1::ImportCheckpointRequest& request,
     v1::ImportCheckpointResponse* response) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.job_id(), request.fingerprint());
+      FindOwned(caller, request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
   const JobShape& shape = (*shard)->shape();
   const std::vector<std::string> dirs(request.checkpoint_dirs().begin(),
@@ -445,10 +561,10 @@ absl::Status DepotService::DoImportCheckpoint(
 }
 
 absl::Status DepotService::DoExportState(
-    const v1::ExportStateRequest& request,
+    Caller& caller, const v1::ExportStateRequest& request,
     grpc::ServerWriter<v1::StateChunk>* writer) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.job_id(), request.fingerprint());
+      FindOwned(caller, request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
   absl::Status status = (*shard)->ExportChunks([&](ChunkSnapshot snapshot) {
     if (ended()) return false;
@@ -470,15 +586,15 @@ absl::Status DepotService::DoExportState(
 }
 
 absl::Status DepotService::DoImportState(
-    grpc::ServerReader<v1::ImportStateRequest>* reader,
+    Caller& caller, grpc::ServerReader<v1::ImportStateRequest>* reader,
     v1::ImportStateResponse* response) {
   v1::ImportStateRequest request;
   if (!reader->Read(&request) || !request.has_header()) {
     return absl::InvalidArgumentError(
         "the first message of an ImportState stream must be its header");
   }
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.header().job_id(), request.header().fingerprint());
+  absl::StatusOr<std::shared_ptr<ShardState>> shard = FindOwned(
+      caller, request.header().job_id(), request.header().fingerprint());
   if (!shard.ok()) return shard.status();
   // Staged whole: ImportChunks checks everything before it replaces anything.
   std::vector<ChunkSnapshot> chunks;

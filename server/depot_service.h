@@ -24,9 +24,11 @@
 #include "absl/time/time.h"
 #include "depot/v1/depot.grpc.pb.h"
 #include "server/checkpointer.h"
+#include "server/job_owners.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/step_stream.h"
+#include "server/tenant_auth.h"
 
 namespace depot {
 
@@ -35,10 +37,13 @@ namespace depot {
 class DepotService final
     : public v1::Depot::WithRawCallbackMethod_Step<v1::Depot::Service> {
  public:
-  // `jobs`, `metrics` and `checkpointer` (null: the server has no
-  // --checkpoint_dir) must outlive the service.
+  // `jobs`, `metrics`, `checkpointer` (null: the server has no
+  // --checkpoint_dir) and `auth` (null: every caller is the implicit tenant)
+  // must outlive the service. The jobs `jobs` holds already (restored from
+  // checkpoints) are the implicit tenant's (job_owners.h).
   DepotService(JobStore* jobs, ServerMetrics* metrics,
-               Checkpointer* checkpointer = nullptr);
+               Checkpointer* checkpointer = nullptr,
+               const TenantAuth* auth = nullptr);
 
   grpc::Status CreateJob(grpc::ServerContext* context,
                          const v1::CreateJobRequest* request,
@@ -103,9 +108,30 @@ class DepotService final
   // One Step stream's reactor (step_reactor.cc).
   class StepReactor;
 
-  // Counts the RPC, rejects it when shutting down, runs `body` (counted in
-  // flight), records a failure, and converts the status.
-  grpc::Status Serve(Rpc rpc, absl::FunctionRef<absl::Status()> body);
+  // Who calls: the tenant TenantAuth found, the peer's address, and the job
+  // the call turned out to be about (for the audit line).
+  struct Caller {
+    std::string tenant;
+    std::string peer;
+    std::string job;  // `job 3 "name"` once known
+  };
+
+  // Counts the RPC, rejects it when shutting down, authenticates the caller
+  // (UNAUTHENTICATED before `body` runs), runs `body` (counted in flight),
+  // records a failure, writes the audit line of the RPCs that read or change
+  // a job's state, and converts the status.
+  grpc::Status Serve(Rpc rpc, const grpc::ServerContextBase& context,
+                     absl::FunctionRef<absl::Status(Caller&)> body);
+  // The caller's tenant (TenantAuth::TenantOf; the implicit one without auth).
+  absl::StatusOr<std::string> TenantOf(
+      const grpc::ServerContextBase& context) const;
+  // jobs_->Find, for the job's owner only: another tenant's job is NOT_FOUND
+  // with the very message of an unknown id, before its fingerprint is
+  // compared. Notes the job in `caller`.
+  absl::StatusOr<std::shared_ptr<ShardState>> FindOwned(Caller& caller,
+                                                        uint64_t job_id) const;
+  absl::StatusOr<std::shared_ptr<ShardState>> FindOwned(
+      Caller& caller, uint64_t job_id, uint64_t fingerprint) const;
   // The status of a request whose handler threw `e`: RESOURCE_EXHAUSTED for
   // a failed allocation, INTERNAL otherwise.
   static absl::Status ExceptionStatus(const std::exception& e);
@@ -119,26 +145,32 @@ class DepotService final
   void RecordFailure(Rpc rpc, const absl::Status& status);
   bool accepting() const { return accepting_.load(std::memory_order_acquire); }
 
-  absl::Status DoCreateJob(const v1::CreateJobRequest& request,
+  absl::Status DoCreateJob(Caller& caller, const v1::CreateJobRequest& request,
                            v1::CreateJobResponse* response);
-  absl::Status DoInitWeights(grpc::ServerReader<v1::InitWeightsRequest>* reader,
+  absl::Status DoInitWeights(Caller& caller,
+                             grpc::ServerReader<v1::InitWeightsRequest>* reader,
                              v1::InitWeightsResponse* response);
-  absl::Status DoPullWeights(const v1::PullRequest& request,
+  absl::Status DoPullWeights(Caller& caller, const v1::PullRequest& request,
                              grpc::ServerWriter<v1::PullResponse>* writer);
-  absl::Status DoGetJob(const v1::GetJobRequest& request,
+  absl::Status DoGetJob(Caller& caller, const v1::GetJobRequest& request,
                         v1::JobStatus* response);
-  absl::Status DoDeleteJob(const v1::DeleteJobRequest& request);
-  absl::Status DoExportState(const v1::ExportStateRequest& request,
+  absl::Status DoDeleteJob(Caller& caller, const v1::DeleteJobRequest& request);
+  absl::Status DoExportState(Caller& caller,
+                             const v1::ExportStateRequest& request,
                              grpc::ServerWriter<v1::StateChunk>* writer);
-  absl::Status DoImportState(grpc::ServerReader<v1::ImportStateRequest>* reader,
+  absl::Status DoImportState(Caller& caller,
+                             grpc::ServerReader<v1::ImportStateRequest>* reader,
                              v1::ImportStateResponse* response);
-  absl::Status DoCheckpoint(const v1::CheckpointRequest& request,
+  absl::Status DoCheckpoint(Caller& caller,
+                            const v1::CheckpointRequest& request,
                             v1::CheckpointResponse* response);
-  absl::Status DoListCheckpoints(const v1::ListCheckpointsRequest& request,
+  absl::Status DoListCheckpoints(Caller& caller,
+                                 const v1::ListCheckpointsRequest& request,
                                  v1::ListCheckpointsResponse* response);
-  absl::Status DoRollBack(const v1::RollBackRequest& request,
+  absl::Status DoRollBack(Caller& caller, const v1::RollBackRequest& request,
                           v1::RollBackResponse* response);
-  absl::Status DoImportCheckpoint(const v1::ImportCheckpointRequest& request,
+  absl::Status DoImportCheckpoint(Caller& caller,
+                                  const v1::ImportCheckpointRequest& request,
                                   v1::ImportCheckpointResponse* response);
   // Fails every open Step stream of job `job_id` with `status`.
   void FailStreamsOf(uint64_t job_id, const absl::Status& status);
@@ -160,6 +192,8 @@ class DepotService final
   JobStore* const jobs_;
   ServerMetrics* const metrics_;
   Checkpointer* const checkpointer_;
+  const TenantAuth* const auth_;
+  JobOwners owners_;
   std::atomic<bool> accepting_{true};
   std::atomic<bool> ended_{false};
 

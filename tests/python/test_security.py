@@ -1,0 +1,92 @@
+"""TLS, tokens and tenants through the Python package (docs/security.md),
+against real depot-server processes; openssl makes the certificates here."""
+import subprocess
+
+import numpy as np
+import pytest
+
+import depot
+import server_process
+from conftest import server_binary
+
+ALPHA_TOKEN = "alpha-py-token-5c1e"
+BETA_TOKEN = "beta-py-token-93ab"
+
+
+def _openssl(directory, *args):
+    subprocess.run(["openssl", *args], cwd=directory, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+          "-nodes"]
+    _openssl(d, "req", "-x509", *ec, "-days", "1", "-subj", "/CN=py-ca",
+             "-keyout", "ca.key", "-out", "ca.pem")
+    _openssl(d, "req", *ec, "-subj", "/CN=localhost", "-keyout",
+             "server.key", "-out", "server.csr")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    _openssl(d, "x509", "-req", "-days", "1", "-in", "server.csr", "-CA",
+             "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-extfile",
+             "san.ext", "-out", "server.pem")
+    lines = []
+    for tenant, token in (("alpha", ALPHA_TOKEN), ("beta", BETA_TOKEN)):
+        digest = subprocess.run(["openssl", "dgst", "-sha256", "-r"],
+                                input=token.encode(), check=True,
+                                capture_output=True).stdout.decode()
+        lines.append(f"{tenant} {digest.split()[0]}")
+    (d / "tokens").write_text("\n".join(lines) + "\n")
+    (d / "beta.token").write_text(BETA_TOKEN + "\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def secured_server(pki):
+    server = server_process.start_server(
+        server_binary(),
+        [f"--tls_cert={pki / 'server.pem'}", f"--tls_key={pki / 'server.key'}",
+         f"--auth_token_file={pki / 'tokens'}", "--threads=2"],
+        client_options={"tls_ca": str(pki / "ca.pem")})
+    yield server
+    server.stop()
+
+
+TENSORS = [("w", 300, 0), ("b", 20, 0)]
+
+
+def test_a_tenant_trains_and_another_cannot_see_its_job(pki, secured_server):
+    ca = str(pki / "ca.pem")
+    with depot.Client([secured_server.address], tls_ca=ca,
+                      token=ALPHA_TOKEN) as alpha:
+        job = alpha.open_job("py-secure", TENSORS, optimizer="sgd")
+        n = job.total_elems
+        weights = np.linspace(-1, 1, n, dtype=np.float32)
+        job.init_weights(weights)
+        out = np.empty(n, dtype=np.float32)
+        job.step(1, np.full(n, 0.5, dtype=np.float32), out)
+        assert not np.array_equal(out, weights)
+        with depot.Client([secured_server.address], tls_ca=ca,
+                          token_file=str(pki / "beta.token")) as beta:
+            with pytest.raises(depot.AlreadyExistsError):
+                beta.open_job("py-secure", TENSORS, optimizer="sgd")
+            other = beta.open_job("py-secure-beta", TENSORS, optimizer="sgd")
+            other.delete()
+        job.delete()
+    log = secured_server.log()
+    assert 'audit: DeleteJob tenant="alpha"' in log
+    assert 'audit: CreateJob tenant="beta"' in log
+
+
+def test_without_a_token_calls_are_unauthenticated(pki, secured_server):
+    with depot.Client([secured_server.address],
+                      tls_ca=str(pki / "ca.pem")) as anonymous:
+        anonymous.wait_for_servers(30)  # the health service stays open
+        with pytest.raises(depot.UnauthenticatedError):
+            anonymous.open_job("py-anonymous", TENSORS, optimizer="sgd")
+
+
+def test_a_token_without_tls_is_refused_before_connecting():
+    with pytest.raises(depot.InvalidArgumentError, match="tls_ca_file"):
+        depot.Client(["127.0.0.1:50051"], token=ALPHA_TOKEN)
