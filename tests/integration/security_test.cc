@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "server_process.h"
 #include "training_data.h"
+#include "wire/wire.h"
 
 namespace depot::testing {
 namespace {
