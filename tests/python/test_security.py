@@ -90,3 +90,27 @@ def test_without_a_token_calls_are_unauthenticated(pki, secured_server):
 def test_a_token_without_tls_is_refused_before_connecting():
     with pytest.raises(depot.InvalidArgumentError, match="tls_ca_file"):
         depot.Client(["127.0.0.1:50051"], token=ALPHA_TOKEN)
+
+
+def test_depot_optimizer_connects_with_credentials(pki, secured_server):
+    torch = pytest.importorskip("torch")
+    from depot.torch import DepotOptimizer
+    model = torch.nn.Linear(4, 2)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = DepotOptimizer(model.parameters(), [secured_server.address],
+                         job_name="py-secure-optimizer", optimizer="sgd",
+                         lr=0.1, tls_ca=str(pki / "ca.pem"),
+                         token_file=str(pki / "beta.token"))
+    model(torch.ones(3, 4)).sum().backward()
+    opt.step()
+    assert any(not torch.equal(b, p.detach())
+               for b, p in zip(before, model.parameters()))
+    assert 'audit: CreateJob tenant="beta"' in secured_server.log()
+
+
+def test_depot_optimizer_refuses_credentials_beside_a_client(pki, client):
+    torch = pytest.importorskip("torch")
+    from depot.torch import DepotOptimizer
+    with pytest.raises(ValueError, match="credentials"):
+        DepotOptimizer(torch.nn.Linear(2, 2).parameters(), client=client,
+                       job_name="py-refused", token="x")
