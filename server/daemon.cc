@@ -20,6 +20,8 @@ namespace depot {
 namespace {
 
 constexpr int kMaxMessageBytes = 64 << 20;
+// In --checkpoint_dir: the tenant of each job (job_owners.h).
+constexpr const char* kTenantsFileName = "tenants";
 // The name clients ask the health service about (besides "", the whole server).
 constexpr const char* kServiceName = "depot.v1.Depot";
 // After the grace period: how long the handlers that were just failed get to
@@ -169,7 +171,12 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
   }
   daemon->service_ = std::make_unique<DepotService>(
       daemon->jobs_.get(), daemon->metrics_.get(), daemon->checkpointer_.get(),
-      daemon->auth_.get());
+      daemon->auth_.get(),
+      // Only with tenants to remember: without authentication every job is
+      // the implicit tenant's.
+      daemon->auth_->enabled() && !options.checkpoint_dir.empty()
+          ? absl::StrCat(options.checkpoint_dir, "/", kTenantsFileName)
+          : std::string());
   if (options.stalled_step_threshold > absl::ZeroDuration()) {
     daemon->stall_monitor_ = std::make_unique<StallMonitor>(
         daemon->jobs_.get(), daemon->metrics_.get(),

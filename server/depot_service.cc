@@ -50,10 +50,19 @@ bool Audited(Rpc rpc) {
 }  // namespace
 
 DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
-                           Checkpointer* checkpointer, const TenantAuth* auth)
-    : jobs_(jobs), metrics_(metrics), checkpointer_(checkpointer), auth_(auth) {
+                           Checkpointer* checkpointer, const TenantAuth* auth,
+                           const std::string& tenants_file)
+    : jobs_(jobs),
+      metrics_(metrics),
+      checkpointer_(checkpointer),
+      auth_(auth),
+      owners_(tenants_file) {
+  std::vector<std::pair<std::string, uint64_t>> restored;
   for (const std::shared_ptr<ShardState>& shard : jobs_->Jobs()) {
-    owners_.AddRestored(shard->shape().config().name, shard->job_id());
+    restored.emplace_back(shard->shape().config().name, shard->job_id());
+  }
+  if (absl::Status s = owners_.AddRestored(restored); !s.ok()) {
+    Log(absl::StrCat("the tenants of restored jobs: ", s.ToString()));
   }
 }
 
@@ -216,7 +225,14 @@ absl::Status DepotService::DoCreateJob(Caller& caller,
     owners_.Abandoned(name);
     return opened.status();
   }
-  owners_.Established(caller.tenant, name, opened->shard->job_id());
+  if (absl::Status s =
+          owners_.Established(caller.tenant, name, opened->shard->job_id());
+      !s.ok()) {
+    Log(absl::StrCat("job \"", name,
+                     "\" is not in the tenants file (a restart "
+                     "would give it to no tenant): ",
+                     s.ToString()));
+  }
   const ShardState& shard = *opened->shard;
   NoteJob(&caller.job, shard);
   const JobShape& shape = shard.shape();
@@ -340,7 +356,12 @@ absl::Status DepotService::DoDeleteJob(Caller& caller,
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
       jobs_->Delete(request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
-  owners_.Removed((*shard)->shape().config().name, request.job_id());
+  if (absl::Status s =
+          owners_.Removed((*shard)->shape().config().name, request.job_id());
+      !s.ok()) {
+    Log(absl::StrCat("the tenants file still names deleted job ",
+                     request.job_id(), ": ", s.ToString()));
+  }
   FailStreamsOf(request.job_id(),
                 absl::AbortedError(
                     absl::StrCat("job ", request.job_id(), " was deleted")));

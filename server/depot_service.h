@@ -39,11 +39,14 @@ class DepotService final
  public:
   // `jobs`, `metrics`, `checkpointer` (null: the server has no
   // --checkpoint_dir) and `auth` (null: every caller is the implicit tenant)
-  // must outlive the service. The jobs `jobs` holds already (restored from
-  // checkpoints) are the implicit tenant's (job_owners.h).
+  // must outlive the service. `tenants_file` (empty: none) keeps the tenant
+  // of each job across restarts; the jobs `jobs` holds already (restored
+  // from checkpoints) are the tenants' it names, else the implicit tenant's
+  // (job_owners.h).
   DepotService(JobStore* jobs, ServerMetrics* metrics,
                Checkpointer* checkpointer = nullptr,
-               const TenantAuth* auth = nullptr);
+               const TenantAuth* auth = nullptr,
+               const std::string& tenants_file = "");
 
   grpc::Status CreateJob(grpc::ServerContext* context,
                          const v1::CreateJobRequest* request,

@@ -1,6 +1,8 @@
 // TLS, mTLS, tokens and tenants (docs/security.md), against real depot-server
 // processes on loopback. Every certificate is made by the openssl command-line
 // tool in a temp dir when the suite starts; no key is checked in.
+#include <signal.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -362,6 +364,53 @@ TEST_F(SecurityTest, WithoutAValidTokenEveryRpcButHealthIsUnauthenticated) {
   EXPECT_EQ(created.job_id(), 1u);
   EXPECT_THAT(server->Log(),
               HasSubstr("audit: CreateJob tenant=(unauthenticated) peer="));
+}
+
+TEST_F(SecurityTest, RestoredJobsGoBackToTheirTenants) {
+  const std::string checkpoint_dir = pki->path("checkpoints");
+  std::filesystem::create_directories(checkpoint_dir);
+  std::vector<std::string> flags = TlsFlags();
+  flags.push_back("--auth_token_file=" + pki->path("tokens"));
+  flags.push_back("--checkpoint_dir=" + checkpoint_dir);
+  v1::CreateJobResponse alpha_job;
+  {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::StartTls(flags, pki->path("ca.pem"));
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto stub = v1::Depot::NewStub(TlsChannel(**server));
+    ASSERT_TRUE(CreateJob(*stub, kAlphaToken, "kept-run", &alpha_job).ok());
+    v1::CheckpointRequest request;
+    request.set_job_id(alpha_job.job_id());
+    request.set_fingerprint(alpha_job.fingerprint());
+    v1::CheckpointResponse response;
+    const grpc::Status saved =
+        stub->Checkpoint(Context(kAlphaToken).get(), request, &response);
+    ASSERT_TRUE(saved.ok()) << saved.error_message();
+    ASSERT_TRUE((*server)->Signal(SIGTERM).ok());
+    ASSERT_TRUE((*server)->Wait(absl::Seconds(60)).ok());
+  }
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::StartTls(flags, pki->path("ca.pem"));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Depot::NewStub(TlsChannel(**server));
+  v1::GetJobRequest request;
+  request.set_job_id(1);  // the first job restored
+  v1::JobStatus status;
+  const grpc::Status alpha =
+      stub->GetJob(Context(kAlphaToken).get(), request, &status);
+  ASSERT_TRUE(alpha.ok()) << alpha.error_message() << (*server)->Log();
+  EXPECT_EQ(status.spec().name(), "kept-run");
+  EXPECT_EQ(
+      stub->GetJob(Context(kBetaToken).get(), request, &status).error_code(),
+      grpc::StatusCode::NOT_FOUND);
+  v1::CreateJobResponse taken;
+  EXPECT_EQ(CreateJob(*stub, kBetaToken, "kept-run", &taken).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+  // Alpha attaches to its restored job.
+  v1::CreateJobResponse attached;
+  ASSERT_TRUE(CreateJob(*stub, kAlphaToken, "kept-run", &attached).ok());
+  EXPECT_FALSE(attached.created());
+  EXPECT_EQ(attached.job_id(), 1u);
 }
 
 TEST_F(SecurityTest, PlaintextCallsToATlsServerFail) {
