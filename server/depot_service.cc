@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -102,9 +103,11 @@ grpc::Status DepotService::Serve(
   if (Audited(rpc)) {
     Log(absl::StrFormat(
         "audit: %s tenant=%s peer=%s%s: %s", kRpcNames[static_cast<int>(rpc)],
-        authenticated ? absl::StrCat("\"", caller.tenant, "\"")
+        // Escaped: a certificate's CN is the client's to choose, and must
+        // not forge audit lines.
+        authenticated ? absl::StrCat("\"", absl::CHexEscape(caller.tenant), "\"")
                       : std::string("(unauthenticated)"),
-        caller.peer, caller.job.empty() ? "" : absl::StrCat(" ", caller.job),
+        absl::CHexEscape(caller.peer), caller.job.empty() ? "" : absl::StrCat(" ", caller.job),
         status.ok() ? std::string("OK")
                     : std::string(absl::StatusCodeToString(status.code()))));
   }
@@ -116,7 +119,7 @@ namespace {
 
 void NoteJob(std::string* job, const ShardState& shard) {
   *job = absl::StrFormat("job %d \"%s\"", shard.job_id(),
-                         shard.shape().config().name);
+                         absl::CHexEscape(shard.shape().config().name));
 }
 
 absl::Status UnknownJob(uint64_t job_id) {

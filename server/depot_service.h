@@ -16,6 +16,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
