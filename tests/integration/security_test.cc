@@ -594,6 +594,26 @@ TEST_F(SecurityTest, MutualTlsNamesTheTenantByCertificate) {
   EXPECT_NE(refused.error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
+TEST_F(SecurityTest, ClientPresentsItsCertificateForMutualTls) {
+  std::unique_ptr<ServerProcess> server = StartMutualTlsServer();
+  ASSERT_NE(server, nullptr);
+  ClientOptions options;
+  options.servers = {server->grpc_address()};
+  options.tls_ca_file = pki->path("ca.pem");
+  options.tls_cert_file = pki->path("alpha.pem");
+  options.tls_key_file = pki->path("alpha.key");
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<std::unique_ptr<Job>> job =
+      (*client)->OpenJob(SmallJobConfig("by-certificate", 1, 1), 0);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(server->Log(), HasSubstr("audit: CreateJob tenant=\"alpha\""));
+
+  options.tls_key_file.clear();
+  EXPECT_EQ(Client::Connect(options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(SecurityTest, ServerRefusesTokensWithoutTls) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Spawn(
       ServerProcess::DefaultBinary(),

@@ -31,6 +31,11 @@ def pki(tmp_path_factory):
     _openssl(d, "x509", "-req", "-days", "1", "-in", "server.csr", "-CA",
              "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-extfile",
              "san.ext", "-out", "server.pem")
+    _openssl(d, "req", *ec, "-subj", "/CN=gamma", "-keyout", "gamma.key",
+             "-out", "gamma.csr")
+    _openssl(d, "x509", "-req", "-days", "1", "-in", "gamma.csr", "-CA",
+             "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+             "gamma.pem")
     lines = []
     for tenant, token in (("alpha", ALPHA_TOKEN), ("beta", BETA_TOKEN)):
         digest = subprocess.run(["openssl", "dgst", "-sha256", "-r"],
@@ -85,6 +90,26 @@ def test_without_a_token_calls_are_unauthenticated(pki, secured_server):
         anonymous.wait_for_servers(30)  # the health service stays open
         with pytest.raises(depot.UnauthenticatedError):
             anonymous.open_job("py-anonymous", TENSORS, optimizer="sgd")
+
+
+def test_a_client_certificate_names_the_tenant(pki):
+    ca = str(pki / "ca.pem")
+    server = server_process.start_server(
+        server_binary(),
+        [f"--tls_cert={pki / 'server.pem'}", f"--tls_key={pki / 'server.key'}",
+         f"--tls_client_ca={ca}", "--threads=2"],
+        client_options={"tls_ca": ca})
+    try:
+        with depot.Client([server.address], tls_ca=ca,
+                          tls_cert=str(pki / "gamma.pem"),
+                          tls_key=str(pki / "gamma.key")) as gamma:
+            gamma.open_job("py-mtls", TENSORS, optimizer="sgd").delete()
+        with depot.Client([server.address], tls_ca=ca) as anonymous:
+            with pytest.raises(depot.UnauthenticatedError):
+                anonymous.open_job("py-mtls-anon", TENSORS, optimizer="sgd")
+        assert 'audit: CreateJob tenant="gamma"' in server.log()
+    finally:
+        server.stop()
 
 
 def test_a_token_without_tls_is_refused_before_connecting():
