@@ -105,9 +105,11 @@ grpc::Status DepotService::Serve(
         "audit: %s tenant=%s peer=%s%s: %s", kRpcNames[static_cast<int>(rpc)],
         // Escaped: a certificate's CN is the client's to choose, and must
         // not forge audit lines.
-        authenticated ? absl::StrCat("\"", absl::CHexEscape(caller.tenant), "\"")
-                      : std::string("(unauthenticated)"),
-        absl::CHexEscape(caller.peer), caller.job.empty() ? "" : absl::StrCat(" ", caller.job),
+        authenticated
+            ? absl::StrCat("\"", absl::CHexEscape(caller.tenant), "\"")
+            : std::string("(unauthenticated)"),
+        absl::CHexEscape(caller.peer),
+        caller.job.empty() ? "" : absl::StrCat(" ", caller.job),
         status.ok() ? std::string("OK")
                     : std::string(absl::StatusCodeToString(status.code()))));
   }

@@ -20,9 +20,9 @@ TEST(Sha256HexTest, MatchesTheStandardTestVector) {
 }
 
 TEST(ParseTokenFileTest, ReadsTenantsAndHashesSkippingCommentsAndBlanks) {
-  absl::StatusOr<std::vector<TokenEntry>> entries = ParseTokenFile(
-      absl::StrCat("# tokens\n\n  alpha ", kAbcHash, "  \n", "beta.team-2\t",
-                   Sha256Hex("other"), "\n"));
+  absl::StatusOr<std::vector<TokenEntry>> entries =
+      ParseTokenFile(absl::StrCat("# tokens\n\n  alpha ", kAbcHash, "  \n",
+                                  "beta.team-2\t", Sha256Hex("other"), "\n"));
   ASSERT_TRUE(entries.ok()) << entries.status();
   ASSERT_EQ(entries->size(), 2u);
   EXPECT_EQ((*entries)[0].tenant, "alpha");

@@ -614,6 +614,29 @@ TEST_F(SecurityTest, ClientPresentsItsCertificateForMutualTls) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(SecurityTest, WithTokensAndClientCertificatesBothAreRequired) {
+  std::vector<std::string> flags = TlsFlags();
+  flags.push_back("--auth_token_file=" + pki->path("tokens"));
+  flags.push_back("--tls_client_ca=" + pki->path("ca.pem"));
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::StartTls(flags, pki->path("ca.pem"));
+  ASSERT_TRUE(server.ok()) << server.status();
+  v1::CreateJobResponse response;
+  auto no_certificate = v1::Depot::NewStub(TlsChannel(**server));
+  EXPECT_EQ(
+      CreateJob(*no_certificate, kBetaToken, "both", &response).error_code(),
+      grpc::StatusCode::UNAUTHENTICATED);
+  auto alpha_certificate = v1::Depot::NewStub(TlsChannel(**server, "alpha"));
+  EXPECT_EQ(CreateJob(*alpha_certificate, "", "both", &response).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  // The token names the tenant; the certificate only lets the caller in.
+  const grpc::Status created =
+      CreateJob(*alpha_certificate, kBetaToken, "both", &response);
+  ASSERT_TRUE(created.ok()) << created.error_message();
+  EXPECT_EQ(response.job_id(), 1u);
+  EXPECT_THAT((*server)->Log(), HasSubstr("audit: CreateJob tenant=\"beta\""));
+}
+
 TEST_F(SecurityTest, ServerRefusesTokensWithoutTls) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Spawn(
       ServerProcess::DefaultBinary(),
