@@ -2,6 +2,8 @@
 
 #include <cstdio>
 #include <exception>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,8 @@ namespace depot {
 namespace {
 
 constexpr int kMaxMessageBytes = 64 << 20;
+// In --checkpoint_dir: the tenant of each job (job_owners.h).
+constexpr const char* kTenantsFileName = "tenants";
 // The name clients ask the health service about (besides "", the whole server).
 constexpr const char* kServiceName = "depot.v1.Depot";
 // After the grace period: how long the handlers that were just failed get to
@@ -45,6 +49,50 @@ void LogLine(const std::string& line) {
   std::fprintf(stderr, "depot-server: %s\n", line.c_str());
 }
 
+// The contents of the PEM file that flag `flag` names. NOT_FOUND when it
+// cannot be read, INVALID_ARGUMENT when it holds no PEM block.
+absl::StatusOr<std::string> ReadPemFile(absl::string_view flag,
+                                        const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("--", flag, " ", path, ": cannot read it"));
+  }
+  std::stringstream contents;
+  contents << in.rdbuf();
+  if (contents.str().find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " ", path, ": not a PEM file"));
+  }
+  return contents.str();
+}
+
+// The credentials the gRPC port listens with: TLS (mTLS with a client CA)
+// when --tls_cert is set, else plaintext.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ListenCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(
+      GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  absl::StatusOr<std::string> cert = ReadPemFile("tls_cert", options.tls_cert);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPemFile("tls_key", options.tls_key);
+  if (!key.ok()) return key.status();
+  ssl.pem_key_cert_pairs.push_back({*std::move(key), *std::move(cert)});
+  if (!options.tls_client_ca.empty()) {
+    absl::StatusOr<std::string> ca =
+        ReadPemFile("tls_client_ca", options.tls_client_ca);
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *std::move(ca);
+    // Requested, and verified when presented, but not required by the
+    // handshake: the health service stays open to a caller without one, and
+    // a Depot RPC without one ends UNAUTHENTICATED (TenantAuth).
+    ssl.client_certificate_request =
+        GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
 }  // namespace
 
 DepotDaemon::DepotDaemon(const ServerOptions& options) : options_(options) {}
@@ -69,7 +117,15 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
     return BindError("cannot listen on", options.listen, probe, kListenHint);
   }
 
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ListenCredentials(options);
+  if (!credentials.ok()) return credentials.status();
+  absl::StatusOr<std::unique_ptr<TenantAuth>> auth = TenantAuth::Create(
+      options.auth_token_file, !options.tls_client_ca.empty());
+  if (!auth.ok()) return auth.status();
+
   std::unique_ptr<DepotDaemon> daemon(new DepotDaemon(options));
+  daemon->auth_ = *std::move(auth);
   daemon->registry_ = std::make_shared<prometheus::Registry>();
   daemon->metrics_ = std::make_unique<ServerMetrics>(*daemon->registry_);
   daemon->pool_ =
@@ -120,7 +176,13 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
                               : metrics_at->port);
   }
   daemon->service_ = std::make_unique<DepotService>(
-      daemon->jobs_.get(), daemon->metrics_.get(), daemon->checkpointer_.get());
+      daemon->jobs_.get(), daemon->metrics_.get(), daemon->checkpointer_.get(),
+      daemon->auth_.get(),
+      // Only with tenants to remember: without authentication every job is
+      // the implicit tenant's.
+      daemon->auth_->enabled() && !options.checkpoint_dir.empty()
+          ? absl::StrCat(options.checkpoint_dir, "/", kTenantsFileName)
+          : std::string());
   if (options.stalled_step_threshold > absl::ZeroDuration()) {
     daemon->stall_monitor_ = std::make_unique<StallMonitor>(
         daemon->jobs_.get(), daemon->metrics_.get(),
@@ -130,8 +192,7 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
-                           &port);
+  builder.AddListeningPort(options.listen, *credentials, &port);
   // Without this, a second server on the same fixed port would silently share
   // it (gRPC sets SO_REUSEPORT by default on Linux).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

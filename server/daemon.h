@@ -21,6 +21,7 @@
 #include "server/server_options.h"
 #include "server/stall_monitor.h"
 #include "server/status_endpoint.h"
+#include "server/tenant_auth.h"
 #include "server/thread_pool.h"
 
 namespace depot {
@@ -82,6 +83,7 @@ class DepotDaemon {
   // Null without --checkpoint_dir.
   std::unique_ptr<CheckpointDirectory> checkpoint_dir_;
   std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<TenantAuth> auth_;  // outlives service_, which uses it
   std::unique_ptr<DepotService> service_;
   std::unique_ptr<StallMonitor> stall_monitor_;  // null when the check is off
   std::unique_ptr<grpc::Server> server_;

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -30,11 +31,42 @@ void Log(const std::string& line) {
   std::fprintf(stderr, "depot-server: %s\n", line.c_str());
 }
 
+// The RPCs whose every call, allowed or refused, gets an audit line: those
+// that create, read or change a job's state (docs/security.md, "Audit").
+bool Audited(Rpc rpc) {
+  switch (rpc) {
+    case Rpc::kCreateJob:
+    case Rpc::kInitWeights:
+    case Rpc::kPullWeights:
+    case Rpc::kDeleteJob:
+    case Rpc::kExportState:
+    case Rpc::kImportState:
+    case Rpc::kCheckpoint:
+    case Rpc::kRollBack:
+    case Rpc::kImportCheckpoint:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
-                           Checkpointer* checkpointer)
-    : jobs_(jobs), metrics_(metrics), checkpointer_(checkpointer) {
+                           Checkpointer* checkpointer, const TenantAuth* auth,
+                           const std::string& tenants_file)
+    : jobs_(jobs),
+      metrics_(metrics),
+      checkpointer_(checkpointer),
+      auth_(auth),
+      owners_(tenants_file) {
+  std::vector<std::pair<std::string, uint64_t>> restored;
+  for (const std::shared_ptr<ShardState>& shard : jobs_->Jobs()) {
+    restored.emplace_back(shard->shape().config().name, shard->job_id());
+  }
+  if (absl::Status s = owners_.AddRestored(restored); !s.ok()) {
+    Log(absl::StrCat("the tenants of restored jobs: ", s.ToString()));
+  }
   RegisterRawMethods();
 }
 
@@ -48,10 +80,20 @@ void DepotService::RegisterRaw(
       service->FindMethodByName(method);
   // Declared bidirectional to gRPC, which then leaves every message, the
   // first included, to the handler; on the wire the method is unchanged.
+  // The caller is authenticated before its first message is read: without
+  // a valid token or certificate every method is UNAUTHENTICATED, a request
+  // that does not parse too (Serve checks again, and audits).
   MarkMethodStreamed(
       found->index(),
       new grpc::internal::TemplatedBidiStreamingHandler<RawStream, false>(
-          std::move(handler)));
+          [this, handler = std::move(handler)](grpc::ServerContext* context,
+                                               RawStream* stream) {
+            if (absl::StatusOr<std::string> tenant = TenantOf(*context);
+                !tenant.ok()) {
+              return ToGrpcStatus(tenant.status());
+            }
+            return handler(context, stream);
+          }));
 }
 
 absl::Status DepotService::ReadOneRequest(
@@ -138,15 +180,32 @@ void DepotService::RegisterRawMethods() {
   });
 }
 
-grpc::Status DepotService::Serve(Rpc rpc,
-                                 absl::FunctionRef<absl::Status()> body) {
+absl::StatusOr<std::string> DepotService::TenantOf(
+    const grpc::ServerContextBase& context) const {
+  if (auth_ == nullptr) return std::string(kImplicitTenant);
+  return auth_->TenantOf(context);
+}
+
+grpc::Status DepotService::Serve(
+    Rpc rpc, const grpc::ServerContextBase& context,
+    absl::FunctionRef<absl::Status(Caller&)> body) {
   metrics_->CountRpc(rpc);
+  Caller caller;
+  caller.peer = context.peer();
+  bool authenticated = false;
   absl::Status status;
   if (EnterCall()) {
     // An exception must not skip ExitCall, or shutdown would wait for the
     // call until its grace period ends.
     try {
-      status = body();
+      absl::StatusOr<std::string> tenant = TenantOf(context);
+      if (tenant.ok()) {
+        authenticated = true;
+        caller.tenant = *std::move(tenant);
+        status = body(caller);
+      } else {
+        status = tenant.status();
+      }
     } catch (const std::exception& e) {
       status = ExceptionStatus(e);
     }
@@ -154,8 +213,52 @@ grpc::Status DepotService::Serve(Rpc rpc,
   } else {
     status = absl::UnavailableError(kShuttingDown);
   }
+  if (Audited(rpc)) {
+    Log(absl::StrFormat(
+        "audit: %s tenant=%s peer=%s%s: %s", kRpcNames[static_cast<int>(rpc)],
+        // Escaped: a certificate's CN is the client's to choose, and must
+        // not forge audit lines.
+        authenticated
+            ? absl::StrCat("\"", absl::CHexEscape(caller.tenant), "\"")
+            : std::string("(unauthenticated)"),
+        absl::CHexEscape(caller.peer),
+        caller.job.empty() ? "" : absl::StrCat(" ", caller.job),
+        status.ok() ? std::string("OK")
+                    : std::string(absl::StatusCodeToString(status.code()))));
+  }
   if (!status.ok()) RecordFailure(rpc, status);
   return ToGrpcStatus(status);
+}
+
+namespace {
+
+void NoteJob(std::string* job, const ShardState& shard) {
+  *job = absl::StrFormat("job %d \"%s\"", shard.job_id(),
+                         absl::CHexEscape(shard.shape().config().name));
+}
+
+absl::Status UnknownJob(uint64_t job_id) {
+  // JobStore's words for an id it does not hold.
+  return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<ShardState>> DepotService::FindOwned(
+    Caller& caller, uint64_t job_id) const {
+  if (!owners_.Owns(caller.tenant, job_id)) return UnknownJob(job_id);
+  absl::StatusOr<std::shared_ptr<ShardState>> shard = jobs_->Find(job_id);
+  if (shard.ok()) NoteJob(&caller.job, **shard);
+  return shard;
+}
+
+absl::StatusOr<std::shared_ptr<ShardState>> DepotService::FindOwned(
+    Caller& caller, uint64_t job_id, uint64_t fingerprint) const {
+  if (!owners_.Owns(caller.tenant, job_id)) return UnknownJob(job_id);
+  absl::StatusOr<std::shared_ptr<ShardState>> shard =
+      jobs_->Find(job_id, fingerprint);
+  if (shard.ok()) NoteJob(&caller.job, **shard);
+  return shard;
 }
 
 absl::Status DepotService::ExceptionStatus(const std::exception& e) {
@@ -185,47 +288,71 @@ void DepotService::RecordFailure(Rpc rpc, const absl::Status& status) {
                    " failed: ", status.ToString()));
 }
 
-grpc::Status DepotService::CreateJob(grpc::ServerContext*,
+grpc::Status DepotService::CreateJob(grpc::ServerContext* context,
                                      const v1::CreateJobRequest* request,
                                      v1::CreateJobResponse* response) {
-  return Serve(Rpc::kCreateJob,
-               [&] { return DoCreateJob(*request, response); });
+  return Serve(Rpc::kCreateJob, *context, [&](Caller& caller) {
+    return DoCreateJob(caller, *request, response);
+  });
 }
 
 grpc::Status DepotService::InitWeights(
-    grpc::ServerContext*, RequestReader<v1::InitWeightsRequest>* reader,
+    grpc::ServerContext* context,
+    RequestReader<v1::InitWeightsRequest>* reader,
     v1::InitWeightsResponse* response) {
-  return Serve(Rpc::kInitWeights,
-               [&] { return DoInitWeights(reader, response); });
+  return Serve(Rpc::kInitWeights, *context, [&](Caller& caller) {
+    return DoInitWeights(caller, reader, response);
+  });
 }
 
 grpc::Status DepotService::PullWeights(
-    grpc::ServerContext*, const v1::PullRequest* request,
+    grpc::ServerContext* context, const v1::PullRequest* request,
     ResponseWriter<v1::PullResponse>* writer) {
-  return Serve(Rpc::kPullWeights,
-               [&] { return DoPullWeights(*request, writer); });
+  return Serve(Rpc::kPullWeights, *context, [&](Caller& caller) {
+    return DoPullWeights(caller, *request, writer);
+  });
 }
 
-grpc::Status DepotService::GetJob(grpc::ServerContext*,
+grpc::Status DepotService::GetJob(grpc::ServerContext* context,
                                   const v1::GetJobRequest* request,
                                   v1::JobStatus* response) {
-  return Serve(Rpc::kGetJob, [&] { return DoGetJob(*request, response); });
+  return Serve(Rpc::kGetJob, *context, [&](Caller& caller) {
+    return DoGetJob(caller, *request, response);
+  });
 }
 
-grpc::Status DepotService::DeleteJob(grpc::ServerContext*,
+grpc::Status DepotService::DeleteJob(grpc::ServerContext* context,
                                      const v1::DeleteJobRequest* request,
                                      v1::DeleteJobResponse*) {
-  return Serve(Rpc::kDeleteJob, [&] { return DoDeleteJob(*request); });
+  return Serve(Rpc::kDeleteJob, *context,
+               [&](Caller& caller) { return DoDeleteJob(caller, *request); });
 }
 
-absl::Status DepotService::DoCreateJob(const v1::CreateJobRequest& request,
+absl::Status DepotService::DoCreateJob(Caller& caller,
+                                       const v1::CreateJobRequest& request,
                                        v1::CreateJobResponse* response) {
   absl::StatusOr<JobConfig> config = JobConfigFromProto(request.spec());
   if (!config.ok()) return config.status();
+  const std::string name = config->name;
+  if (absl::Status s = owners_.ClaimName(caller.tenant, name); !s.ok()) {
+    return s;
+  }
   absl::StatusOr<OpenedJob> opened =
       jobs_->CreateOrAttach(*std::move(config), request.server_index());
-  if (!opened.ok()) return opened.status();
+  if (!opened.ok()) {
+    owners_.Abandoned(name);
+    return opened.status();
+  }
+  if (absl::Status s =
+          owners_.Established(caller.tenant, name, opened->shard->job_id());
+      !s.ok()) {
+    Log(absl::StrCat("job \"", name,
+                     "\" is not in the tenants file (a restart "
+                     "would give it to no tenant): ",
+                     s.ToString()));
+  }
   const ShardState& shard = *opened->shard;
+  NoteJob(&caller.job, shard);
   const JobShape& shape = shard.shape();
   response->set_job_id(shard.job_id());
   response->set_fingerprint(shape.fingerprint());
@@ -243,7 +370,7 @@ absl::Status DepotService::DoCreateJob(const v1::CreateJobRequest& request,
 }
 
 absl::Status DepotService::DoInitWeights(
-    RequestReader<v1::InitWeightsRequest>* reader,
+    Caller& caller, RequestReader<v1::InitWeightsRequest>* reader,
     v1::InitWeightsResponse* response) {
   v1::InitWeightsRequest request;
   if (!reader->Read(&request)) {
@@ -255,7 +382,7 @@ absl::Status DepotService::DoInitWeights(
   }
   const v1::InitHeader& header = request.header();
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(header.job_id(), header.fingerprint());
+      FindOwned(caller, header.job_id(), header.fingerprint());
   if (!shard.ok()) return shard.status();
   absl::StatusOr<DType> dtype = DTypeFromProto(header.dtype(), "dtype");
   if (!dtype.ok()) return dtype.status();
@@ -284,10 +411,10 @@ absl::Status DepotService::DoInitWeights(
 }
 
 absl::Status DepotService::DoPullWeights(
-    const v1::PullRequest& request,
+    Caller& caller, const v1::PullRequest& request,
     ResponseWriter<v1::PullResponse>* writer) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.job_id(), request.fingerprint());
+      FindOwned(caller, request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
   absl::StatusOr<DType> dtype = DTypeFromProto(request.dtype(), "dtype");
   if (!dtype.ok()) return dtype.status();
@@ -307,10 +434,11 @@ absl::Status DepotService::DoPullWeights(
                                  : status;
 }
 
-absl::Status DepotService::DoGetJob(const v1::GetJobRequest& request,
+absl::Status DepotService::DoGetJob(Caller& caller,
+                                    const v1::GetJobRequest& request,
                                     v1::JobStatus* response) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.job_id());
+      FindOwned(caller, request.job_id());
   if (!shard.ok()) return shard.status();
   const JobShape& shape = (*shard)->shape();
   response->set_job_id((*shard)->job_id());
@@ -341,10 +469,23 @@ absl::Status DepotService::DoGetJob(const v1::GetJobRequest& request,
   return absl::OkStatus();
 }
 
-absl::Status DepotService::DoDeleteJob(const v1::DeleteJobRequest& request) {
+absl::Status DepotService::DoDeleteJob(Caller& caller,
+                                       const v1::DeleteJobRequest& request) {
+  // Ownership and fingerprint first: Delete itself cannot be undone.
+  if (absl::StatusOr<std::shared_ptr<ShardState>> found =
+          FindOwned(caller, request.job_id(), request.fingerprint());
+      !found.ok()) {
+    return found.status();
+  }
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
       jobs_->Delete(request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
+  if (absl::Status s =
+          owners_.Removed((*shard)->shape().config().name, request.job_id());
+      !s.ok()) {
+    Log(absl::StrCat("the tenants file still names deleted job ",
+                     request.job_id(), ": ", s.ToString()));
+  }
   FailStreamsOf(request.job_id(),
                 absl::AbortedError(
                     absl::StrCat("job ", request.job_id(), " was deleted")));
@@ -354,30 +495,35 @@ absl::Status DepotService::DoDeleteJob(const v1::DeleteJobRequest& request) {
 }
 
 grpc::Status DepotService::ExportState(
-    grpc::ServerContext*, const v1::ExportStateRequest* request,
+    grpc::ServerContext* context, const v1::ExportStateRequest* request,
     ResponseWriter<v1::StateChunk>* writer) {
-  return Serve(Rpc::kExportState,
-               [&] { return DoExportState(*request, writer); });
+  return Serve(Rpc::kExportState, *context, [&](Caller& caller) {
+    return DoExportState(caller, *request, writer);
+  });
 }
 
 grpc::Status DepotService::ImportState(
-    grpc::ServerContext*, RequestReader<v1::ImportStateRequest>* reader,
+    grpc::ServerContext* context,
+    RequestReader<v1::ImportStateRequest>* reader,
     v1::ImportStateResponse* response) {
-  return Serve(Rpc::kImportState,
-               [&] { return DoImportState(reader, response); });
+  return Serve(Rpc::kImportState, *context, [&](Caller& caller) {
+    return DoImportState(caller, reader, response);
+  });
 }
 
-grpc::Status DepotService::Checkpoint(grpc::ServerContext*,
+grpc::Status DepotService::Checkpoint(grpc::ServerContext* context,
                                       const v1::CheckpointRequest* request,
                                       v1::CheckpointResponse* response) {
-  return Serve(Rpc::kCheckpoint,
-               [&] { return DoCheckpoint(*request, response); });
+  return Serve(Rpc::kCheckpoint, *context, [&](Caller& caller) {
+    return DoCheckpoint(caller, *request, response);
+  });
 }
 
-absl::Status DepotService::DoCheckpoint(const v1::CheckpointRequest& request,
+absl::Status DepotService::DoCheckpoint(Caller& caller,
+                                        const v1::CheckpointRequest& request,
                                         v1::CheckpointResponse* response) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.job_id(), request.fingerprint());
+      FindOwned(caller, request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
   if (checkpointer_ == nullptr) {
     return absl::FailedPreconditionError(
@@ -396,17 +542,18 @@ void DepotService::FailStreamsOf(uint64_t job_id, const absl::Status& status) {
 }
 
 grpc::Status DepotService::ListCheckpoints(
-    grpc::ServerContext*, const v1::ListCheckpointsRequest* request,
+    grpc::ServerContext* context, const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
-  return Serve(Rpc::kListCheckpoints,
-               [&] { return DoListCheckpoints(*request, response); });
+  return Serve(Rpc::kListCheckpoints, *context, [&](Caller& caller) {
+    return DoListCheckpoints(caller, *request, response);
+  });
 }
 
 absl::Status DepotService::DoListCheckpoints(
-    const v1::ListCheckpointsRequest& request,
+    Caller& caller, const v1::ListCheckpointsRequest& request,
     v1::ListCheckpointsResponse* response) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.job_id(), request.fingerprint());
+      FindOwned(caller, request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
   response->set_step((*shard)->completed_step());
   response->set_newest_step((*shard)->newest_step());
@@ -419,16 +566,19 @@ absl::Status DepotService::DoListCheckpoints(
   return absl::OkStatus();
 }
 
-grpc::Status DepotService::RollBack(grpc::ServerContext*,
+grpc::Status DepotService::RollBack(grpc::ServerContext* context,
                                     const v1::RollBackRequest* request,
                                     v1::RollBackResponse* response) {
-  return Serve(Rpc::kRollBack, [&] { return DoRollBack(*request, response); });
+  return Serve(Rpc::kRollBack, *context, [&](Caller& caller) {
+    return DoRollBack(caller, *request, response);
+  });
 }
 
-absl::Status DepotService::DoRollBack(const v1::RollBackRequest& request,
+absl::Status DepotService::DoRollBack(Caller& caller,
+                                      const v1::RollBackRequest& request,
                                       v1::RollBackResponse* response) {
   absl::StatusOr<std::shared_ptr<ShardState>> found =
-      jobs_->Find(request.job_id(), request.fingerprint());
+      FindOwned(caller, request.job_id(), request.fingerprint());
   if (!found.ok()) return found.status();
   ShardState& shard = **found;
   const std::string& name = shard.shape().config().name;
@@ -523,17 +673,18 @@ absl::Status DepotService::DoRollBack(const v1::RollBackRequest& request,
 }
 
 grpc::Status DepotService::ImportCheckpoint(
-    grpc::ServerContext*, const v1::ImportCheckpointRequest* request,
+    grpc::ServerContext* context, const v1::ImportCheckpointRequest* request,
     v1::ImportCheckpointResponse* response) {
-  return Serve(Rpc::kImportCheckpoint,
-               [&] { return DoImportCheckpoint(*request, response); });
+  return Serve(Rpc::kImportCheckpoint, *context, [&](Caller& caller) {
+    return DoImportCheckpoint(caller, *request, response);
+  });
 }
 
 absl::Status DepotService::DoImportCheckpoint(
-    const v1::ImportCheckpointRequest& request,
+    Caller& caller, const v1::ImportCheckpointRequest& request,
     v1::ImportCheckpointResponse* response) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.job_id(), request.fingerprint());
+      FindOwned(caller, request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
   const JobShape& shape = (*shard)->shape();
   const std::vector<std::string> dirs(request.checkpoint_dirs().begin(),
@@ -575,10 +726,10 @@ absl::Status DepotService::DoImportCheckpoint(
 }
 
 absl::Status DepotService::DoExportState(
-    const v1::ExportStateRequest& request,
+    Caller& caller, const v1::ExportStateRequest& request,
     ResponseWriter<v1::StateChunk>* writer) {
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.job_id(), request.fingerprint());
+      FindOwned(caller, request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
   absl::Status status = (*shard)->ExportChunks([&](ChunkSnapshot snapshot) {
     if (ended()) return false;
@@ -600,7 +751,7 @@ absl::Status DepotService::DoExportState(
 }
 
 absl::Status DepotService::DoImportState(
-    RequestReader<v1::ImportStateRequest>* reader,
+    Caller& caller, RequestReader<v1::ImportStateRequest>* reader,
     v1::ImportStateResponse* response) {
   v1::ImportStateRequest request;
   if (!reader->Read(&request) && !reader->status().ok()) {
@@ -610,8 +761,8 @@ absl::Status DepotService::DoImportState(
     return absl::InvalidArgumentError(
         "the first message of an ImportState stream must be its header");
   }
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(request.header().job_id(), request.header().fingerprint());
+  absl::StatusOr<std::shared_ptr<ShardState>> shard = FindOwned(
+      caller, request.header().job_id(), request.header().fingerprint());
   if (!shard.ok()) return shard.status();
   // Staged whole: ImportChunks checks everything before it replaces anything.
   // The staged chunks are charged to the memory budget while they are held:

@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
@@ -25,10 +26,12 @@
 #include "absl/time/time.h"
 #include "depot/v1/depot.grpc.pb.h"
 #include "server/checkpointer.h"
+#include "server/job_owners.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/raw_stream.h"
 #include "server/step_stream.h"
+#include "server/tenant_auth.h"
 
 namespace depot {
 
@@ -40,10 +43,16 @@ namespace depot {
 class DepotService final
     : public v1::Depot::WithRawCallbackMethod_Step<v1::Depot::Service> {
  public:
-  // `jobs`, `metrics` and `checkpointer` (null: the server has no
-  // --checkpoint_dir) must outlive the service.
+  // `jobs`, `metrics`, `checkpointer` (null: the server has no
+  // --checkpoint_dir) and `auth` (null: every caller is the implicit tenant)
+  // must outlive the service. `tenants_file` (empty: none) keeps the tenant
+  // of each job across restarts; the jobs `jobs` holds already (restored
+  // from checkpoints) are the tenants' it names, else the implicit tenant's
+  // (job_owners.h).
   DepotService(JobStore* jobs, ServerMetrics* metrics,
-               Checkpointer* checkpointer = nullptr);
+               Checkpointer* checkpointer = nullptr,
+               const TenantAuth* auth = nullptr,
+               const std::string& tenants_file = "");
 
   grpc::Status CreateJob(grpc::ServerContext* context,
                          const v1::CreateJobRequest* request,
@@ -130,9 +139,31 @@ class DepotService final
   absl::Status ReadOneRequest(RawStream* stream, Rpc rpc,
                               google::protobuf::MessageLite* request);
 
-  // Counts the RPC, rejects it when shutting down, runs `body` (counted in
-  // flight), records a failure, and converts the status.
-  grpc::Status Serve(Rpc rpc, absl::FunctionRef<absl::Status()> body);
+
+  // Who calls: the tenant TenantAuth found, the peer's address, and the job
+  // the call turned out to be about (for the audit line).
+  struct Caller {
+    std::string tenant;
+    std::string peer;
+    std::string job;  // `job 3 "name"` once known
+  };
+
+  // Counts the RPC, rejects it when shutting down, authenticates the caller
+  // (UNAUTHENTICATED before `body` runs), runs `body` (counted in flight),
+  // records a failure, writes the audit line of the RPCs that read or change
+  // a job's state, and converts the status.
+  grpc::Status Serve(Rpc rpc, const grpc::ServerContextBase& context,
+                     absl::FunctionRef<absl::Status(Caller&)> body);
+  // The caller's tenant (TenantAuth::TenantOf; the implicit one without auth).
+  absl::StatusOr<std::string> TenantOf(
+      const grpc::ServerContextBase& context) const;
+  // jobs_->Find, for the job's owner only: another tenant's job is NOT_FOUND
+  // with the very message of an unknown id, before its fingerprint is
+  // compared. Notes the job in `caller`.
+  absl::StatusOr<std::shared_ptr<ShardState>> FindOwned(Caller& caller,
+                                                        uint64_t job_id) const;
+  absl::StatusOr<std::shared_ptr<ShardState>> FindOwned(
+      Caller& caller, uint64_t job_id, uint64_t fingerprint) const;
   // The status of a request whose handler threw `e`: RESOURCE_EXHAUSTED for
   // a failed allocation, INTERNAL otherwise.
   static absl::Status ExceptionStatus(const std::exception& e);
@@ -146,26 +177,32 @@ class DepotService final
   void RecordFailure(Rpc rpc, const absl::Status& status);
   bool accepting() const { return accepting_.load(std::memory_order_acquire); }
 
-  absl::Status DoCreateJob(const v1::CreateJobRequest& request,
+  absl::Status DoCreateJob(Caller& caller, const v1::CreateJobRequest& request,
                            v1::CreateJobResponse* response);
-  absl::Status DoInitWeights(RequestReader<v1::InitWeightsRequest>* reader,
+  absl::Status DoInitWeights(Caller& caller,
+                             RequestReader<v1::InitWeightsRequest>* reader,
                              v1::InitWeightsResponse* response);
-  absl::Status DoPullWeights(const v1::PullRequest& request,
+  absl::Status DoPullWeights(Caller& caller, const v1::PullRequest& request,
                              ResponseWriter<v1::PullResponse>* writer);
-  absl::Status DoGetJob(const v1::GetJobRequest& request,
+  absl::Status DoGetJob(Caller& caller, const v1::GetJobRequest& request,
                         v1::JobStatus* response);
-  absl::Status DoDeleteJob(const v1::DeleteJobRequest& request);
-  absl::Status DoExportState(const v1::ExportStateRequest& request,
+  absl::Status DoDeleteJob(Caller& caller, const v1::DeleteJobRequest& request);
+  absl::Status DoExportState(Caller& caller,
+                             const v1::ExportStateRequest& request,
                              ResponseWriter<v1::StateChunk>* writer);
-  absl::Status DoImportState(RequestReader<v1::ImportStateRequest>* reader,
+  absl::Status DoImportState(Caller& caller,
+                             RequestReader<v1::ImportStateRequest>* reader,
                              v1::ImportStateResponse* response);
-  absl::Status DoCheckpoint(const v1::CheckpointRequest& request,
+  absl::Status DoCheckpoint(Caller& caller,
+                            const v1::CheckpointRequest& request,
                             v1::CheckpointResponse* response);
-  absl::Status DoListCheckpoints(const v1::ListCheckpointsRequest& request,
+  absl::Status DoListCheckpoints(Caller& caller,
+                                 const v1::ListCheckpointsRequest& request,
                                  v1::ListCheckpointsResponse* response);
-  absl::Status DoRollBack(const v1::RollBackRequest& request,
+  absl::Status DoRollBack(Caller& caller, const v1::RollBackRequest& request,
                           v1::RollBackResponse* response);
-  absl::Status DoImportCheckpoint(const v1::ImportCheckpointRequest& request,
+  absl::Status DoImportCheckpoint(Caller& caller,
+                                  const v1::ImportCheckpointRequest& request,
                                   v1::ImportCheckpointResponse* response);
   // Fails every open Step stream of job `job_id` with `status`.
   void FailStreamsOf(uint64_t job_id, const absl::Status& status);
@@ -187,6 +224,8 @@ class DepotService final
   JobStore* const jobs_;
   ServerMetrics* const metrics_;
   Checkpointer* const checkpointer_;
+  const TenantAuth* const auth_;
+  JobOwners owners_;
   std::atomic<bool> accepting_{true};
   std::atomic<bool> ended_{false};
 

@@ -23,6 +23,7 @@
 #include "server/port_file.h"
 #include "server/server_options.h"
 #include "server/shutdown_watchdog.h"
+#include "server/tenant_auth.h"
 #include "wire/transport_memory.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -106,6 +107,27 @@ ABSL_FLAG(double, shutdown_grace_seconds, 10,
           "exit comes at most 5 s after the grace period whatever the jobs "
           "(exit status 1 when that bound cut the shutdown short); a second "
           "SIGTERM/SIGINT exits at once with status 1.");
+ABSL_FLAG(
+    std::string, tls_cert, "",
+    "PEM file of the server's TLS certificate (chain); with --tls_key "
+    "the gRPC port speaks TLS only (docs/security.md). Empty: plaintext.");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM file of the private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "mTLS: PEM file of the CA(s) that sign client certificates. Every "
+          "Depot RPC must then present a certificate it signed (the health "
+          "service stays open); without --auth_token_file the certificate's "
+          "subject CN names the caller's tenant. Needs --tls_cert.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File of bearer tokens, stored hashed: one \"TENANT SHA256-HEX\" "
+          "line per token, '#' starts a comment. Every Depot RPC must then "
+          "carry \"authorization: Bearer <token>\" with a listed token and "
+          "acts as its tenant: a job belongs to the tenant that created it, "
+          "and other tenants get NOT_FOUND for it. Needs --tls_cert. Read at "
+          "start-up only.");
+ABSL_FLAG(bool, hash_token, false,
+          "Read a token from stdin (one line) and print the SHA-256 hex that "
+          "an --auth_token_file line takes; then exit.");
 
 namespace {
 
@@ -197,6 +219,10 @@ depot::ServerOptions OptionsFromFlags() {
   options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
   options.checkpoint_write_bytes_per_second =
       absl::GetFlag(FLAGS_checkpoint_write_bytes_per_second);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   return options;
 }
 
@@ -209,6 +235,16 @@ int main(int argc, char** argv) {
                  "depot-server: unexpected argument \"%s\" (see --help)\n",
                  args[1]);
     return kUsageError;
+  }
+  if (absl::GetFlag(FLAGS_hash_token)) {
+    std::string token;
+    std::getline(std::cin, token);
+    if (token.empty()) {
+      std::fprintf(stderr, "depot-server: --hash_token: no token on stdin\n");
+      return kUsageError;
+    }
+    std::printf("%s\n", depot::Sha256Hex(token).c_str());
+    return 0;
   }
   absl::StatusOr<depot::ServerOptions> options =
       depot::ResolveServerOptions(OptionsFromFlags());

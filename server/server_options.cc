@@ -209,6 +209,20 @@ absl::StatusOr<ServerOptions> ResolveServerOptions(ServerOptions options) {
         "--checkpoint_every_steps=", options.checkpoint_every_steps,
         " needs --checkpoint_dir (where to write the checkpoints)"));
   }
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key go together: give both (TLS) or neither");
+  }
+  if (!options.tls_client_ca.empty() && options.tls_cert.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca needs --tls_cert and --tls_key (client certificates "
+        "are checked in the TLS handshake)");
+  }
+  if (!options.auth_token_file.empty() && options.tls_cert.empty()) {
+    return absl::InvalidArgumentError(
+        "--auth_token_file needs --tls_cert and --tls_key: tokens must not "
+        "cross the network in clear text");
+  }
   if (options.checkpoint_keep < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--checkpoint_keep must be >= 1, got ", options.checkpoint_keep));

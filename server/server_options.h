@@ -47,6 +47,17 @@ struct ServerOptions {
   int checkpoint_keep = 3;
   // --checkpoint_write_bytes_per_second: 0 unlimited.
   uint64_t checkpoint_write_bytes_per_second = 0;
+  // TLS (docs/security.md): PEM files of the server's certificate chain and
+  // private key; both or neither. Neither: plaintext gRPC.
+  std::string tls_cert;
+  std::string tls_key;
+  // mTLS: PEM file of the CA(s) that sign client certificates. A Depot RPC
+  // must then come with a certificate it signed; without a token file the
+  // certificate's subject CN names the tenant. Needs tls_cert.
+  std::string tls_client_ca;
+  // Lines "TENANT SHA256-HEX" (tenant_auth.h): a Depot RPC must then carry a
+  // token whose hash is listed, and acts as that tenant. Needs tls_cert.
+  std::string auth_token_file;
   // Benchmarking only (depot-bench transport and step): steps move their
   // chunks but change no state; see --bench_noop_update in main.cc.
   bool bench_noop_update = false;

@@ -46,6 +46,14 @@ class DepotService::StepReactor final
       stream_->Fail(absl::UnavailableError(kShuttingDown));
       return;
     }
+    // Before a single message is read: an unauthenticated stream changes
+    // nothing.
+    absl::StatusOr<std::string> tenant = service_->TenantOf(*context);
+    if (!tenant.ok()) {
+      stream_->Fail(tenant.status());
+      return;
+    }
+    caller_.tenant = *std::move(tenant);
     StartRead(&request_);
   }
 
@@ -170,7 +178,7 @@ class DepotService::StepReactor final
     if (!request.has_header()) return HeaderMissing();
     header_ = request.header();
     absl::StatusOr<std::shared_ptr<ShardState>> shard =
-        service_->jobs_->Find(header_.job_id(), header_.fingerprint());
+        service_->FindOwned(caller_, header_.job_id(), header_.fingerprint());
     if (!shard.ok()) return shard.status();
     if (header_.two_phase() && header_.has_commit()) {
       return absl::InvalidArgumentError(
@@ -271,6 +279,8 @@ class DepotService::StepReactor final
 
   DepotService* const service_;
   grpc::CallbackServerContext* const context_;
+  // The stream's tenant (the peer is not audited: steps are not).
+  Caller caller_;
   const std::shared_ptr<StepStream> stream_;
   // Reads are sequential (the next starts after OnReadDone), so these need no
   // lock.

@@ -75,6 +75,11 @@ void depot_client_options_init(depot_client_options_t* options) {
   options->unavailable_retry_seconds =
       absl::ToDoubleSeconds(defaults.unavailable_retry);
   options->connections_per_server = defaults.connections_per_server;
+  options->tls_ca_file = nullptr;
+  options->tls_cert_file = nullptr;
+  options->tls_key_file = nullptr;
+  options->auth_token = nullptr;
+  options->auth_token_file = nullptr;
 }
 
 int depot_client_create(const char* const* servers, size_t num_servers,

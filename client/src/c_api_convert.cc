@@ -132,6 +132,14 @@ absl::StatusOr<ClientOptions> FromC(const char* const* servers,
         ", must be a finite number of seconds >= 0"));
   }
   options.unavailable_retry = absl::Seconds(c.unavailable_retry_seconds);
+  const auto text = [](const char* value) {
+    return value == nullptr ? std::string() : std::string(value);
+  };
+  options.tls_ca_file = text(c.tls_ca_file);
+  options.tls_cert_file = text(c.tls_cert_file);
+  options.tls_key_file = text(c.tls_key_file);
+  options.auth_token = text(c.auth_token);
+  options.auth_token_file = text(c.auth_token_file);
   return options;
 }
 

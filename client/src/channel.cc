@@ -52,8 +52,9 @@ void StepChannel::AwaitSettled(absl::Time deadline) const {
   }
 }
 
-std::unique_ptr<ServerConnection> Connect(const std::string& address,
-                                          int connections) {
+std::unique_ptr<ServerConnection> Connect(
+    const std::string& address, int connections,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
   // Several channels connect at once: without this, gRPC 1.51 can fail one of
   // them with a stray ENOENT (wire/connect_errno.h).
   GuardGrpcConnectErrno();
@@ -68,9 +69,8 @@ std::unique_ptr<ServerConnection> Connect(const std::string& address,
   auto connection = std::make_unique<ServerConnection>();
   connection->address = address;
   for (int i = 0; i < connections; ++i) {
-    connection->step_channels.push_back(
-        std::make_unique<StepChannel>(grpc::CreateCustomChannel(
-            address, grpc::InsecureChannelCredentials(), args)));
+    connection->step_channels.push_back(std::make_unique<StepChannel>(
+        grpc::CreateCustomChannel(address, credentials, args)));
   }
   // Every channel starts connecting now, not at its first call.
   for (const std::unique_ptr<StepChannel>& step : connection->step_channels) {

@@ -17,6 +17,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/security/credentials.h"
 
 namespace depot::client_internal {
 
@@ -66,12 +67,14 @@ using Connections = std::vector<std::unique_ptr<ServerConnection>>;
 // be a bracketed IPv6 literal). INVALID_ARGUMENT naming the address otherwise.
 absl::Status ValidateServerAddress(absl::string_view address);
 
-// Opens `connections` insecure channels to `address`, each with its own TCP
-// connection, with the message-size limits above and the transport settings
-// of wire/channel_args.h. Does not wait for the connections. REQUIRES:
+// Opens `connections` channels to `address` with `credentials`
+// (channel_credentials.h), each with its own TCP connection, with the
+// message-size limits above and the transport settings of
+// wire/channel_args.h. Does not wait for the connections. REQUIRES:
 // ValidateServerAddress(address).ok(), connections >= 1.
-std::unique_ptr<ServerConnection> Connect(const std::string& address,
-                                          int connections);
+std::unique_ptr<ServerConnection> Connect(
+    const std::string& address, int connections,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials);
 
 // Sets the context's deadline to `deadline`.
 void SetDeadline(grpc::ClientContext* context, absl::Time deadline);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "call_group.h"
 #include "channel.h"
+#include "channel_credentials.h"
 #include "grpcpp/support/sync_stream.h"
 #include "job_impl.h"
 #include "wire/transport_memory.h"
@@ -233,11 +234,14 @@ absl::Status ValidateOptions(const ClientOptions& options) {
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   absl::Status valid = client_internal::ValidateOptions(options);
   if (!valid.ok()) return valid;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      client_internal::MakeChannelCredentials(options);
+  if (!credentials.ok()) return credentials.status();
   if (options.retain_transport_buffers) RetainTransportBuffers();
   auto connections = std::make_shared<client_internal::Connections>();
   for (const std::string& address : options.servers) {
-    connections->push_back(
-        client_internal::Connect(address, options.connections_per_server));
+    connections->push_back(client_internal::Connect(
+        address, options.connections_per_server, *credentials));
   }
   return std::make_unique<client_internal::ClientImpl>(std::move(options),
                                                        std::move(connections));

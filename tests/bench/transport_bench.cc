@@ -16,8 +16,11 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -34,6 +37,7 @@
 #include "depot/job_config.h"
 #include "server/daemon.h"
 #include "server/server_options.h"
+#include "server/tenant_auth.h"
 #include "tests/bench/bench_output.h"
 #include "wire/transport_memory.h"
 
@@ -169,28 +173,84 @@ void EchoConnection(int fd) {
   close(fd);
 }
 
-// The child: the real server (in-process DepotDaemon, no-op updates) and the
-// raw TCP endpoint. Reports "grpc_address raw_port\n" on `report_fd`, then
-// serves until `control_fd` reaches end of file (the parent is done or gone).
-int RunServerChild(int control_fd, int report_fd) {
-  RetainTransportBuffers();  // as depot-server's main does
+// The secured server's credentials, made for this run by the openssl
+// command-line tool in a temp dir (no key is kept anywhere): a CA, a server
+// certificate for 127.0.0.1 that it signed, and a token file.
+struct TlsFiles {
+  std::string dir;
+  std::string ca, cert, key, token_file;
+  std::string token = "transport-bench-token";
+};
+
+absl::StatusOr<TlsFiles> MakeTlsFiles() {
+  TlsFiles files;
+  std::string pattern =
+      (std::filesystem::temp_directory_path() / "depot-bench-tls.XXXXXX")
+          .string();
+  if (mkdtemp(pattern.data()) == nullptr) return ErrnoError("mkdtemp");
+  files.dir = pattern;
+  files.ca = files.dir + "/ca.pem";
+  files.cert = files.dir + "/server.pem";
+  files.key = files.dir + "/server.key";
+  files.token_file = files.dir + "/tokens";
+  std::ofstream(files.dir + "/san.ext")
+      << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
+  const std::string commands = absl::StrCat(
+      "cd '", files.dir, "' && (",
+      "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+      "-nodes -days 1 -subj /CN=bench-ca -keyout ca.key -out ca.pem && ",
+      "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+      "-subj /CN=localhost -keyout server.key -out server.csr && ",
+      "openssl x509 -req -days 1 -in server.csr -CA ca.pem -CAkey ca.key "
+      "-CAcreateserial -extfile san.ext -out server.pem",
+      ") >openssl.log 2>&1");
+  if (std::system(commands.c_str()) != 0) {
+    std::filesystem::remove_all(files.dir);
+    return absl::FailedPreconditionError(
+        "transport: the openssl command-line tool could not make the TLS "
+        "certificates of the TLS measurement (is openssl installed?)");
+  }
+  std::ofstream(files.token_file) << "bench " << Sha256Hex(files.token) << "\n";
+  return files;
+}
+
+// A no-op server on a free loopback port; with `tls`, TLS and the token.
+absl::StatusOr<std::unique_ptr<DepotDaemon>> StartBenchServer(
+    const TlsFiles* tls) {
   ServerOptions options;
   options.listen = "127.0.0.1:0";
   options.metrics_listen = "";
   options.threads = 1;  // no-op updates need no pool
   options.shutdown_grace = absl::Seconds(1);
   options.bench_noop_update = true;
-  absl::StatusOr<ServerOptions> resolved = ResolveServerOptions(options);
-  if (!resolved.ok()) {
-    std::fprintf(stderr, "transport server: %s\n",
-                 resolved.status().ToString().c_str());
-    return 1;
+  if (tls != nullptr) {
+    options.tls_cert = tls->cert;
+    options.tls_key = tls->key;
+    options.auth_token_file = tls->token_file;
   }
+  absl::StatusOr<ServerOptions> resolved = ResolveServerOptions(options);
+  if (!resolved.ok()) return resolved.status();
+  return DepotDaemon::Start(*resolved);
+}
+
+// The child: the real servers (in-process DepotDaemons, no-op updates; one
+// plaintext, one with TLS and a token) and the raw TCP endpoint. Reports
+// "grpc_address raw_port tls_address\n" on `report_fd`, then serves until
+// `control_fd` reaches end of file (the parent is done or gone).
+int RunServerChild(int control_fd, int report_fd, const TlsFiles& tls) {
+  RetainTransportBuffers();  // as depot-server's main does
   absl::StatusOr<std::unique_ptr<DepotDaemon>> daemon =
-      DepotDaemon::Start(*resolved);
+      StartBenchServer(nullptr);
   if (!daemon.ok()) {
     std::fprintf(stderr, "transport server: %s\n",
                  daemon.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<DepotDaemon>> tls_daemon =
+      StartBenchServer(&tls);
+  if (!tls_daemon.ok()) {
+    std::fprintf(stderr, "transport server (TLS): %s\n",
+                 tls_daemon.status().ToString().c_str());
     return 1;
   }
 
@@ -221,7 +281,8 @@ int RunServerChild(int control_fd, int report_fd) {
   });
 
   const std::string report =
-      absl::StrCat((*daemon)->address(), " ", ntohs(address.sin_port), "\n");
+      absl::StrCat((*daemon)->address(), " ", ntohs(address.sin_port), " ",
+                   (*tls_daemon)->address(), "\n");
   bool reported = write(report_fd, report.data(), report.size()) ==
                   static_cast<ssize_t>(report.size());
   close(report_fd);
@@ -232,6 +293,7 @@ int RunServerChild(int control_fd, int report_fd) {
     if (n <= 0) break;
   }
   (*daemon)->Shutdown();
+  (*tls_daemon)->Shutdown();
   shutdown(listener, SHUT_RDWR);
   acceptor.join();
   close(listener);
@@ -247,9 +309,10 @@ struct ServerChild {
   int control_fd = -1;  // closing it tells the child to exit
   std::string grpc_address;
   int raw_port = 0;
+  std::string tls_address;  // the server with TLS and a token
 };
 
-absl::StatusOr<ServerChild> StartServerChild() {
+absl::StatusOr<ServerChild> StartServerChild(const TlsFiles& tls) {
   int control[2];
   int report[2];
   if (pipe2(control, O_CLOEXEC) != 0 || pipe2(report, O_CLOEXEC) != 0) {
@@ -264,7 +327,7 @@ absl::StatusOr<ServerChild> StartServerChild() {
     if (getppid() != parent) _exit(1);  // the parent died before prctl
     close(control[1]);
     close(report[0]);
-    const int code = RunServerChild(control[0], report[1]);
+    const int code = RunServerChild(control[0], report[1], tls);
     std::fflush(nullptr);
     _exit(code);
   }
@@ -283,12 +346,13 @@ absl::StatusOr<ServerChild> StartServerChild() {
   close(report[0]);
   std::vector<std::string> fields =
       absl::StrSplit(line, absl::ByAnyChar(" \n"), absl::SkipEmpty());
-  if (fields.size() != 2 || !absl::SimpleAtoi(fields[1], &child.raw_port)) {
+  if (fields.size() != 3 || !absl::SimpleAtoi(fields[1], &child.raw_port)) {
     close(child.control_fd);
     waitpid(pid, nullptr, 0);
     return absl::InternalError("the transport server process did not start");
   }
   child.grpc_address = fields[0];
+  child.tls_address = fields[2];
   return child;
 }
 
@@ -401,12 +465,24 @@ absl::StatusOr<std::vector<int>> ConnectRaw(int port, int count) {
 
 // The part of the run that uses gRPC: Depot's client against the child,
 // interleaved with the raw sockets. Returns the result line.
-absl::StatusOr<ResultLine> Measure(const ServerChild& child, Workload& work,
-                                   const std::vector<int>& raw) {
+// A client of `address` (with TLS and the token when `tls` is set) and the
+// benchmark's job on it.
+struct BenchJob {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Job> job;
+};
+
+absl::StatusOr<BenchJob> OpenBenchJob(const std::string& address,
+                                      const Workload& work,
+                                      const TlsFiles* tls) {
   ClientOptions options;
-  options.servers = {child.grpc_address};
+  options.servers = {address};
   options.connections_per_server = absl::GetFlag(FLAGS_transport_connections);
   options.max_inflight_chunks = work.inflight;
+  if (tls != nullptr) {
+    options.tls_ca_file = tls->ca;
+    options.auth_token = tls->token;
+  }
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   if (!client.ok()) return client.status();
   if (absl::Status s = (*client)->WaitForServers(absl::Seconds(30)); !s.ok()) {
@@ -425,6 +501,18 @@ absl::StatusOr<ResultLine> Measure(const ServerChild& child, Workload& work,
   if ((*job)->total_elems() != work.params) {
     return absl::InternalError("the job's layout padded the parameters");
   }
+  return BenchJob{*std::move(client), *std::move(job)};
+}
+
+absl::StatusOr<ResultLine> Measure(const ServerChild& child, Workload& work,
+                                   const std::vector<int>& raw,
+                                   const TlsFiles& tls) {
+  absl::StatusOr<BenchJob> plain =
+      OpenBenchJob(child.grpc_address, work, nullptr);
+  if (!plain.ok()) return plain.status();
+  absl::StatusOr<BenchJob> secured =
+      OpenBenchJob(child.tls_address, work, &tls);
+  if (!secured.ok()) return secured.status();
 
   // Wall and CPU seconds (both processes, every thread) of a round.
   struct Round {
@@ -448,8 +536,15 @@ absl::StatusOr<ResultLine> Measure(const ServerChild& child, Workload& work,
   uint64_t step = 0;
   auto depot_round = [&](int steps) {
     return timed(steps, [&] {
-      return (*job)->Step(++step, work.grads.data(), work.weights.data(),
-                          nullptr);
+      return plain->job->Step(++step, work.grads.data(), work.weights.data(),
+                              nullptr);
+    });
+  };
+  uint64_t tls_step = 0;
+  auto tls_round = [&](int steps) {
+    return timed(steps, [&] {
+      return secured->job->Step(++tls_step, work.grads.data(),
+                                work.weights.data(), nullptr);
     });
   };
   auto raw_round = [&](int steps) {
@@ -458,40 +553,49 @@ absl::StatusOr<ResultLine> Measure(const ServerChild& child, Workload& work,
   // Warm-up (connections, first touch of the buffers), and a check that both
   // really moved the bytes: the no-op server and the echo return the
   // gradients.
-  for (const bool depot : {true, false}) {
+  for (const char* path : {"Depot", "Depot with TLS", "raw TCP"}) {
     std::fill(work.weights.begin(), work.weights.end(), '\0');
-    absl::StatusOr<Round> round = depot ? depot_round(1) : raw_round(1);
+    const absl::string_view name = path;
+    absl::StatusOr<Round> round = name == "Depot"     ? depot_round(1)
+                                  : name == "raw TCP" ? raw_round(1)
+                                                      : tls_round(1);
     if (!round.ok()) return round.status();
     if (work.weights != work.grads) {
-      return absl::InternalError(
-          absl::StrCat(depot ? "Depot" : "raw TCP",
-                       " returned other weights than the gradients sent"));
+      return absl::InternalError(absl::StrCat(
+          path, " returned other weights than the gradients sent"));
     }
   }
 
   const int steps = absl::GetFlag(FLAGS_transport_steps);
   std::vector<double> depot_seconds, depot_cpu;
   std::vector<double> raw_seconds, raw_cpu;
+  std::vector<double> tls_seconds, tls_cpu;
   for (int r = 0; r < absl::GetFlag(FLAGS_transport_repeats); ++r) {
     absl::StatusOr<Round> a = depot_round(steps);
     if (!a.ok()) return a.status();
     absl::StatusOr<Round> b = raw_round(steps);
     if (!b.ok()) return b.status();
+    absl::StatusOr<Round> c = tls_round(steps);
+    if (!c.ok()) return c.status();
     depot_seconds.push_back(a->seconds / steps);
     depot_cpu.push_back(a->cpu_seconds / steps);
     raw_seconds.push_back(b->seconds / steps);
     raw_cpu.push_back(b->cpu_seconds / steps);
+    tls_seconds.push_back(c->seconds / steps);
+    tls_cpu.push_back(c->cpu_seconds / steps);
   }
   const double bytes = 2.0 * static_cast<double>(work.params) * kElemBytes;
   const double depot_gbps = bytes / Median(depot_seconds) / 1e9;
   const double raw_gbps = bytes / Median(raw_seconds) / 1e9;
+  const double tls_gbps = bytes / Median(tls_seconds) / 1e9;
   ResultLine line;
   line.bench = "transport";
   line.text = {{"link", "loopback"}, {"dtype", "bf16"}};
   line.numbers = {
       {"params", static_cast<double>(work.params)},
       {"chunk_elems", static_cast<double>(work.chunk_elems)},
-      {"connections", static_cast<double>(options.connections_per_server)},
+      {"connections",
+       static_cast<double>(absl::GetFlag(FLAGS_transport_connections))},
       {"raw_connections", static_cast<double>(raw.size())},
       {"inflight", static_cast<double>(work.inflight)},
       {"repeats", static_cast<double>(depot_seconds.size())},
@@ -506,6 +610,13 @@ absl::StatusOr<ResultLine> Measure(const ServerChild& child, Workload& work,
       {"depot_gb_per_s", depot_gbps},
       {"raw_gb_per_s", raw_gbps},
       {"ratio", depot_gbps / raw_gbps},
+      // The same job on a server with TLS and a bearer token, in the same
+      // rounds: what encryption costs (docs/security.md).
+      {"tls_step_seconds", Median(tls_seconds)},
+      {"tls_cpu_seconds", Median(tls_cpu)},
+      {"tls_gb_per_s", tls_gbps},
+      {"tls_ratio", tls_gbps / raw_gbps},
+      {"tls_vs_plaintext", tls_gbps / depot_gbps},
   };
   return line;
 }
@@ -526,10 +637,15 @@ absl::Status RunTransportCommand(bool json) {
         "--transport_inflight, --transport_raw_connections, "
         "--transport_repeats and --transport_steps must be positive");
   }
+  absl::StatusOr<TlsFiles> tls = MakeTlsFiles();
+  if (!tls.ok()) return tls.status();
   // The server first, before this process touches gRPC (a forked child
   // must not inherit gRPC's threads).
-  absl::StatusOr<ServerChild> child = StartServerChild();
-  if (!child.ok()) return child.status();
+  absl::StatusOr<ServerChild> child = StartServerChild(*tls);
+  if (!child.ok()) {
+    std::filesystem::remove_all(tls->dir);
+    return child.status();
+  }
   work.grads.resize(work.params * kElemBytes);
   work.weights.resize(work.params * kElemBytes);
   for (size_t i = 0; i < work.grads.size(); ++i) {
@@ -539,12 +655,13 @@ absl::Status RunTransportCommand(bool json) {
   absl::StatusOr<std::vector<int>> raw =
       ConnectRaw(child->raw_port, raw_connections);
   if (raw.ok()) {
-    line = Measure(*child, work, *raw);
+    line = Measure(*child, work, *raw, *tls);
     for (int fd : *raw) close(fd);
   } else {
     line = raw.status();
   }
   const absl::Status stopped = StopServerChild(*child);
+  std::filesystem::remove_all(tls->dir);
   if (!line.ok()) return line.status();
   if (!stopped.ok()) return stopped;
   line->Print(json);

@@ -77,8 +77,15 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Spawn(
 
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const std::vector<std::string>& extra_flags, absl::Duration timeout) {
+  return StartTls(extra_flags, /*tls_ca_file=*/"", timeout);
+}
+
+absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::StartTls(
+    const std::vector<std::string>& extra_flags, const std::string& tls_ca_file,
+    absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   auto process = absl::WrapUnique(new ServerProcess());
+  process->tls_ca_file_ = tls_ca_file;
   if (absl::Status s = process->PrepareTempDir(); !s.ok()) return s;
   std::vector<std::string> args = {
       "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
@@ -252,8 +259,17 @@ absl::Status ServerProcess::WaitForPortFile(absl::Time deadline) {
 }
 
 absl::Status ServerProcess::WaitForServing(absl::Time deadline) {
-  auto channel =
-      grpc::CreateChannel(grpc_address_, grpc::InsecureChannelCredentials());
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
+  if (!tls_ca_file_.empty()) {
+    std::ifstream in(tls_ca_file_);
+    std::stringstream ca;
+    ca << in.rdbuf();
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ca.str();
+    credentials = grpc::SslCredentials(ssl);
+  }
+  auto channel = grpc::CreateChannel(grpc_address_, credentials);
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));

@@ -47,6 +47,12 @@ class ServerProcess {
   static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
       const std::vector<std::string>& extra_flags = {},
       absl::Duration timeout = absl::Seconds(60));
+  // Start, for a server with --tls_cert: its health service is asked over
+  // TLS, trusting the CA in the PEM file `tls_ca_file`.
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> StartTls(
+      const std::vector<std::string>& extra_flags,
+      const std::string& tls_ca_file,
+      absl::Duration timeout = absl::Seconds(60));
 
   // Runs `binary` with exactly `args` (no flags added) and does not wait for it
   // to be ready: for tests of the command line itself.
@@ -101,6 +107,7 @@ class ServerProcess {
   std::string log_file_;
   std::string grpc_address_;
   std::string metrics_address_;
+  std::string tls_ca_file_;  // StartTls: the health check's CA
 };
 
 }  // namespace depot::testing

@@ -91,8 +91,10 @@ def _wait_for_file(path, pidfd, deadline):
         os.close(fd)
 
 
-def start_server(binary, extra_flags=(), timeout=60.0):
-    """Starts `binary` and returns a ServerProcess once it is SERVING."""
+def start_server(binary, extra_flags=(), timeout=60.0, client_options=None):
+    """Starts `binary` and returns a ServerProcess once it is SERVING.
+    `client_options`: depot.Client keyword arguments of the health check
+    (tls_ca=... for a server with --tls_cert)."""
     temp_dir = tempfile.mkdtemp(prefix="depot-pytest-")
     port_file = pathlib.Path(temp_dir) / "port"
     log_path = os.path.join(temp_dir, "server.log")
@@ -114,7 +116,8 @@ def start_server(binary, extra_flags=(), timeout=60.0):
             raise ServerError(f"depot-server exited with "
                               f"{process.wait()} before serving")
         server.address = port_file.read_text().splitlines()[0].strip()
-        with depot.Client([server.address]) as client:
+        with depot.Client([server.address],
+                          **(client_options or {})) as client:
             client.wait_for_servers(max(deadline - time.monotonic(), 0.0))
         return server
     except Exception as e:

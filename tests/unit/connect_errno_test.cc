@@ -86,7 +86,7 @@ TEST_F(ConnectErrnoTest, AfterConnectAQueuedWaiterKeepsErrno) {
       {
         // No server: Connect does not wait for connections.
         std::unique_ptr<ServerConnection> connection =
-            Connect("127.0.0.1:1", 2);
+            Connect("127.0.0.1:1", 2, grpc::InsecureChannelCredentials());
         QueueTwoWaitersAndExit();
       },
       ::testing::ExitedWithCode(0), "");

@@ -88,6 +88,25 @@ struct ClientOptions {
   // malloc alone; malloc settings in the environment (GLIBC_TUNABLES,
   // MALLOC_*_THRESHOLD_) always win.
   bool retain_transport_buffers = true;
+
+  // Security (docs/security.md). All empty: plaintext, no credentials, as a
+  // server without --tls_cert expects.
+  //
+  // PEM file of the CA that signed the servers' certificates (their
+  // --tls_cert): set, every connection is TLS and checks the server's
+  // certificate against it and the address's host name.
+  std::string tls_ca_file;
+  // mTLS: PEM files of this client's certificate and its key, both or
+  // neither, for servers started with --tls_client_ca. Need tls_ca_file.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // The bearer token that names this client's tenant on servers started with
+  // --auth_token_file, sent with every call; or the file whose first line is
+  // the token. At most one of the two; they need tls_ca_file (a token is
+  // never sent in clear text). Connect fails with INVALID_ARGUMENT for a
+  // combination that breaks these rules, or a file it cannot read.
+  std::string auth_token;
+  std::string auth_token_file;
 };
 
 // The global decision on a step's gradients: skip the step (no state changes,

@@ -58,7 +58,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 7
+#define DEPOT_API_VERSION 8
 DEPOT_API uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -130,6 +130,13 @@ typedef struct depot_client_options {
   /* How long a step sends a server's stream again after UNAVAILABLE
    * (depot::ClientOptions::unavailable_retry); 0: never. */
   double unavailable_retry_seconds;
+  /* Security (depot::ClientOptions, docs/security.md); NULL or "" each:
+   * unset. The strings are copied by depot_client_create. */
+  const char* tls_ca_file;     /* PEM CA of the servers' certificates: TLS */
+  const char* tls_cert_file;   /* mTLS: this client's certificate (PEM) */
+  const char* tls_key_file;    /* mTLS: its private key (PEM) */
+  const char* auth_token;      /* bearer token naming the tenant */
+  const char* auth_token_file; /* or the file whose first line is it */
 } depot_client_options_t;
 
 /* Fills `options` with the defaults of depot::ClientOptions. */
@@ -139,7 +146,9 @@ DEPOT_API void depot_client_options_init(depot_client_options_t* options);
  * (every worker must pass the same order). Does not wait for them to be up;
  * see depot_client_wait_for_servers. `options` may be NULL (defaults).
  * On success *out is a client to free with depot_client_destroy.
- * INVALID_ARGUMENT: no servers, a malformed address, bad options. */
+ * INVALID_ARGUMENT: no servers, a malformed address, bad options (a
+ * security combination depot::ClientOptions does not allow, a credential
+ * file that cannot be read). */
 DEPOT_API int depot_client_create(const char* const* servers,
                                   size_t num_servers,
                                   const depot_client_options_t* options,

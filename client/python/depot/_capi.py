@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 7
+API_VERSION = 8
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -29,6 +29,11 @@ class ClientOptions(ctypes.Structure):
         ("max_inflight_chunks", c_int32),
         ("connections_per_server", c_int32),
         ("unavailable_retry_seconds", c_double),
+        ("tls_ca_file", c_char_p),
+        ("tls_cert_file", c_char_p),
+        ("tls_key_file", c_char_p),
+        ("auth_token", c_char_p),
+        ("auth_token_file", c_char_p),
     ]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import os
 import sys
 import threading
 from typing import (Any, Dict, Iterable, List, Mapping, NamedTuple, Optional,
@@ -159,6 +160,12 @@ class Client(OwnedHandle):
     unary calls, step_timeout for a whole step; unavailable_retry is how long
     a step keeps resending a server's stream after UNAVAILABLE (a cut
     connection, a restarting server; 0: never).
+
+    Security (docs/security.md): `tls_ca` is the PEM file of the CA that
+    signed the servers' certificates (TLS); `tls_cert` and `tls_key` this
+    client's certificate and key (mTLS); `token` the bearer token that names
+    the tenant, or `token_file` a file whose first line is it. A token or a
+    client certificate needs `tls_ca`.
     """
 
     _DESTROY = "depot_client_destroy"
@@ -168,7 +175,12 @@ class Client(OwnedHandle):
                  step_timeout: Optional[float] = None,
                  max_inflight_chunks: Optional[int] = None,
                  connections_per_server: Optional[int] = None,
-                 unavailable_retry: Optional[float] = None) -> None:
+                 unavailable_retry: Optional[float] = None,
+                 tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None,
+                 token: Optional[str] = None,
+                 token_file: Optional[str] = None) -> None:
         if isinstance(servers, str):
             servers = [servers]
         self.servers = list(servers)
@@ -185,6 +197,18 @@ class Client(OwnedHandle):
             options.connections_per_server = connections_per_server
         if unavailable_retry is not None:
             options.unavailable_retry_seconds = unavailable_retry
+        # The bytes objects stay referenced until depot_client_create, which
+        # copies them.
+        credentials = {
+            "tls_ca_file": tls_ca, "tls_cert_file": tls_cert,
+            "tls_key_file": tls_key, "auth_token": token,
+            "auth_token_file": token_file,
+        }
+        encoded = {field: os.fsencode(value) if field != "auth_token"
+                   else value.encode()
+                   for field, value in credentials.items() if value}
+        for field, value in encoded.items():
+            setattr(options, field, value)
         addresses = (ctypes.c_char_p * len(self.servers))(
             *[s.encode() for s in self.servers])
         handle = ctypes.c_void_p()

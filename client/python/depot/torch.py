@@ -209,6 +209,9 @@ class DepotOptimizer(torch.optim.Optimizer):
         only when DepotOptimizer creates the client (else set it on
         depot.Client).
       client: a depot.Client to use instead of connecting to `servers`.
+      tls_ca, tls_cert, tls_key, token, token_file: the credentials of the
+        client DepotOptimizer creates (depot.Client's, docs/security.md);
+        with client=, set them on that client instead.
       wait_timeout: seconds to wait for the servers to be up.
       engine: None (a transfer engine for CUDA parameters, none for CPU
         ones), "cuda", or "host" (the engine on CPU parameters).
@@ -238,7 +241,8 @@ class DepotOptimizer(torch.optim.Optimizer):
                  local_ranks=1, node_id=None, bucket_chunks=None,
                  find_unused_parameters=False, engine_options=None,
                  resume=False, checkpoint_every_steps=0,
-                 state_dict_reference=False, **hparams):
+                 state_dict_reference=False, tls_ca=None, tls_cert=None,
+                 tls_key=None, token=None, token_file=None, **hparams):
         kind = optimizer.lower() if isinstance(optimizer, str) else optimizer
         if kind not in args.KINDS:
             raise ValueError(f"optimizer must be one of "
@@ -265,11 +269,19 @@ class DepotOptimizer(torch.optim.Optimizer):
         if client is None:
             if servers is None:
                 raise TypeError("DepotOptimizer needs servers= or client=")
-            client = depot.Client(servers, step_timeout=step_timeout)
+            client = depot.Client(servers, step_timeout=step_timeout,
+                                  tls_ca=tls_ca, tls_cert=tls_cert,
+                                  tls_key=tls_key, token=token,
+                                  token_file=token_file)
         elif step_timeout is not None:
             raise ValueError("step_timeout applies to the client "
                              "DepotOptimizer creates; pass it to "
                              "depot.Client(step_timeout=...) instead")
+        elif any(value is not None for value in
+                 (tls_ca, tls_cert, tls_key, token, token_file)):
+            raise ValueError("credentials apply to the client DepotOptimizer "
+                             "creates; pass them to depot.Client(...) "
+                             "instead")
         client.wait_for_servers(wait_timeout)
         self._client = client
         self._job_args = dict(job_name=job_name, num_workers=num_workers,
