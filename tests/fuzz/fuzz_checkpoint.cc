@@ -80,8 +80,8 @@ std::string InMemoryFile(const std::string& bytes) {
 
 std::string Encode(const depot::ShardCheckpoint& checkpoint) {
   std::string out;
-  const absl::Status s = depot::EncodeShardCheckpoint(
-      checkpoint, [&](std::string_view bytes) {
+  const absl::Status s =
+      depot::EncodeShardCheckpoint(checkpoint, [&](std::string_view bytes) {
         out.append(bytes.data(), bytes.size());
         return absl::OkStatus();
       });

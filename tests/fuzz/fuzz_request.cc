@@ -29,9 +29,12 @@
 
 namespace {
 
+// DEPOT_FUZZ_VERBOSE=1 prints every refusal (to see what an input reaches).
 void CheckRefusal(const absl::Status& s, const char* what) {
-  DEPOT_FUZZ_CHECK(s.code() == absl::StatusCode::kInvalidArgument,
-                   "%s: %s", what, s.ToString().c_str());
+  static const bool verbose = std::getenv("DEPOT_FUZZ_VERBOSE") != nullptr;
+  if (verbose) std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+  DEPOT_FUZZ_CHECK(s.code() == absl::StatusCode::kInvalidArgument, "%s: %s",
+                   what, s.ToString().c_str());
 }
 
 // A job small enough for any header: 3 tensors, 2 groups, 4 servers.
@@ -46,7 +49,8 @@ depot::JobConfig SmallJob() {
   config.alignment_elems = 16;
   config.num_servers = 4;
   const absl::Status s = depot::ValidateJobConfig(config);
-  DEPOT_FUZZ_CHECK(s.ok(), "the fixed job is invalid: %s", s.ToString().c_str());
+  DEPOT_FUZZ_CHECK(s.ok(), "the fixed job is invalid: %s",
+                   s.ToString().c_str());
   return config;
 }
 
@@ -85,7 +89,8 @@ void CheckHeader(const depot::JobShape& shape,
     const absl::Status owns =
         sender->CheckOwns("chunk", c, header.step(), header.worker_rank());
     if (!sender->is_node()) {
-      DEPOT_FUZZ_CHECK(owns.ok(), "a one-process worker may not send chunk %llu",
+      DEPOT_FUZZ_CHECK(owns.ok(),
+                       "a one-process worker may not send chunk %llu",
                        static_cast<unsigned long long>(c));
     } else if (!owns.ok()) {
       CheckRefusal(owns, "CheckOwns");
@@ -103,7 +108,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (job_bytes > rest.size()) job_bytes = rest.size();
   depot::v1::CreateJobRequest request;
   depot::v1::StepHeader header;
-  const bool request_parsed = request.ParseFromString(rest.substr(0, job_bytes));
+  const bool request_parsed =
+      request.ParseFromString(rest.substr(0, job_bytes));
   const bool header_parsed = header.ParseFromString(rest.substr(job_bytes));
 
   static const depot::JobConfig* const small_job =
@@ -138,12 +144,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                              shard.begin <= shard.end &&
                              shard.end <= job->plan().total_elems(),
                          "shard outside its plan");
-        DEPOT_FUZZ_CHECK(
-            job->state_bytes() / 4 >= shard.size() ||
-                job->state_bytes() == UINT64_MAX,
-            "state bytes %llu for %llu elements",
-            static_cast<unsigned long long>(job->state_bytes()),
-            static_cast<unsigned long long>(shard.size()));
+        DEPOT_FUZZ_CHECK(job->state_bytes() / 4 >= shard.size() ||
+                             job->state_bytes() == UINT64_MAX,
+                         "state bytes %llu for %llu elements",
+                         static_cast<unsigned long long>(job->state_bytes()),
+                         static_cast<unsigned long long>(shard.size()));
         if (header_parsed) CheckHeader(*job, header);
         return 0;
       }

@@ -64,17 +64,15 @@ void CheckParse(StepMessage kind, const std::string& bytes,
     DEPOT_FUZZ_CHECK(parsed && protobuf_chunk,
                      "the codec found a chunk, protobuf %s",
                      parsed ? "a message without one" : "refuses the bytes");
-    DEPOT_FUZZ_CHECK(fields.index == chunk.index(),
-                     "index %llu, protobuf %llu",
+    DEPOT_FUZZ_CHECK(fields.index == chunk.index(), "index %llu, protobuf %llu",
                      static_cast<unsigned long long>(fields.index),
                      static_cast<unsigned long long>(chunk.index()));
-    DEPOT_FUZZ_CHECK(fields.payload_offset <= bytes.size() &&
-                         fields.payload_size <=
-                             bytes.size() - fields.payload_offset,
-                     "payload [%llu, +%llu) outside a message of %zu bytes",
-                     static_cast<unsigned long long>(fields.payload_offset),
-                     static_cast<unsigned long long>(fields.payload_size),
-                     bytes.size());
+    DEPOT_FUZZ_CHECK(
+        fields.payload_offset <= bytes.size() &&
+            fields.payload_size <= bytes.size() - fields.payload_offset,
+        "payload [%llu, +%llu) outside a message of %zu bytes",
+        static_cast<unsigned long long>(fields.payload_offset),
+        static_cast<unsigned long long>(fields.payload_size), bytes.size());
     std::string payload(fields.payload_size, '\0');
     depot::wire::CopyMessageBytes(pieces, fields.payload_offset,
                                   fields.payload_size, payload.data());
@@ -116,12 +114,12 @@ void CheckEncode(StepMessage kind, uint64_t index, const std::string& payload) {
   ChunkFields fields;
   absl::StatusOr<MessageKind> got =
       depot::wire::ParseChunkMessage(pieces, kind, &fields);
-  DEPOT_FUZZ_CHECK(got.ok() && *got == MessageKind::kChunk &&
-                       fields.index == index &&
-                       fields.payload_size == payload.size() &&
-                       (payload.empty() || fields.payload_offset == prefix.size),
-                   "chunk (index %llu, %zu bytes) does not parse back",
-                   static_cast<unsigned long long>(index), payload.size());
+  DEPOT_FUZZ_CHECK(
+      got.ok() && *got == MessageKind::kChunk && fields.index == index &&
+          fields.payload_size == payload.size() &&
+          (payload.empty() || fields.payload_offset == prefix.size),
+      "chunk (index %llu, %zu bytes) does not parse back",
+      static_cast<unsigned long long>(index), payload.size());
 }
 
 }  // namespace
@@ -176,6 +174,7 @@ std::vector<std::string> DepotFuzzSeeds() {
   stats.mutable_stats()->set_chunks(2);
   seeds.push_back(std::string("\x01", 1) + stats.SerializeAsString());
   // A chunk with an unknown group field and an overlong varint index.
-  seeds.push_back(std::string("\x00\x12\x0e\x08\x81\x80\x80\x80\x00\x1b\x08\x01\x1c\x12\x02hi", 17));
+  seeds.push_back(std::string(
+      "\x00\x12\x0e\x08\x81\x80\x80\x80\x00\x1b\x08\x01\x1c\x12\x02hi", 17));
   return seeds;
 }

@@ -29,15 +29,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 // The target's seed inputs.
 std::vector<std::string> DepotFuzzSeeds();
 
-#define DEPOT_FUZZ_CHECK(cond, ...)                                    \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      std::fprintf(stderr, "%s:%d: DEPOT_FUZZ_CHECK(%s) failed: ",     \
-                   __FILE__, __LINE__, #cond);                         \
-      std::fprintf(stderr, __VA_ARGS__);                               \
-      std::fprintf(stderr, "\n");                                      \
-      std::abort();                                                    \
-    }                                                                  \
+#define DEPOT_FUZZ_CHECK(cond, ...)                                          \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
+      std::fprintf(stderr, "%s:%d: DEPOT_FUZZ_CHECK(%s) failed: ", __FILE__, \
+                   __LINE__, #cond);                                         \
+      std::fprintf(stderr, __VA_ARGS__);                                     \
+      std::fprintf(stderr, "\n");                                            \
+      std::abort();                                                          \
+    }                                                                        \
   } while (0)
 
 namespace depot::fuzz {

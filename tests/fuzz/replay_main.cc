@@ -122,9 +122,9 @@ int main(int argc, char** argv) {
     Run(Mutate(seeds[i % seeds.size()], rng));
     ++inputs;
   }
-  const double seconds = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - start)
-                             .count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   std::printf("%llu inputs (%zu seeds, %llu mutations), no failure, %.2f s\n",
               static_cast<unsigned long long>(inputs), seeds.size(),
               static_cast<unsigned long long>(mutations), seconds);

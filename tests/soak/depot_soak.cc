@@ -3,7 +3,8 @@
 // its memory stays within its budget (docs/fuzzing.md, "The soak tool").
 //
 //   depot-soak --requests 1000000 [--threads 8] [--memory_limit_bytes N]
-//              [--server HOST:PORT --server_pid PID] [--json] [--fatal_internal]
+//              [--server HOST:PORT --server_pid PID] [--json]
+//              [--fatal_internal]
 //
 // Without --server it starts the depot-server built beside it (or
 // $DEPOT_SERVER_BINARY) on loopback with --memory_limit_bytes. Then:
@@ -45,6 +46,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
@@ -96,6 +98,12 @@ ABSL_FLAG(bool, json, false, "print the summary as JSON");
 ABSL_FLAG(uint64_t, oversized_every, 20000,
           "one request in this many is a message over the server's 64 MiB "
           "limit (0: none)");
+
+ABSL_FLAG(std::string, send_method, "",
+          "reproduce one input instead of a soak: the method (e.g. CreateJob) "
+          "that gets --send_file's bytes as its (first) message; prints the "
+          "status and whether the server is still alive");
+ABSL_FLAG(std::string, send_file, "", "with --send_method: the message");
 
 namespace {
 
@@ -258,10 +266,10 @@ grpc::Status TrainStep(depot::v1::Depot::Stub& stub, const JobHandle& job,
   while (stream->Read(&response)) chunks += response.has_chunk() ? 1 : 0;
   grpc::Status s = stream->Finish();
   if (s.ok() && chunks != job.num_chunks) {
-    return grpc::Status(grpc::StatusCode::INTERNAL,
-                        absl::StrCat("step ", step, ": ", chunks,
-                                     " weight chunks back, expected ",
-                                     job.num_chunks));
+    return grpc::Status(
+        grpc::StatusCode::INTERNAL,
+        absl::StrCat("step ", step, ": ", chunks,
+                     " weight chunks back, expected ", job.num_chunks));
   }
   return s;
 }
@@ -316,9 +324,9 @@ grpc::Status ReadJob(depot::v1::Depot::Stub& stub, const JobHandle& job,
   }
   grpc::Status s = reader->Finish();
   if (s.ok() && elems != job.total_params) {
-    return grpc::Status(grpc::StatusCode::INTERNAL,
-                        absl::StrCat("pulled ", elems, " elements of ",
-                                     job.total_params));
+    return grpc::Status(
+        grpc::StatusCode::INTERNAL,
+        absl::StrCat("pulled ", elems, " elements of ", job.total_params));
   }
   out->weights_hash = hash;
   return s;
@@ -343,44 +351,44 @@ class Hostile {
   uint64_t Below(uint64_t n) { return n == 0 ? 0 : rng_() % n; }
 
   uint64_t ExtremeU64() {
-    static const uint64_t kValues[] = {0,
-                                       1,
-                                       2,
-                                       7,
-                                       255,
-                                       65536,
-                                       (uint64_t{1} << 31) - 1,
-                                       uint64_t{1} << 31,
-                                       (uint64_t{1} << 32) - 1,
-                                       uint64_t{1} << 32,
-                                       uint64_t{1} << 62,
-                                       (uint64_t{1} << 62) + 1,
-                                       uint64_t{1} << 63,
-                                       std::numeric_limits<uint64_t>::max(),
-                                       std::numeric_limits<uint64_t>::max() - 1};
+    static const uint64_t kValues[] = {
+        0,
+        1,
+        2,
+        7,
+        255,
+        65536,
+        (uint64_t{1} << 31) - 1,
+        uint64_t{1} << 31,
+        (uint64_t{1} << 32) - 1,
+        uint64_t{1} << 32,
+        uint64_t{1} << 62,
+        (uint64_t{1} << 62) + 1,
+        uint64_t{1} << 63,
+        std::numeric_limits<uint64_t>::max(),
+        std::numeric_limits<uint64_t>::max() - 1};
     if (Chance(0.3)) return rng_() >> Below(64);
     return kValues[Below(std::size(kValues))];
   }
   double ExtremeDouble() {
-    static const double kValues[] = {
-        0.0,
-        -0.0,
-        1.0,
-        -1.0,
-        0.5,
-        1e-3,
-        std::numeric_limits<double>::quiet_NaN(),
-        -std::numeric_limits<double>::quiet_NaN(),
-        std::numeric_limits<double>::infinity(),
-        -std::numeric_limits<double>::infinity(),
-        std::numeric_limits<double>::max(),
-        std::numeric_limits<double>::lowest(),
-        std::numeric_limits<double>::denorm_min(),
-        std::numeric_limits<double>::min(),
-        1e300,
-        -1e300,
-        3.4e38,
-        1e39};
+    static const double kValues[] = {0.0,
+                                     -0.0,
+                                     1.0,
+                                     -1.0,
+                                     0.5,
+                                     1e-3,
+                                     std::numeric_limits<double>::quiet_NaN(),
+                                     -std::numeric_limits<double>::quiet_NaN(),
+                                     std::numeric_limits<double>::infinity(),
+                                     -std::numeric_limits<double>::infinity(),
+                                     std::numeric_limits<double>::max(),
+                                     std::numeric_limits<double>::lowest(),
+                                     std::numeric_limits<double>::denorm_min(),
+                                     std::numeric_limits<double>::min(),
+                                     1e300,
+                                     -1e300,
+                                     3.4e38,
+                                     1e39};
     if (Chance(0.2)) {
       uint64_t bits = rng_();
       double d;
@@ -396,15 +404,23 @@ class Hostile {
   }
   std::string ExtremeString() {
     switch (Below(8)) {
-      case 0: return "";
-      case 1: return "a";
-      case 2: return "../../../../etc/passwd";
-      case 3: return std::string(Below(4096) + 1, 'x');
-      case 4: return std::string("\0\xff\xfe/\n", 5);
-      case 5: return checkpoint_dir_;
-      case 6: return Chance(0.02) ? std::string(size_t{1} << 20, 'y')
-                                  : RandomBytes(Below(64));
-      default: return RandomBytes(Below(16));
+      case 0:
+        return "";
+      case 1:
+        return "a";
+      case 2:
+        return "../../../../etc/passwd";
+      case 3:
+        return std::string(Below(4096) + 1, 'x');
+      case 4:
+        return std::string("\0\xff\xfe/\n", 5);
+      case 5:
+        return checkpoint_dir_;
+      case 6:
+        return Chance(0.02) ? std::string(size_t{1} << 20, 'y')
+                            : RandomBytes(Below(64));
+      default:
+        return RandomBytes(Below(16));
     }
   }
 
@@ -475,11 +491,11 @@ class Hostile {
         break;
       }
       case FieldDescriptor::CPPTYPE_STRING: {
-        std::string v = f->name() == "payload" || f->name() == "master" ||
-                                f->name() == "slots"
-                            ? FloatBytes(Chance(0.5) ? victim_.chunk_elems
-                                                     : Below(5000))
-                            : ExtremeString();
+        std::string v =
+            f->name() == "payload" || f->name() == "master" ||
+                    f->name() == "slots"
+                ? FloatBytes(Chance(0.5) ? victim_.chunk_elems : Below(5000))
+                : ExtremeString();
         rep ? r->AddString(m, f, std::move(v))
             : r->SetString(m, f, std::move(v));
         break;
@@ -612,7 +628,8 @@ class Hostile {
         if (Chance(0.05)) {
           auto* w = m.mutable_weights_override();
           w->set_chunk_index(Below(victim_.num_chunks + 1));
-          w->set_offset(Chance(0.8) ? Below(victim_.chunk_elems) : ExtremeU64());
+          w->set_offset(Chance(0.8) ? Below(victim_.chunk_elems)
+                                    : ExtremeU64());
           w->set_payload(FloatBytes(Below(victim_.chunk_elems + 2)));
         } else if (Chance(0.03)) {
           m.mutable_commit()->set_clip_coef(ExtremeDouble());
@@ -621,9 +638,9 @@ class Hostile {
           const uint64_t index =
               Chance(0.9) ? i % victim_.num_chunks : ExtremeU64();
           m.mutable_chunk()->set_index(index);
-          const uint64_t elems = Chance(0.85)
-                                     ? ChunkSize(victim_, index % victim_.num_chunks)
-                                     : Below(victim_.chunk_elems * 2);
+          const uint64_t elems =
+              Chance(0.85) ? ChunkSize(victim_, index % victim_.num_chunks)
+                           : Below(victim_.chunk_elems * 2);
           m.mutable_chunk()->set_payload(FloatBytes(elems));
         }
         out.push_back(Chance(0.1) ? Mutate(m.SerializeAsString())
@@ -719,13 +736,23 @@ class Tally {
   }
 
   static const char* CodeName(int code) {
-    static const char* kNames[] = {
-        "OK",       "CANCELLED",          "UNKNOWN",
-        "INVALID_ARGUMENT",  "DEADLINE_EXCEEDED", "NOT_FOUND",
-        "ALREADY_EXISTS",    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-        "FAILED_PRECONDITION", "ABORTED",         "OUT_OF_RANGE",
-        "UNIMPLEMENTED",     "INTERNAL",          "UNAVAILABLE",
-        "DATA_LOSS",         "UNAUTHENTICATED"};
+    static const char* kNames[] = {"OK",
+                                   "CANCELLED",
+                                   "UNKNOWN",
+                                   "INVALID_ARGUMENT",
+                                   "DEADLINE_EXCEEDED",
+                                   "NOT_FOUND",
+                                   "ALREADY_EXISTS",
+                                   "PERMISSION_DENIED",
+                                   "RESOURCE_EXHAUSTED",
+                                   "FAILED_PRECONDITION",
+                                   "ABORTED",
+                                   "OUT_OF_RANGE",
+                                   "UNIMPLEMENTED",
+                                   "INTERNAL",
+                                   "UNAVAILABLE",
+                                   "DATA_LOSS",
+                                   "UNAUTHENTICATED"};
     return code >= 0 && code <= 16 ? kNames[code] : "?";
   }
 
@@ -753,9 +780,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
 }
 
 void SetDeadline(grpc::ClientContext* ctx, double seconds) {
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::microseconds(
-                        static_cast<int64_t>(seconds * 1e6)));
+  ctx->set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6)));
 }
 
 // Raw TCP: garbage instead of HTTP/2, a truncated preface, or a preface and
@@ -764,8 +791,8 @@ void SendRawGarbage(const std::string& address, Hostile& h) {
   const size_t colon = address.rfind(':');
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(
-      std::stoi(address.substr(colon + 1))));
+  addr.sin_port =
+      htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
   inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return;
@@ -776,10 +803,15 @@ void SendRawGarbage(const std::string& address, Hostile& h) {
     static const std::string kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
     std::string bytes;
     switch (h.Below(4)) {
-      case 0: bytes = h.RandomBytes(1 + h.Below(512)); break;
-      case 1: bytes = kPreface.substr(0, h.Below(kPreface.size())); break;
+      case 0:
+        bytes = h.RandomBytes(1 + h.Below(512));
+        break;
+      case 1:
+        bytes = kPreface.substr(0, h.Below(kPreface.size()));
+        break;
       case 2:  // preface, then a frame header promising more than follows
-        bytes = kPreface + std::string("\x00\x40\x00\x04\x00\x00\x00\x00\x00", 9) +
+        bytes = kPreface +
+                std::string("\x00\x40\x00\x04\x00\x00\x00\x00\x00", 9) +
                 h.RandomBytes(h.Below(64));
         break;
       default:
@@ -844,8 +876,8 @@ std::string SendOne(grpc::Channel* channel, const Method& method, Hostile& h,
     }
     case Kind::kClientStream:
     case Kind::kBidi: {
-      std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer,
-                                               grpc::ByteBuffer>>
+      std::unique_ptr<
+          grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
           stream(grpc::internal::ClientReaderWriterFactory<
                  grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel, rpc,
                                                              &ctx));
@@ -874,8 +906,7 @@ std::string SendOne(grpc::Channel* channel, const Method& method, Hostile& h,
 }
 
 // A message over the server's limit, to a random method.
-void SendOversized(grpc::Channel* channel, const Method& method,
-                   Tally& tally) {
+void SendOversized(grpc::Channel* channel, const Method& method, Tally& tally) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, 30);
   const grpc::internal::RpcMethod rpc(method.name,
@@ -889,8 +920,8 @@ void SendOversized(grpc::Channel* channel, const Method& method,
   } else {
     const grpc::internal::RpcMethod stream_rpc(
         method.name, grpc::internal::RpcMethod::BIDI_STREAMING);
-    std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer,
-                                             grpc::ByteBuffer>>
+    std::unique_ptr<
+        grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
         stream(grpc::internal::ClientReaderWriterFactory<
                grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel, stream_rpc,
                                                            &ctx));
@@ -917,8 +948,10 @@ Rss ReadRss(int pid) {
   std::string line;
   while (std::getline(in, line)) {
     uint64_t kb = 0;
-    if (std::sscanf(line.c_str(), "VmRSS: %lu kB", &kb) == 1) out.rss = kb << 10;
-    if (std::sscanf(line.c_str(), "VmHWM: %lu kB", &kb) == 1) out.hwm = kb << 10;
+    if (std::sscanf(line.c_str(), "VmRSS: %lu kB", &kb) == 1)
+      out.rss = kb << 10;
+    if (std::sscanf(line.c_str(), "VmHWM: %lu kB", &kb) == 1)
+      out.hwm = kb << 10;
   }
   return out;
 }
@@ -964,8 +997,8 @@ void WatchServer(const std::string& address, int pid, const JobHandle& legit,
       w.hwm = std::max(w.hwm.load(), rss.hwm);
     }
     if (std::chrono::steady_clock::now() >= next_probe) {
-      next_probe += std::chrono::microseconds(
-          static_cast<int64_t>(interval * 1e6));
+      next_probe +=
+          std::chrono::microseconds(static_cast<int64_t>(interval * 1e6));
       grpc::ClientContext hctx;
       SetDeadline(&hctx, hang);
       grpc::health::v1::HealthCheckRequest hreq;
@@ -1053,12 +1086,70 @@ int main(int argc, char** argv) {
   auto channel = MakeChannel(address);
   auto stub = depot::v1::Depot::NewStub(channel);
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
+
+  if (!absl::GetFlag(FLAGS_send_method).empty()) {
+    const std::string name =
+        "/depot.v1.Depot/" + absl::GetFlag(FLAGS_send_method);
+    std::ifstream in(absl::GetFlag(FLAGS_send_file), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    for (const Method& method : Methods()) {
+      if (name != method.name) continue;
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, 60);
+      grpc::ByteBuffer response;
+      grpc::Status status;
+      if (method.kind == Kind::kUnary) {
+        status = grpc::internal::BlockingUnaryCall(
+            channel.get(),
+            grpc::internal::RpcMethod(method.name,
+                                      grpc::internal::RpcMethod::NORMAL_RPC),
+            &ctx, ToBuffer(bytes), &response);
+      } else {
+        std::unique_ptr<
+            grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
+            stream(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer,
+                                                             grpc::ByteBuffer>::
+                       Create(channel.get(),
+                              grpc::internal::RpcMethod(
+                                  method.name,
+                                  grpc::internal::RpcMethod::BIDI_STREAMING),
+                              &ctx));
+        stream->Write(ToBuffer(bytes));
+        stream->WritesDone();
+        while (stream->Read(&response)) {
+        }
+        status = stream->Finish();
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      const bool alive = pid <= 0 || ProcessAlive(pid);
+      const Rss rss = pid > 0 ? ReadRss(pid) : Rss{};
+      std::printf(
+          "%s (%zu bytes): %s \"%s\"; server %s, VmRSS %.1f MiB, "
+          "VmHWM %.1f MiB\n",
+          method.name, bytes.size(), Tally::CodeName(status.error_code()),
+          status.error_message().c_str(),
+          pid <= 0 ? "not watched"
+          : alive  ? "alive"
+                   : "DEAD",
+          rss.rss / 1048576.0, rss.hwm / 1048576.0);
+      if (!alive && server != nullptr) {
+        absl::StatusOr<depot::testing::ProcessExit> exit =
+            server->Wait(absl::Seconds(5));
+        if (exit.ok()) {
+          std::printf("server exit code %d, signal %d\n%s\n", exit->exit_code,
+                      exit->signal, server->Log().c_str());
+        }
+      }
+      return alive ? 0 : 1;
+    }
+    return Fail("no method " + name);
+  }
   const auto t0 = std::chrono::steady_clock::now();
 
   // 1. The legitimate job: 40,000 parameters in 10 chunks, 3 steps.
   JobHandle legit;
-  if (grpc::Status s = CreateJob(*stub, MakeSpec("soak-legit", 40000, 4096),
-                                 &legit);
+  if (grpc::Status s =
+          CreateJob(*stub, MakeSpec("soak-legit", 40000, 4096), &legit);
       !s.ok()) {
     return Fail("CreateJob(legit): " + s.error_message());
   }
@@ -1076,16 +1167,15 @@ int main(int argc, char** argv) {
   }
   // 2. The victim job.
   JobHandle victim;
-  if (grpc::Status s = CreateJob(*stub, MakeSpec("soak-victim", 2000, 256),
-                                 &victim);
+  if (grpc::Status s =
+          CreateJob(*stub, MakeSpec("soak-victim", 2000, 256), &victim);
       !s.ok()) {
     return Fail("CreateJob(victim): " + s.error_message());
   }
 
   // 3. Hostile requests, 4. watched.
   Watch watch;
-  std::thread watcher(
-      [&] { WatchServer(address, pid, legit, watch); });
+  std::thread watcher([&] { WatchServer(address, pid, legit, watch); });
   Tally tally;
   std::atomic<uint64_t> next{0};
   const std::vector<Method> methods = Methods();
@@ -1101,7 +1191,8 @@ int main(int argc, char** argv) {
         const uint64_t i = next.fetch_add(1);
         if (i >= total) break;
         if (++mine % 5000 == 0) ch = MakeChannel(address);  // new connection
-        if (oversized_every != 0 && i % oversized_every == oversized_every / 2) {
+        if (oversized_every != 0 &&
+            i % oversized_every == oversized_every / 2) {
           SendOversized(ch.get(), methods[h.Below(methods.size())], tally);
         } else if (h.Chance(0.01)) {
           SendRawGarbage(address, h);
@@ -1120,13 +1211,13 @@ int main(int argc, char** argv) {
     if (done >= total || watch.crashed.load()) break;
     if (!absl::GetFlag(FLAGS_json) && done - last_print >= total / 20 + 1) {
       last_print = done;
-      std::fprintf(stderr, "  %llu / %llu requests, %.0f s, rss %.1f MiB\n",
-                   static_cast<unsigned long long>(done),
-                   static_cast<unsigned long long>(total),
-                   std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - t0)
-                       .count(),
-                   watch.rss_peak.load() / 1048576.0);
+      std::fprintf(
+          stderr, "  %llu / %llu requests, %.0f s, rss %.1f MiB\n",
+          static_cast<unsigned long long>(done),
+          static_cast<unsigned long long>(total),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+              .count(),
+          watch.rss_peak.load() / 1048576.0);
     }
   }
   for (std::thread& w : workers) w.join();
@@ -1137,13 +1228,14 @@ int main(int argc, char** argv) {
   // 5. The legitimate job again (a last probe first, so a server that died at
   // the end is seen).
   std::this_thread::sleep_for(std::chrono::milliseconds(
-      static_cast<int64_t>(absl::GetFlag(FLAGS_health_interval_seconds) * 1000) +
+      static_cast<int64_t>(absl::GetFlag(FLAGS_health_interval_seconds) *
+                           1000) +
       100));
   JobFingerprint after;
-  grpc::Status after_status = watch.crashed.load()
-                                  ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                                 "the server crashed")
-                                  : ReadJob(*stub, legit, &after);
+  grpc::Status after_status =
+      watch.crashed.load()
+          ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server crashed")
+          : ReadJob(*stub, legit, &after);
   watch.stop = true;
   watcher.join();
   const bool checksum_equal = after_status.ok() && after == before;
@@ -1168,10 +1260,9 @@ int main(int argc, char** argv) {
     if (code == grpc::StatusCode::UNKNOWN) unknown += n;
   }
   const bool crashed = watch.crashed.load();
-  const bool passed = !crashed && watch.hangs.load() == 0 && checksum_equal &&
-                      rss_ok &&
-                      !(absl::GetFlag(FLAGS_fatal_internal) &&
-                        internal + unknown > 0);
+  const bool passed =
+      !crashed && watch.hangs.load() == 0 && checksum_equal && rss_ok &&
+      !(absl::GetFlag(FLAGS_fatal_internal) && internal + unknown > 0);
 
   if (absl::GetFlag(FLAGS_json)) {
     std::string j = absl::StrFormat(
@@ -1207,10 +1298,11 @@ int main(int argc, char** argv) {
     j += "}, \"internal_unknown_samples\": [";
     first = true;
     for (const Sample& s : tally.samples_) {
-      absl::StrAppendFormat(
-          &j, "%s{\"method\": \"%s\", \"status\": \"%s\", \"first_message_hex\": \"%s\"}",
-          first ? "" : ", ", JsonEscape(s.method), JsonEscape(s.status),
-          s.first_message_hex);
+      absl::StrAppendFormat(&j,
+                            "%s{\"method\": \"%s\", \"status\": \"%s\", "
+                            "\"first_message_hex\": \"%s\"}",
+                            first ? "" : ", ", JsonEscape(s.method),
+                            JsonEscape(s.status), s.first_message_hex);
       first = false;
     }
     j += "]}";
@@ -1219,16 +1311,18 @@ int main(int argc, char** argv) {
     std::printf("depot-soak against %s (pid %d), %d threads, seed %llu\n",
                 address.c_str(), pid, threads,
                 static_cast<unsigned long long>(absl::GetFlag(FLAGS_seed)));
-    std::printf("  requests          %llu (%llu raw TCP garbage) in %.1f s, "
-                "%.0f/s\n",
-                static_cast<unsigned long long>(tally.requests_),
-                static_cast<unsigned long long>(tally.raw_), hostile_seconds,
-                tally.requests_ / hostile_seconds);
+    std::printf(
+        "  requests          %llu (%llu raw TCP garbage) in %.1f s, "
+        "%.0f/s\n",
+        static_cast<unsigned long long>(tally.requests_),
+        static_cast<unsigned long long>(tally.raw_), hostile_seconds,
+        tally.requests_ / hostile_seconds);
     for (const auto& [code, n] : tally.by_code_) {
       const bool flag = code == grpc::StatusCode::INTERNAL ||
                         code == grpc::StatusCode::UNKNOWN;
       std::printf("  %-19s %llu%s\n", Tally::CodeName(code),
-                  static_cast<unsigned long long>(n), flag ? "   <-- flagged" : "");
+                  static_cast<unsigned long long>(n),
+                  flag ? "   <-- flagged" : "");
     }
     std::printf("  per method:\n");
     for (const auto& [method, codes] : tally.by_method_) {
@@ -1246,23 +1340,27 @@ int main(int argc, char** argv) {
     for (const std::string& note : watch.hang_notes) {
       std::printf("    %s\n", note.c_str());
     }
-    std::printf("  RSS peak          %.1f MiB (budget %.1f MiB + %.1f MiB): %s\n",
-                rss_peak / 1048576.0, budget / 1048576.0,
-                absl::GetFlag(FLAGS_rss_slack_bytes) / 1048576.0,
-                pid <= 0 ? "not measured" : rss_ok ? "ok" : "OVER");
-    std::printf("  legit checksum    %s (state %016llx -> %016llx, weights "
-                "%016llx -> %016llx, step %llu -> %llu)%s\n",
-                checksum_equal ? "equal" : "CHANGED",
-                static_cast<unsigned long long>(before.state_checksum),
-                static_cast<unsigned long long>(after.state_checksum),
-                static_cast<unsigned long long>(before.weights_hash),
-                static_cast<unsigned long long>(after.weights_hash),
-                static_cast<unsigned long long>(before.step),
-                static_cast<unsigned long long>(after.step),
-                after_status.ok() ? ""
-                                  : (" " + after_status.error_message()).c_str());
+    std::printf(
+        "  RSS peak          %.1f MiB (budget %.1f MiB + %.1f MiB): %s\n",
+        rss_peak / 1048576.0, budget / 1048576.0,
+        absl::GetFlag(FLAGS_rss_slack_bytes) / 1048576.0,
+        pid <= 0 ? "not measured"
+        : rss_ok ? "ok"
+                 : "OVER");
+    std::printf(
+        "  legit checksum    %s (state %016llx -> %016llx, weights "
+        "%016llx -> %016llx, step %llu -> %llu)%s\n",
+        checksum_equal ? "equal" : "CHANGED",
+        static_cast<unsigned long long>(before.state_checksum),
+        static_cast<unsigned long long>(after.state_checksum),
+        static_cast<unsigned long long>(before.weights_hash),
+        static_cast<unsigned long long>(after.weights_hash),
+        static_cast<unsigned long long>(before.step),
+        static_cast<unsigned long long>(after.step),
+        after_status.ok() ? "" : (" " + after_status.error_message()).c_str());
     if (!tally.samples_.empty()) {
-      std::printf("  INTERNAL/UNKNOWN samples (method, status, first message):\n");
+      std::printf(
+          "  INTERNAL/UNKNOWN samples (method, status, first message):\n");
       for (const Sample& s : tally.samples_) {
         std::printf("    %s %s\n      %s\n", s.method.c_str(), s.status.c_str(),
                     s.first_message_hex.c_str());
