@@ -164,6 +164,47 @@ depot::ShardCheckpoint SmallCheckpoint(depot::OptimizerKind kind) {
   return checkpoint;
 }
 
+// A shard file (CRCs right) whose spec declares chunks of `chunk_elems`
+// elements of a tensor of `numel`, with no chunk payload: what a file can
+// declare beyond its own size (the reader once allocated it before reading).
+std::string DeclaringFile(uint64_t numel, uint64_t chunk_elems) {
+  depot::JobConfig config;
+  config.name = "crafted";
+  config.tensors = {{"t", numel, 0}};
+  config.chunk_elems = chunk_elems;
+  config.alignment_elems = 1;
+  absl::StatusOr<depot::JobShape> shape = depot::JobShape::Create(config, 0);
+  DEPOT_FUZZ_CHECK(shape.ok(), "%s", shape.status().ToString().c_str());
+  depot::v1::JobSpec spec;
+  depot::JobConfigToProto(config, &spec);
+  const std::string spec_bytes = spec.SerializeAsString();
+  std::string job(48, '\0');
+  PutU64(job, 0, shape->fingerprint());
+  PutU64(job, 8, 1);
+  PutU32(job, 20, 1);
+  PutU64(job, 24, shape->shard().first_chunk);
+  PutU64(job, 32, shape->shard().end_chunk);
+  PutU32(job, 40, static_cast<uint32_t>(shape->slots()));
+  PutU32(job, 44, static_cast<uint32_t>(spec_bytes.size()));
+  job += spec_bytes;
+  auto section = [](uint32_t kind, uint64_t bytes, const std::string& payload) {
+    std::string header(32, '\0');
+    PutU32(header, 0, kind);
+    PutU64(header, 16, bytes);
+    return header + payload;
+  };
+  std::string file = std::string("DEPOTCKP", 8) + std::string(24, '\0');
+  PutU32(file, 8, depot::kCheckpointFormatVersion);
+  PutU32(file, 12, 1);
+  PutU32(file, 24, static_cast<uint32_t>(2 + shape->shard().num_chunks()));
+  file += section(1, job.size(), job);
+  file += section(2, 8, std::string(8, '\0'));
+  file += section(3, chunk_elems * 12, "");
+  PutU64(file, 16, file.size());
+  RepairCrcs(file);
+  return file;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -218,6 +259,10 @@ std::vector<std::string> DepotFuzzSeeds() {
     seeds.push_back(std::string(1, '\x00') + file);
     seeds.push_back(std::string(1, '\x06') + file);
   }
+  // Flags 0: the CRCs are already right, so mutations reach the checks.
+  seeds.push_back(std::string(1, '\x00') +
+                  DeclaringFile(uint64_t{1} << 40, uint64_t{1} << 40));
+  seeds.push_back(std::string(1, '\x00') + DeclaringFile(uint64_t{1} << 31, 4));
   depot::CheckpointManifest manifest;
   manifest.job_name = "fuzz-ckpt";
   manifest.fingerprint = 0x0123456789abcdefULL;

@@ -197,5 +197,13 @@ std::vector<std::string> DepotFuzzSeeds() {
   sgd.mutable_spec()->set_num_servers(1);
   sgd.set_server_index(0);
   seed(sgd.SerializeAsString(), commit);
+  // Many servers, and past the limit (a plan holds a range per server).
+  for (const uint32_t servers :
+       {uint32_t{4096}, depot::kMaxServers + 1, uint32_t{20000000}}) {
+    depot::v1::CreateJobRequest many = request;
+    many.mutable_spec()->set_num_servers(servers);
+    many.set_server_index(servers - 1);
+    seed(many.SerializeAsString(), plain);
+  }
   return seeds;
 }
