@@ -707,14 +707,17 @@ struct Sample {
 
 class Tally {
  public:
+  // `valid`: every message sent was a valid encoding of the method's request
+  // type (an INTERNAL or UNKNOWN then is not the malformed-protobuf case).
   void Add(const std::string& method, const grpc::Status& s,
-           const std::string& first_message) {
+           const std::string& first_message, bool valid = false) {
     std::lock_guard<std::mutex> lock(mu_);
     ++requests_;
     ++by_code_[s.error_code()];
     ++by_method_[method][s.error_code()];
     if ((s.error_code() == grpc::StatusCode::INTERNAL ||
          s.error_code() == grpc::StatusCode::UNKNOWN)) {
+      if (valid) ++internal_unknown_on_valid_;
       std::string key = absl::StrCat(method, " ", s.error_code(), " ",
                                      s.error_message().substr(0, 80));
       if (sample_keys_.insert(key).second && samples_.size() < 40) {
@@ -759,6 +762,7 @@ class Tally {
   mutable std::mutex mu_;
   uint64_t requests_ = 0;
   uint64_t raw_ = 0;
+  uint64_t internal_unknown_on_valid_ = 0;
   std::map<int, uint64_t> by_code_;
   std::map<std::string, std::map<int, uint64_t>> by_method_;
   std::set<std::string> sample_keys_;
@@ -899,9 +903,14 @@ std::string SendOne(grpc::Channel* channel, const Method& method, Hostile& h,
       break;
     }
   }
+  bool valid = true;
+  for (const std::string& m : messages) {
+    std::unique_ptr<Message> parsed(method.prototype->New());
+    valid = valid && parsed->ParseFromString(m);
+  }
   // A stream this tool cancelled ends CANCELLED by its own doing.
   tally.Add(method.name + std::string(cancel ? " (cancelled)" : ""), status,
-            first);
+            first, valid);
   return first;
 }
 
@@ -1268,12 +1277,14 @@ int main(int argc, char** argv) {
     std::string j = absl::StrFormat(
         "{\"requests\": %d, \"raw_connections\": %d, \"seconds\": %.1f, "
         "\"threads\": %d, \"crashes\": %d, \"hangs\": %d, \"probes\": %d, "
-        "\"internal\": %d, \"unknown\": %d, \"rss_peak_bytes\": %d, "
+        "\"internal\": %d, \"unknown\": %d, "
+        "\"internal_unknown_on_valid_encodings\": %d, \"rss_peak_bytes\": %d, "
         "\"rss_budget_bytes\": %d, \"rss_slack_bytes\": %d, \"rss_ok\": %s, "
         "\"checksum_equal\": %s, \"passed\": %s, \"codes\": {",
         tally.requests_, tally.raw_, hostile_seconds, threads, crashed ? 1 : 0,
-        watch.hangs.load(), watch.probes.load(), internal, unknown, rss_peak,
-        budget, absl::GetFlag(FLAGS_rss_slack_bytes), rss_ok ? "true" : "false",
+        watch.hangs.load(), watch.probes.load(), internal, unknown,
+        tally.internal_unknown_on_valid_, rss_peak, budget,
+        absl::GetFlag(FLAGS_rss_slack_bytes), rss_ok ? "true" : "false",
         checksum_equal ? "true" : "false", passed ? "true" : "false");
     bool first = true;
     for (const auto& [code, n] : tally.by_code_) {
@@ -1332,6 +1343,10 @@ int main(int argc, char** argv) {
       }
       std::printf("    %-45s%s\n", method.c_str(), line.c_str());
     }
+    std::printf(
+        "  INTERNAL/UNKNOWN  %llu of them for requests that were valid "
+        "encodings (the rest: malformed protobuf)\n",
+        static_cast<unsigned long long>(tally.internal_unknown_on_valid_));
     std::printf("  crashes           %d%s\n", crashed ? 1 : 0,
                 server_exit.empty() ? "" : (" (" + server_exit + ")").c_str());
     std::printf("  hangs             %llu of %llu probes\n",
