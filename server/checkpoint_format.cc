@@ -1,6 +1,7 @@
 #include "server/checkpoint_format.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -180,6 +181,11 @@ class SectionReader {
     if (fd_ < 0) {
       return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path_));
     }
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat ", path_));
+    }
+    actual_bytes_ = static_cast<uint64_t>(st.st_size);
     section_ = "file header";
     char header[kFileHeaderBytes];
     if (absl::Status s = ReadExact(header, sizeof(header)); !s.ok()) return s;
@@ -206,6 +212,21 @@ class SectionReader {
 
   uint32_t sections() const { return sections_; }
 
+  // Bytes of the file after those read so far (by its size when opened):
+  // what the sizes a file declares are checked against before anything of
+  // those sizes is allocated, so that a small damaged or crafted file cannot
+  // make a reader allocate (or loop over) more than the file holds.
+  uint64_t bytes_left() const {
+    return actual_bytes_ > offset_ ? actual_bytes_ - offset_ : 0;
+  }
+
+  absl::Status Truncated(uint64_t needed) const {
+    return Corrupt(absl::StrCat("truncated: the file ends at byte ",
+                                actual_bytes_, " (the header says ",
+                                file_bytes_, " bytes), ", needed,
+                                " more bytes needed after byte ", offset_));
+  }
+
   // Reads the next section's header, which must be of `kind` and, for a
   // chunk, of `index`, with a payload of `expected_bytes` (any size up to
   // kMaxSmallSectionBytes when 0). `name` names the section in errors.
@@ -230,6 +251,7 @@ class SectionReader {
       return Corrupt(absl::StrCat("payload of ", bytes, " bytes, expected ",
                                   expected_bytes));
     }
+    if (bytes > bytes_left()) return Truncated(bytes);
     payload_crc_ = GetU32(header + 24);
     running_crc_ = 0;
     return bytes;
@@ -301,6 +323,7 @@ class SectionReader {
   int fd_ = -1;
   std::string section_;
   uint64_t offset_ = 0;
+  uint64_t actual_bytes_ = 0;  // the file's size when opened
   uint64_t file_bytes_ = 0;
   uint32_t sections_ = 0;
   uint32_t payload_crc_ = 0;
@@ -439,6 +462,12 @@ absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path) {
                      " sections, the shard needs ", 2 + shard.num_chunks()));
   }
 
+  // Each chunk has a section, and a section header alone has 32 bytes: a
+  // spec of more chunks than that cannot be this file's (checked before the
+  // loops over the chunks below).
+  if (shard.num_chunks() > reader.bytes_left() / kSectionHeaderBytes) {
+    return reader.Truncated(shard.num_chunks() * kSectionHeaderBytes);
+  }
   // One count per tensor segment of each chunk, in order.
   std::vector<size_t> segments;
   uint64_t counts = 0;
@@ -469,18 +498,26 @@ absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path) {
       chunk.tensor_steps.push_back(count);
       chunk.optimizer_step = std::max(chunk.optimizer_step, count);
     }
-    chunk.master.resize(range.size() * sizeof(float));
-    uint64_t bytes = chunk.master.size();
+    // The section's size first (no overflow: a chunk larger than the file
+    // is refused), then its buffers, once the file is known to hold them.
+    if (range.size() > reader.bytes_left() / sizeof(float)) {
+      return reader.Truncated(range.size() * sizeof(float));
+    }
+    uint64_t bytes = range.size() * sizeof(float);
     for (int k = 0; k < shape->slots(); ++k) {
-      chunk.slots.emplace_back(
-          range.size() * DTypeSize(OptimizerSlotDType(shape->slot_config(), k)),
-          '\0');
-      bytes += chunk.slots.back().size();
+      bytes += range.size() *
+               DTypeSize(OptimizerSlotDType(shape->slot_config(), k));
     }
     if (absl::StatusOr<uint64_t> s = reader.BeginSection(
             SectionKind::kChunk, index, bytes, absl::StrCat("chunk ", index));
         !s.ok()) {
       return s.status();
+    }
+    chunk.master.resize(range.size() * sizeof(float));
+    for (int k = 0; k < shape->slots(); ++k) {
+      chunk.slots.emplace_back(
+          range.size() * DTypeSize(OptimizerSlotDType(shape->slot_config(), k)),
+          '\0');
     }
     if (absl::Status s =
             reader.ReadPayload(chunk.master.data(), chunk.master.size());

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace depot {
 namespace {
@@ -34,6 +35,10 @@ absl::StatusOr<ShardPlan> ShardPlan::Create(uint64_t total_elems,
   }
   if (num_servers == 0) {
     return absl::InvalidArgumentError("num_servers: must be > 0");
+  }
+  if (num_servers > kMaxServers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_servers: at most ", kMaxServers, ", got ", num_servers));
   }
   if (chunk_elems == 0) {
     return absl::InvalidArgumentError("chunk_elems: must be > 0");

@@ -5,10 +5,14 @@
 
 #include <string>
 
+#include "depot/v1/depot.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/crc32c.h"
 #include "server/durable_file.h"
+#include "server/job_shape.h"
 #include "server/tests/checkpoint_test_util.h"
+#include "wire/wire.h"
 
 namespace depot {
 namespace {
@@ -114,6 +118,77 @@ TEST_F(CheckpointFormatTest, BitFlipNamesTheSectionAndTheCrc) {
 TEST_F(CheckpointFormatTest, TrailingBytesAreDataLoss) {
   EXPECT_THAT(ExpectDataLoss(bytes_ + "x", "one byte appended"),
               HasSubstr("more bytes follow"));
+}
+
+// A well-formed shard file (every CRC right) of 100-odd bytes whose job spec
+// is `config` (server 0) and whose first chunk section declares the spec's
+// chunk size, followed by no payload: what a crafted or damaged file in a
+// directory named to ImportCheckpoint can hold.
+std::string CraftedShardFile(const JobConfig& config) {
+  const JobShape shape = JobShape::Create(config, 0).value();
+  auto u32 = [](std::string& out, uint32_t v) {
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  auto u64 = [](std::string& out, uint64_t v) {
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  auto section = [&](std::string& out, uint32_t kind, uint64_t index,
+                     uint64_t bytes, const std::string& payload) {
+    std::string header;
+    u32(header, kind);
+    u32(header, 0);
+    u64(header, index);
+    u64(header, bytes);
+    u32(header, Crc32c(payload.data(), payload.size()));
+    u32(header, Crc32c(header.data(), header.size()));
+    out += header + payload;
+  };
+  v1::JobSpec spec;
+  JobConfigToProto(config, &spec);
+  const std::string spec_bytes = spec.SerializeAsString();
+  std::string job;
+  u64(job, shape.fingerprint());
+  u64(job, 1);  // step
+  u32(job, 0);  // server
+  u32(job, config.num_servers);
+  u64(job, shape.shard().first_chunk);
+  u64(job, shape.shard().end_chunk);
+  u32(job, static_cast<uint32_t>(shape.slots()));
+  u32(job, static_cast<uint32_t>(spec_bytes.size()));
+  job += spec_bytes;
+  std::string body;
+  section(body, 1, 0, job.size(), job);
+  section(body, 2, 0, 8, std::string(8, '\0'));
+  const uint64_t chunk_bytes =
+      shape.plan().chunk(0).size() * OptimizerStateBytesPerParam(
+                                         shape.slot_config());
+  section(body, 3, 0, chunk_bytes, "");
+  std::string file("DEPOTCKP", 8);
+  u32(file, kCheckpointFormatVersion);
+  u32(file, 1);  // a shard file
+  u64(file, 32 + body.size());
+  u32(file, static_cast<uint32_t>(2 + shape.shard().num_chunks()));
+  u32(file, Crc32c(file.data(), file.size()));
+  return file + body;
+}
+
+// Sizes a file declares are checked against its size before anything of
+// those sizes is allocated or looped over (issue 13's fuzzing): a chunk of
+// 2^40 elements made the reader allocate 4 TiB for its master weights, a
+// shard of 2^31 chunks loop over them, from a file of a few hundred bytes.
+TEST_F(CheckpointFormatTest, DeclaredSizesBeyondTheFileAreDataLoss) {
+  JobConfig huge_chunk = CheckpointTestConfig();
+  huge_chunk.tensors = {{"t", uint64_t{1} << 40, 0}};
+  huge_chunk.chunk_elems = uint64_t{1} << 40;
+  huge_chunk.num_servers = 1;
+  EXPECT_THAT(ExpectDataLoss(CraftedShardFile(huge_chunk), "huge chunk"),
+              HasSubstr("truncated"));
+  JobConfig many_chunks = CheckpointTestConfig();
+  many_chunks.tensors = {{"t", uint64_t{1} << 31, 0}};
+  many_chunks.chunk_elems = 4;
+  many_chunks.num_servers = 1;
+  EXPECT_THAT(ExpectDataLoss(CraftedShardFile(many_chunks), "many chunks"),
+              HasSubstr("truncated"));
 }
 
 TEST_F(CheckpointFormatTest, MissingFileIsNotFound) {

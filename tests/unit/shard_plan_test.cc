@@ -162,6 +162,18 @@ TEST(ShardPlanTest, RejectsZeroServers) {
   EXPECT_NE(plan.status().message().find("num_servers"), std::string::npos);
 }
 
+// A plan holds a range per server: a job of one element must not make the
+// server hold 20 million of them (depot-soak, issue 13).
+TEST(ShardPlanTest, RejectsMoreServersThanTheLimit) {
+  EXPECT_TRUE(ShardPlan::Create(1, kMaxServers, 1).ok());
+  for (const uint32_t servers : {kMaxServers + 1, uint32_t{20000000},
+                                 ~uint32_t{0}}) {
+    const absl::StatusOr<ShardPlan> plan = ShardPlan::Create(1, servers, 1);
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(plan.status().message().find("num_servers"), std::string::npos);
+  }
+}
+
 TEST(ShardPlanTest, RejectsZeroChunkSize) {
   const absl::StatusOr<ShardPlan> plan = ShardPlan::Create(10, 1, 0);
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);

@@ -33,9 +33,17 @@ struct ShardRange {
   uint64_t num_chunks() const { return end_chunk - first_chunk; }
 };
 
+// The most servers a plan may have. A plan holds one ShardRange per server,
+// whatever the job's size: without a bound, a CreateJob of a one-element job
+// with num_servers 20,000,000 (a 139-byte request) made the server allocate
+// and keep 780 MiB that no memory budget counts (found by depot-soak, issue
+// 13).
+inline constexpr uint32_t kMaxServers = uint32_t{1} << 16;
+
 class DEPOT_API ShardPlan {
  public:
-  // INVALID_ARGUMENT when total_elems, num_servers or chunk_elems is 0.
+  // INVALID_ARGUMENT when total_elems, num_servers or chunk_elems is 0, or
+  // num_servers is above kMaxServers.
   static absl::StatusOr<ShardPlan> Create(uint64_t total_elems,
                                           uint32_t num_servers,
                                           uint64_t chunk_elems);
