@@ -10,6 +10,8 @@
 # `cpack -G DEB` compute the .deb packages' dependencies (tests/install/).
 # shellcheck, systemd (systemd-analyze) and python3-yaml check deploy/'s files
 # (tests/deploy/); chromium opens the servers' status page headless there.
+# openssl makes the TLS tests' certificates (libssl-dev: the token hashes);
+# clang and libfuzzer-14-dev build the fuzz targets (tests/fuzz/).
 #
 # Extra packages can be requested with DEPOT_OPTIONAL_PACKAGES, e.g.
 #   DEPOT_OPTIONAL_PACKAGES="gdb" ./scripts/setup.sh
@@ -25,6 +27,7 @@ REQUIRED_PACKAGES=(
   python3-pip python3-setuptools python3-wheel
   dpkg-dev file
   shellcheck systemd python3-yaml chromium
+  openssl libssl-dev clang libfuzzer-14-dev
 )
 read -r -a OPTIONAL_PACKAGES <<<"${DEPOT_OPTIONAL_PACKAGES:-}"
 
