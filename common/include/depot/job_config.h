@@ -114,8 +114,8 @@ inline constexpr uint64_t kDefaultAlignmentElems = 64;
 // Bounds on a job's size fields (docs/protocol.md, "Bounds"). Everything a
 // server keeps per server, per worker, per tensor and per chunk of a job is
 // counted against its memory budget, and these bounds keep what it builds
-// before that check (the shard plan: one entry per server) small.
-inline constexpr uint32_t kMaxServers = uint32_t{1} << 16;
+// before that check (the shard plan: one entry per server) small. kMaxServers
+// is ShardPlan's own (shard_plan.h), which every plan checks.
 inline constexpr uint32_t kMaxWorkers = uint32_t{1} << 16;
 inline constexpr uint64_t kMaxTensors = uint64_t{1} << 20;
 inline constexpr size_t kMaxJobNameBytes = 256;
