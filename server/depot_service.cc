@@ -71,7 +71,7 @@ DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
 }
 
 void DepotService::RegisterRaw(
-    const char* method,
+    const char* method, Rpc rpc,
     std::function<grpc::Status(grpc::ServerContext*, RawStream*)> handler) {
   const google::protobuf::ServiceDescriptor* service =
       google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
@@ -86,11 +86,12 @@ void DepotService::RegisterRaw(
   MarkMethodStreamed(
       found->index(),
       new grpc::internal::TemplatedBidiStreamingHandler<RawStream, false>(
-          [this, handler = std::move(handler)](grpc::ServerContext* context,
-                                               RawStream* stream) {
-            if (absl::StatusOr<std::string> tenant = TenantOf(*context);
-                !tenant.ok()) {
-              return ToGrpcStatus(tenant.status());
+          [this, rpc, handler = std::move(handler)](
+              grpc::ServerContext* context, RawStream* stream) {
+            if (!TenantOf(*context).ok()) {
+              // Serve refuses it before its body, counted and audited.
+              return Serve(rpc, *context,
+                           [](Caller&) { return absl::OkStatus(); });
             }
             return handler(context, stream);
           }));
@@ -117,7 +118,7 @@ void DepotService::RegisterRawUnary(
     const char* method, Rpc rpc,
     grpc::Status (DepotService::*typed)(grpc::ServerContext*, const Request*,
                                         Response*)) {
-  RegisterRaw(method, [this, rpc, typed](grpc::ServerContext* context,
+  RegisterRaw(method, rpc, [this, rpc, typed](grpc::ServerContext* context,
                                          RawStream* stream) {
     Request request;
     if (absl::Status s = ReadOneRequest(stream, rpc, &request); !s.ok()) {
@@ -140,7 +141,7 @@ void DepotService::RegisterRawMethods() {
   RegisterRawUnary("RollBack", Rpc::kRollBack, &DepotService::RollBack);
   RegisterRawUnary("ImportCheckpoint", Rpc::kImportCheckpoint,
                    &DepotService::ImportCheckpoint);
-  RegisterRaw("PullWeights", [this](grpc::ServerContext* context,
+  RegisterRaw("PullWeights", Rpc::kPullWeights, [this](grpc::ServerContext* context,
                                     RawStream* stream) {
     v1::PullRequest request;
     if (absl::Status s = ReadOneRequest(stream, Rpc::kPullWeights, &request);
@@ -150,7 +151,7 @@ void DepotService::RegisterRawMethods() {
     ResponseWriter<v1::PullResponse> writer(stream);
     return PullWeights(context, &request, &writer);
   });
-  RegisterRaw("ExportState", [this](grpc::ServerContext* context,
+  RegisterRaw("ExportState", Rpc::kExportState, [this](grpc::ServerContext* context,
                                     RawStream* stream) {
     v1::ExportStateRequest request;
     if (absl::Status s = ReadOneRequest(stream, Rpc::kExportState, &request);
@@ -160,7 +161,7 @@ void DepotService::RegisterRawMethods() {
     ResponseWriter<v1::StateChunk> writer(stream);
     return ExportState(context, &request, &writer);
   });
-  RegisterRaw("InitWeights", [this](grpc::ServerContext* context,
+  RegisterRaw("InitWeights", Rpc::kInitWeights, [this](grpc::ServerContext* context,
                                     RawStream* stream) {
     RequestReader<v1::InitWeightsRequest> reader(stream,
                                                  "InitWeights request");
@@ -169,7 +170,7 @@ void DepotService::RegisterRawMethods() {
     if (status.ok()) ResponseWriter<v1::InitWeightsResponse>(stream).Write(response);
     return status;
   });
-  RegisterRaw("ImportState", [this](grpc::ServerContext* context,
+  RegisterRaw("ImportState", Rpc::kImportState, [this](grpc::ServerContext* context,
                                     RawStream* stream) {
     RequestReader<v1::ImportStateRequest> reader(stream,
                                                  "ImportState request");

@@ -124,8 +124,10 @@ class DepotService final
   // its requests and calling the method above.
   void RegisterRawMethods();
   // Registers `method` (its name in the service) with `handler`.
+  // A caller that does not authenticate is refused (by Serve, audited)
+  // before its first message is read.
   void RegisterRaw(
-      const char* method,
+      const char* method, Rpc rpc,
       std::function<grpc::Status(grpc::ServerContext*, RawStream*)> handler);
   // A unary method: reads its one request, calls `typed` and writes the
   // response once it succeeds.

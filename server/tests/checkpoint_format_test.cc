@@ -177,9 +177,13 @@ std::string CraftedShardFile(const JobConfig& config) {
 // 2^40 elements made the reader allocate 4 TiB for its master weights, a
 // shard of 2^31 chunks loop over them, from a file of a few hundred bytes.
 TEST_F(CheckpointFormatTest, DeclaredSizesBeyondTheFileAreDataLoss) {
+  // The largest chunk a valid spec may declare (chunk_elems is bounded so
+  // that a chunk's state fits one message): 4 Mi elements, 48 MiB of AdamW
+  // state, in a file of a few hundred bytes. (Before that bound a spec could
+  // declare 2^40 elements, and the reader allocated 4 TiB.)
   JobConfig huge_chunk = CheckpointTestConfig();
-  huge_chunk.tensors = {{"t", uint64_t{1} << 40, 0}};
-  huge_chunk.chunk_elems = uint64_t{1} << 40;
+  huge_chunk.tensors = {{"t", uint64_t{1} << 22, 0}};
+  huge_chunk.chunk_elems = uint64_t{1} << 22;
   huge_chunk.num_servers = 1;
   EXPECT_THAT(ExpectDataLoss(CraftedShardFile(huge_chunk), "huge chunk"),
               HasSubstr("truncated"));
