@@ -13,7 +13,8 @@ import torch
 
 import depot
 from depot.torch import DepotOptimizer
-from test_rollback import EVERY, batches, one_step, start, wait_for_manifest
+from test_rollback import (EVERY, batches, one_step, restart, start,
+                           train_through_rollbacks, wait_for_manifest)
 
 
 def train_reference(client, name, initial, data, delayed):
@@ -55,21 +56,14 @@ def test_engine_step_raises_rolled_back_error_and_ends_bitwise(
             for d in dirs:
                 wait_for_manifest(d, job_name, EVERY)
             # Server 0 restarts at step 4; server 1 is at step 6.
-            servers[0].process.kill()
-            servers[0].process.wait()
-            servers[0] = start(dirs[0], address=addresses[0])
+            restart(servers, dirs, addresses, 0)
 
-            rolled = []
-            step = 6
-            while step < len(data):
-                try:
-                    one_step(model, opt, data[step])
-                    step += 1
-                except depot.RolledBackError as error:
-                    rolled.append(error.step)
-                    for p, q in zip(model.parameters(), at_step[error.step]):
-                        assert torch.equal(p.detach(), q)
-                    step = error.step  # the data position to reload
+            def check(error):
+                for p, q in zip(model.parameters(), at_step[error.step]):
+                    assert torch.equal(p.detach(), q)
+
+            rolled = train_through_rollbacks(
+                lambda batch: one_step(model, opt, batch), data, 6, check)
             assert rolled == [EVERY]
             opt.synchronize()
             for p, q in zip(model.parameters(), final):
@@ -107,9 +101,7 @@ def test_engine_step_sent_again_when_no_server_went_back(tmp_path,
             for d in dirs:
                 wait_for_manifest(d, job_name, EVERY)
             for s in range(2):
-                servers[s].process.kill()
-                servers[s].process.wait()
-                servers[s] = start(dirs[s], address=addresses[s])
+                restart(servers, dirs, addresses, s)
             for step in range(EVERY + 1, len(data) + 1):
                 one_step(model, opt, data[step - 1])  # no error
             opt.synchronize()
@@ -143,24 +135,17 @@ def test_delayed_update_rolls_back_and_trains_on(tmp_path, job_name):
                 one_step(model, opt, data[step - 1])
             for d in dirs:
                 wait_for_manifest(d, job_name, EVERY)
-            servers[0].process.kill()
-            servers[0].process.wait()
-            servers[0] = start(dirs[0], address=addresses[0])
+            restart(servers, dirs, addresses, 0)
 
-            rolled = []
-            step = 6
-            while step < len(data):
-                try:
-                    one_step(model, opt, data[step])
-                    step += 1
-                except depot.RolledBackError as error:
-                    rolled.append(error.step)
-                    pulled = torch.empty(opt.job.total_elems)
-                    opt.job.pull(out=pulled)
-                    flat = torch.cat([p.detach().reshape(-1)
-                                      for p in model.parameters()])
-                    assert torch.equal(flat, pulled[:flat.numel()])
-                    step = error.step
+            def check(error):
+                pulled = torch.empty(opt.job.total_elems)
+                opt.job.pull(out=pulled)
+                flat = torch.cat([p.detach().reshape(-1)
+                                  for p in model.parameters()])
+                assert torch.equal(flat, pulled[:flat.numel()])
+
+            rolled = train_through_rollbacks(
+                lambda batch: one_step(model, opt, batch), data, 6, check)
             assert rolled == [EVERY]
             opt.synchronize()
             assert opt.job.reconcile() == (len(data), False)

@@ -55,6 +55,31 @@ def start(directory, address=None):
     return server_process.start_server(server_binary(), flags)
 
 
+def restart(servers, dirs, addresses, index):
+    """Kills server `index` with SIGKILL and starts it again on its
+    checkpoint directory and port: it restores its jobs from their newest
+    complete checkpoints."""
+    servers[index].process.kill()
+    servers[index].process.wait()
+    servers[index] = start(dirs[index], address=addresses[index])
+
+
+def train_through_rollbacks(train_step, data, step, on_rollback):
+    """Trains data[step:] with train_step(batch); on a RolledBackError calls
+    on_rollback(error) and goes on from the step it names, as a trainer
+    reloading its data position. Returns the steps rolled back to."""
+    rolled = []
+    while step < len(data):
+        try:
+            train_step(data[step])
+            step += 1
+        except depot.RolledBackError as error:
+            rolled.append(error.step)
+            on_rollback(error)
+            step = error.step  # the data position to reload
+    return rolled
+
+
 def test_step_raises_rolled_back_error_and_the_run_ends_bitwise(
         tmp_path, job_name):
     data = batches(10)
@@ -86,23 +111,16 @@ def test_step_raises_rolled_back_error_and_the_run_ends_bitwise(
             for d in dirs:
                 wait_for_manifest(d, job_name, EVERY)
             # Server 0 restarts at step 4; server 1 is at step 6.
-            servers[0].process.kill()
-            servers[0].process.wait()
-            servers[0] = start(dirs[0], address=addresses[0])
+            restart(servers, dirs, addresses, 0)
 
-            rolled = []
-            step = 6
-            while step < len(data):
-                try:
-                    one_step(model, opt, data[step])
-                    step += 1
-                except depot.RolledBackError as error:
-                    assert isinstance(error, depot.AbortedError)
-                    rolled.append(error.step)
-                    # The parameters already hold the weights of error.step.
-                    for p, q in zip(model.parameters(), at_step[error.step]):
-                        assert torch.equal(p.detach(), q)
-                    step = error.step  # the data position to reload
+            def check(error):
+                assert isinstance(error, depot.AbortedError)
+                # The parameters already hold the weights of error.step.
+                for p, q in zip(model.parameters(), at_step[error.step]):
+                    assert torch.equal(p.detach(), q)
+
+            rolled = train_through_rollbacks(
+                lambda batch: one_step(model, opt, batch), data, 6, check)
             assert rolled == [EVERY]
             for p, q in zip(model.parameters(), reference.parameters()):
                 assert torch.equal(p.detach(), q.detach())
@@ -191,19 +209,13 @@ def test_rollback_restores_the_dynamic_loss_scale(tmp_path, job_name):
                 scaled_step(model, opt, data[step - 1])
             for d in dirs:
                 wait_for_manifest(d, job_name, EVERY)
-            servers[0].process.kill()
-            servers[0].process.wait()
-            servers[0] = start(dirs[0], address=addresses[0])
-            rolled = []
-            step = 6
-            while step < len(data):
-                try:
-                    scaled_step(model, opt, data[step])
-                    step += 1
-                except depot.RolledBackError as error:
-                    rolled.append(error.step)
-                    assert opt.loss_scale == scales[error.step]
-                    step = error.step
+            restart(servers, dirs, addresses, 0)
+
+            def check(error):
+                assert opt.loss_scale == scales[error.step]
+
+            rolled = train_through_rollbacks(
+                lambda batch: scaled_step(model, opt, batch), data, 6, check)
             assert rolled == [EVERY]
             assert opt.loss_scale == scales[len(data)]
             for p, q in zip(model.parameters(), reference.parameters()):
@@ -232,9 +244,7 @@ def test_save_state_refuses_servers_at_different_steps(tmp_path, job_name):
                 job.step(t, torch.full((n,), float(t)), weights)
             for d in dirs:
                 wait_for_manifest(d, job_name, EVERY)
-            servers[0].process.kill()
-            servers[0].process.wait()
-            servers[0] = start(dirs[0], address=addresses[0])
+            restart(servers, dirs, addresses, 0)
             with pytest.raises(depot.AbortedError,
                                match=f"different steps.*step {EVERY}.*"
                                      f"step 6"):
