@@ -59,6 +59,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
@@ -1061,6 +1064,25 @@ int Fail(const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "sends hostile requests to a live depot-server and checks that it "
+      "stays up and healthy, that a legitimate job is left untouched and "
+      "that its memory stays within its budget (docs/fuzzing.md, \"The soak "
+      "tool\").\n\n"
+      "  depot-soak --requests=1000000 [--threads=8] "
+      "[--memory_limit_bytes=N] [--server=HOST:PORT --server_pid=PID] "
+      "[--json] [--fatal_internal]\n\n"
+      "Without --server it starts the depot-server built beside it (or "
+      "$DEPOT_SERVER_BINARY). Exits 1 when the server crashed or hung, the "
+      "legitimate job changed or the RSS peak went over the budget plus "
+      "--rss_slack_bytes; with --fatal_internal also on INTERNAL or UNKNOWN "
+      "caused by input.");
+  // --help lists this program's own flags, not Abseil's and gRPC's.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::StrContains(path, "depot_soak");
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   ::signal(SIGPIPE, SIG_IGN);
   // Hostile strings are not UTF-8, and protobuf would log each of them.
