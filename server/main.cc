@@ -35,9 +35,12 @@ ABSL_FLAG(std::string, port_file, "",
           "(host:port) on line 1 and, when metrics are enabled, the bound "
           "metrics address on line 2.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
-          "Address of the Prometheus /metrics endpoint, host:port (port 0 "
-          "picks a free port). Empty disables metrics. An address that "
-          "cannot be bound exits with code 2.");
+          "Address of the HTTP endpoint, host:port (port 0 picks a free "
+          "port): Prometheus metrics at /metrics, a status page at /status "
+          "(jobs, workers, memory, live charts) and its figures at "
+          "/status.json. Loopback by default: the page shows every tenant's "
+          "jobs. Empty disables it. An address that cannot be bound exits "
+          "with code 2.");
 ABSL_FLAG(int32_t, threads, 0,
           "Threads of the optimizer update pool. 0: one per hardware thread.");
 ABSL_FLAG(bool, pin_threads, true,
