@@ -741,25 +741,19 @@ class Tally {
     return requests_;
   }
 
+  // A gRPC status code's name (its value is absl::StatusCode's).
   static const char* CodeName(int code) {
-    static const char* kNames[] = {"OK",
-                                   "CANCELLED",
-                                   "UNKNOWN",
-                                   "INVALID_ARGUMENT",
-                                   "DEADLINE_EXCEEDED",
-                                   "NOT_FOUND",
-                                   "ALREADY_EXISTS",
-                                   "PERMISSION_DENIED",
-                                   "RESOURCE_EXHAUSTED",
-                                   "FAILED_PRECONDITION",
-                                   "ABORTED",
-                                   "OUT_OF_RANGE",
-                                   "UNIMPLEMENTED",
-                                   "INTERNAL",
-                                   "UNAVAILABLE",
-                                   "DATA_LOSS",
-                                   "UNAUTHENTICATED"};
-    return code >= 0 && code <= 16 ? kNames[code] : "?";
+    static const std::vector<std::string> kNames = [] {
+      std::vector<std::string> names;
+      for (int c = 0; c <= 16; ++c) {
+        names.push_back(
+            absl::StatusCodeToString(static_cast<absl::StatusCode>(c)));
+      }
+      return names;
+    }();
+    return code >= 0 && code < static_cast<int>(kNames.size())
+               ? kNames[code].c_str()
+               : "?";
   }
 
   mutable std::mutex mu_;
