@@ -82,7 +82,7 @@ depot_install_with_prefix(${CMAKE_BINARY_DIR}/depot-client.pc
                           ${CMAKE_INSTALL_LIBDIR}/pkgconfig client)
 
 # ---------------------------------------------------------------- server
-install(TARGETS depot-server
+install(TARGETS depot-server depotctl
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT server)
 
 # deploy/systemd/depot-server.service, with ExecStart pointing at the

@@ -183,6 +183,17 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
       daemon->auth_->enabled() && !options.checkpoint_dir.empty()
           ? absl::StrCat(options.checkpoint_dir, "/", kTenantsFileName)
           : std::string());
+  DepotService::AdminHooks admin;
+  admin.admin_tenants = options.admin_tenants;
+  admin.request_shutdown = options.request_shutdown;
+  admin.set_serving = [daemon = daemon.get()](bool serving) {
+    // Before BuildAndStart nothing can call Drain, so server_ is set. Only
+    // the Depot service: "" says the process is alive, and a liveness probe
+    // on it must not restart a drained server (deploy/kubernetes).
+    daemon->server_->GetHealthCheckService()->SetServingStatus(kServiceName,
+                                                               serving);
+  };
+  daemon->service_->SetAdminHooks(std::move(admin));
   if (options.stalled_step_threshold > absl::ZeroDuration()) {
     daemon->stall_monitor_ = std::make_unique<StallMonitor>(
         daemon->jobs_.get(), daemon->metrics_.get(),

@@ -25,7 +25,7 @@ constexpr const char* kRpcNames[kNumRpcs] = {
     "CreateJob", "InitWeights", "Step",        "PullWeights",
     "GetJob",    "DeleteJob",   "ExportState", "ImportState",
     "Checkpoint", "ListCheckpoints", "RollBack",
-    "ImportCheckpoint"};
+    "ImportCheckpoint", "ServerStatus", "Drain"};
 
 void Log(const std::string& line) {
   std::fprintf(stderr, "depot-server: %s\n", line.c_str());
@@ -44,6 +44,7 @@ bool Audited(Rpc rpc) {
     case Rpc::kCheckpoint:
     case Rpc::kRollBack:
     case Rpc::kImportCheckpoint:
+    case Rpc::kDrain:
       return true;
     default:
       return false;
@@ -141,6 +142,9 @@ void DepotService::RegisterRawMethods() {
   RegisterRawUnary("RollBack", Rpc::kRollBack, &DepotService::RollBack);
   RegisterRawUnary("ImportCheckpoint", Rpc::kImportCheckpoint,
                    &DepotService::ImportCheckpoint);
+  RegisterRawUnary("ServerStatus", Rpc::kServerStatus,
+                   &DepotService::ServerStatus);
+  RegisterRawUnary("Drain", Rpc::kDrain, &DepotService::Drain);
   RegisterRaw("PullWeights", Rpc::kPullWeights, [this](grpc::ServerContext* context,
                                     RawStream* stream) {
     v1::PullRequest request;
@@ -335,6 +339,19 @@ absl::Status DepotService::DoCreateJob(Caller& caller,
   absl::StatusOr<JobConfig> config = JobConfigFromProto(request.spec());
   if (!config.ok()) return config.status();
   const std::string name = config->name;
+  if (draining()) {
+    // A drained server takes no new job; the jobs it holds go on.
+    bool held = false;
+    for (const std::shared_ptr<ShardState>& shard : jobs_->Jobs()) {
+      held = held || shard->shape().config().name == name;
+    }
+    if (!held) {
+      return absl::UnavailableError(
+          "this server is drained (depotctl drain) and takes no new job: "
+          "create the job on other servers, or resume this one with "
+          "`depotctl drain --resume`");
+    }
+  }
   if (absl::Status s = owners_.ClaimName(caller.tenant, name); !s.ok()) {
     return s;
   }
@@ -564,6 +581,7 @@ absl::Status DepotService::DoListCheckpoints(
       checkpointer_->CompleteSteps((*shard)->shape().config().name);
   if (!steps.ok()) return steps.status();
   for (const uint64_t step : *steps) response->add_steps(step);
+  if (request.verify()) return VerifyCheckpoints(**shard, *steps, response);
   return absl::OkStatus();
 }
 

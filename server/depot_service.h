@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
@@ -92,6 +93,30 @@ class DepotService final
   grpc::Status ImportCheckpoint(
       grpc::ServerContext* context, const v1::ImportCheckpointRequest* request,
       v1::ImportCheckpointResponse* response) override;
+  // The operator's RPCs (depot_service_admin.cc, depotctl).
+  grpc::Status ServerStatus(grpc::ServerContext* context,
+                            const v1::ServerStatusRequest* request,
+                            v1::ServerStatusResponse* response) override;
+  grpc::Status Drain(grpc::ServerContext* context,
+                     const v1::DrainRequest* request,
+                     v1::DrainResponse* response) override;
+
+  // What the operator's RPCs need from the daemon around the service.
+  struct AdminHooks {
+    // The tenants that may drain the server and see every tenant's jobs in
+    // ServerStatus (--admin_tenants). Without authentication every caller
+    // may.
+    std::vector<std::string> admin_tenants;
+    // Sets the health status of depot.v1.Depot (false: NOT_SERVING) while
+    // drained; the server's overall status ("") stays SERVING.
+    std::function<void(bool serving)> set_serving;
+    // Asks the process to shut down as on SIGTERM (Drain's `shutdown`); not
+    // set: such a Drain is FAILED_PRECONDITION.
+    std::function<void()> request_shutdown;
+  };
+  // REQUIRES: called before the server serves.
+  void SetAdminHooks(AdminHooks hooks);
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
 
   // The message of every UNAVAILABLE that shutting down causes.
   static constexpr const char* kShuttingDown = "server is shutting down";
@@ -206,6 +231,17 @@ class DepotService final
   absl::Status DoImportCheckpoint(Caller& caller,
                                   const v1::ImportCheckpointRequest& request,
                                   v1::ImportCheckpointResponse* response);
+  absl::Status DoServerStatus(const Caller& caller,
+                              v1::ServerStatusResponse* response);
+  absl::Status DoDrain(const Caller& caller, const v1::DrainRequest& request,
+                       v1::DrainResponse* response);
+  // Whether `caller` is an admin (AdminHooks::admin_tenants).
+  bool IsAdmin(const Caller& caller) const;
+  // Reads and verifies this server's checkpoint of `shard` at each of
+  // `steps`, into `response` (ListCheckpoints' `verify`).
+  absl::Status VerifyCheckpoints(const ShardState& shard,
+                                 const std::vector<uint64_t>& steps,
+                                 v1::ListCheckpointsResponse* response);
   // Fails every open Step stream of job `job_id` with `status`.
   void FailStreamsOf(uint64_t job_id, const absl::Status& status);
 
@@ -228,6 +264,8 @@ class DepotService final
   Checkpointer* const checkpointer_;
   const TenantAuth* const auth_;
   JobOwners owners_;
+  AdminHooks admin_;
+  std::atomic<bool> draining_{false};
   std::atomic<bool> accepting_{true};
   std::atomic<bool> ended_{false};
 

@@ -134,10 +134,13 @@ absl::Status JobOwners::Removed(const std::string& name, uint64_t job_id) {
 }
 
 bool JobOwners::Owns(const std::string& tenant, uint64_t job_id) const {
+  return tenant == OwnerOf(job_id);
+}
+
+std::string JobOwners::OwnerOf(uint64_t job_id) const {
   absl::MutexLock lock(&mu_);
   const auto it = owners_.find(job_id);
-  return tenant ==
-         (it == owners_.end() ? std::string(kImplicitTenant) : it->second);
+  return it == owners_.end() ? std::string(kImplicitTenant) : it->second;
 }
 
 absl::Status JobOwners::WriteTenantsFile() {

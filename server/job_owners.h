@@ -62,6 +62,8 @@ class JobOwners {
   // True when `tenant` owns job `job_id`. A job never Established (restored
   // at start-up, or a creation still under way) is the implicit tenant's.
   bool Owns(const std::string& tenant, uint64_t job_id) const;
+  // The tenant that owns job `job_id` (as Owns decides it).
+  std::string OwnerOf(uint64_t job_id) const;
 
  private:
   struct NameClaim {

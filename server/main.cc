@@ -2,6 +2,7 @@
 // --help; docs/protocol.md describes the service.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
@@ -128,6 +129,11 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "acts as its tenant: a job belongs to the tenant that created it, "
           "and other tenants get NOT_FOUND for it. Needs --tls_cert. Read at "
           "start-up only.");
+ABSL_FLAG(std::vector<std::string>, admin_tenants, {},
+          "Comma-separated tenants that may administer the server: drain it "
+          "(depotctl drain) and see every tenant's jobs in depotctl status "
+          "(other tenants see their own). Needs --auth_token_file or "
+          "--tls_client_ca; without authentication every caller may.");
 ABSL_FLAG(bool, hash_token, false,
           "Read a token from stdin (one line) and print the SHA-256 hex that "
           "an --auth_token_file line takes; then exit.");
@@ -226,6 +232,9 @@ depot::ServerOptions OptionsFromFlags() {
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.admin_tenants = absl::GetFlag(FLAGS_admin_tenants);
+  // `depotctl drain --shutdown`: the same path as a SIGTERM (sigwait below).
+  options.request_shutdown = [] { kill(getpid(), SIGTERM); };
   return options;
 }
 

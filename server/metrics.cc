@@ -39,7 +39,7 @@ constexpr const char* kRpcLabels[kNumRpcs] = {
     "create_job", "init_weights", "step",         "pull_weights",
     "get_job",    "delete_job",   "export_state", "import_state",
     "checkpoint", "list_checkpoints", "roll_back",
-    "import_checkpoint"};
+    "import_checkpoint", "server_status", "drain"};
 
 }  // namespace
 
@@ -152,6 +152,9 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                         "Jobs rolled back to an earlier step on this server "
                         "(the RollBack RPC: after a server restarted behind "
                         "the others, or an operator's rollback).")),
+      draining(Gauge(registry, "depot_server_draining",
+                     "1 while the server is drained (depotctl drain: no new "
+                     "jobs, NOT_SERVING on the health service), else 0.")),
       rollback_dropped_contributions(Counter(
           registry, "depot_rollback_dropped_contributions_total",
           "Chunk contributions in flight that rollbacks dropped.")),

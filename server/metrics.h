@@ -29,8 +29,10 @@ enum class Rpc {
   kListCheckpoints,
   kRollBack,
   kImportCheckpoint,
+  kServerStatus,
+  kDrain,
 };
-inline constexpr int kNumRpcs = 12;
+inline constexpr int kNumRpcs = 14;
 
 class ServerMetrics {
  public:
@@ -85,6 +87,8 @@ class ServerMetrics {
   // Jobs rolled back on this server (the RollBack RPC), and the chunk
   // contributions in flight that rollbacks dropped.
   prometheus::Counter& rollbacks;
+  // 1 while the server is drained (depotctl drain), else 0.
+  prometheus::Gauge& draining;
   prometheus::Counter& rollback_dropped_contributions;
   // The daemon's --checkpoint_every_steps (0: it takes no checkpoints), so
   // that an alert on the checkpoints' age knows whether to expect any.

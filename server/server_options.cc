@@ -9,10 +9,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "server/tenant_auth.h"
 
 namespace depot {
 namespace {
@@ -222,6 +224,19 @@ absl::StatusOr<ServerOptions> ResolveServerOptions(ServerOptions options) {
     return absl::InvalidArgumentError(
         "--auth_token_file needs --tls_cert and --tls_key: tokens must not "
         "cross the network in clear text");
+  }
+  for (const std::string& tenant : options.admin_tenants) {
+    if (!IsValidTenantName(tenant)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--admin_tenants: \"", absl::CHexEscape(tenant),
+          "\" is not a tenant name (1 to 64 of [A-Za-z0-9_.-])"));
+    }
+  }
+  if (!options.admin_tenants.empty() && options.auth_token_file.empty() &&
+      options.tls_client_ca.empty()) {
+    return absl::InvalidArgumentError(
+        "--admin_tenants needs --auth_token_file or --tls_client_ca (without "
+        "authentication every caller is an admin)");
   }
   if (options.checkpoint_keep < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -4,8 +4,10 @@
 #define DEPOT_SERVER_SERVER_OPTIONS_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -58,6 +60,13 @@ struct ServerOptions {
   // Lines "TENANT SHA256-HEX" (tenant_auth.h): a Depot RPC must then carry a
   // token whose hash is listed, and acts as that tenant. Needs tls_cert.
   std::string auth_token_file;
+  // The tenants that may drain the server and see every tenant's jobs
+  // (depotctl; DepotService::AdminHooks). Meaningful with authentication
+  // (without it every caller may).
+  std::vector<std::string> admin_tenants;
+  // Called by a Drain that asks the server to shut down; empty: such a
+  // Drain is refused. main.cc sends the process a SIGTERM.
+  std::function<void()> request_shutdown;
   // Benchmarking only (depot-bench transport and step): steps move their
   // chunks but change no state; see --bench_noop_update in main.cc.
   bool bench_noop_update = false;

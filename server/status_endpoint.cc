@@ -3,14 +3,13 @@
 #include <CivetServer.h>
 
 #include <chrono>
-#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "depot/json_text.h"
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
 #include "server/job_store.h"
@@ -19,33 +18,6 @@
 
 namespace depot {
 namespace {
-
-// A JSON string literal of `text` (control characters escaped).
-std::string Quote(const std::string& text) {
-  std::string out = "\"";
-  for (const unsigned char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          out += absl::StrFormat("\\u%04x", c);
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
-
-// A JSON number (a non-finite value as null).
-std::string Number(double value) {
-  if (!std::isfinite(value)) return "null";
-  return absl::StrFormat("%.17g", value);
-}
 
 void Send(mg_connection* connection, const char* type,
           const std::string& body) {
@@ -140,44 +112,44 @@ std::string StatusEndpoint::StatusJson() const {
       std::chrono::duration<double>(now.time_since_epoch()).count();
   std::string out = "{";
   absl::StrAppend(
-      &out, "\"time\":", Number(unix_now), ",\"server\":{",
-      "\"listen\":", Quote(identity.listen),
-      ",\"checkpoint_dir\":", Quote(identity.checkpoint_dir),
+      &out, "\"time\":", JsonNumber(unix_now), ",\"server\":{",
+      "\"listen\":", JsonString(identity.listen),
+      ",\"checkpoint_dir\":", JsonString(identity.checkpoint_dir),
       ",\"threads\":", identity.threads,
-      ",\"start_time\":", Number(metrics_->start_time.Value()),
+      ",\"start_time\":", JsonNumber(metrics_->start_time.Value()),
       ",\"memory_limit_bytes\":", jobs_->memory_limit_bytes(),
       ",\"state_bytes\":", jobs_->state_bytes(),
       ",\"checkpoint_every_steps\":",
-      Number(metrics_->checkpoint_every_steps.Value()),
+      JsonNumber(metrics_->checkpoint_every_steps.Value()),
       ",\"checkpoint_last_success\":",
-      Number(metrics_->checkpoint_last_success.Value()), "}");
+      JsonNumber(metrics_->checkpoint_last_success.Value()), "}");
   // Counters: the page turns them into rates between two polls.
   absl::StrAppend(
       &out, ",\"counters\":{",
-      "\"steps_completed\":", Number(metrics_->steps_completed.Value()),
-      ",\"chunks_updated\":", Number(metrics_->chunks_updated.Value()),
+      "\"steps_completed\":", JsonNumber(metrics_->steps_completed.Value()),
+      ",\"chunks_updated\":", JsonNumber(metrics_->chunks_updated.Value()),
       ",\"received_bytes\":",
-      Number(metrics_->received_step_bytes.Value() +
+      JsonNumber(metrics_->received_step_bytes.Value() +
              metrics_->received_init_bytes.Value()),
       ",\"sent_bytes\":",
-      Number(metrics_->sent_step_bytes.Value() +
+      JsonNumber(metrics_->sent_step_bytes.Value() +
              metrics_->sent_pull_bytes.Value()),
       ",\"checkpoints_written\":",
-      Number(metrics_->checkpoints_written.Value()),
+      JsonNumber(metrics_->checkpoints_written.Value()),
       ",\"checkpoint_failures\":",
-      Number(metrics_->checkpoint_failures.Value()),
-      ",\"rollbacks\":", Number(metrics_->rollbacks.Value()),
-      ",\"jobs_restored\":", Number(metrics_->jobs_restored.Value()),
-      ",\"step_stalls\":", Number(metrics_->step_stalls.Value()), "}");
+      JsonNumber(metrics_->checkpoint_failures.Value()),
+      ",\"rollbacks\":", JsonNumber(metrics_->rollbacks.Value()),
+      ",\"jobs_restored\":", JsonNumber(metrics_->jobs_restored.Value()),
+      ",\"step_stalls\":", JsonNumber(metrics_->step_stalls.Value()), "}");
   absl::StrAppend(&out, ",\"gauges\":{",
                   "\"active_streams\":",
-                  Number(metrics_->active_streams.Value()),
+                  JsonNumber(metrics_->active_streams.Value()),
                   ",\"stalled_steps\":",
-                  Number(metrics_->stalled_steps.Value()), "}");
+                  JsonNumber(metrics_->stalled_steps.Value()), "}");
   // The step latency histogram's sum and count: mean latency between polls.
   prometheus::ClientMetric step_seconds = metrics_->step_seconds.Collect();
   absl::StrAppend(&out, ",\"step_seconds\":{\"sum\":",
-                  Number(step_seconds.histogram.sample_sum), ",\"count\":",
+                  JsonNumber(step_seconds.histogram.sample_sum), ",\"count\":",
                   step_seconds.histogram.sample_count, "}");
   std::vector<std::string> jobs;
   for (const std::shared_ptr<ShardState>& shard : jobs_->Jobs()) {
@@ -190,7 +162,7 @@ std::string StatusEndpoint::StatusJson() const {
                                             pending.since)
                   .count();
     jobs.push_back(absl::StrCat(
-        "{\"id\":", shard->job_id(), ",\"name\":", Quote(shape.config().name),
+        "{\"id\":", shard->job_id(), ",\"name\":", JsonString(shape.config().name),
         ",\"server_index\":", shape.server_index(),
         ",\"num_servers\":", shape.config().num_servers,
         ",\"num_workers\":", shape.config().num_workers,
@@ -198,7 +170,7 @@ std::string StatusEndpoint::StatusJson() const {
         ",\"newest_step\":", shard->newest_step(),
         ",\"pending_step\":", pending.step, ",\"missing_workers\":[",
         absl::StrJoin(pending.missing_workers, ","), "]",
-        ",\"waiting_seconds\":", Number(waiting),
+        ",\"waiting_seconds\":", JsonNumber(waiting),
         ",\"shard_params\":", shape.shard().size(),
         ",\"state_bytes\":", shape.state_bytes(), "}"));
   }

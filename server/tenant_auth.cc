@@ -28,15 +28,6 @@ TokenHash Sha256(absl::string_view data) {
   return hash;
 }
 
-bool ValidTenant(absl::string_view tenant) {
-  if (tenant.empty() || tenant.size() > kMaxTenantChars) return false;
-  for (const char c : tenant) {
-    if (!absl::ascii_isalnum(c) && c != '_' && c != '.' && c != '-') {
-      return false;
-    }
-  }
-  return true;
-}
 
 int HexDigit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -68,6 +59,16 @@ std::string CertificateCommonName(const grpc::ServerContextBase& context) {
 
 }  // namespace
 
+bool IsValidTenantName(absl::string_view tenant) {
+  if (tenant.empty() || tenant.size() > kMaxTenantChars) return false;
+  for (const char c : tenant) {
+    if (!absl::ascii_isalnum(c) && c != '_' && c != '.' && c != '-') {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::string Sha256Hex(absl::string_view data) {
   static constexpr char kHex[] = "0123456789abcdef";
   const TokenHash hash = Sha256(data);
@@ -90,7 +91,7 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokenFile(
     const std::vector<absl::string_view> fields =
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     TokenEntry entry;
-    if (fields.size() != 2 || !ValidTenant(fields[0]) ||
+    if (fields.size() != 2 || !IsValidTenantName(fields[0]) ||
         !ParseHash(fields[1], &entry.hash)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "line ", line_number,

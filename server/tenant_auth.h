@@ -31,6 +31,9 @@ struct TokenEntry {
   TokenHash hash;
 };
 
+// Whether `tenant` is a tenant name: 1 to 64 of [A-Za-z0-9_.-].
+bool IsValidTenantName(absl::string_view tenant);
+
 // SHA-256 of `data`, lower-case hex (64 characters).
 std::string Sha256Hex(absl::string_view data);
 

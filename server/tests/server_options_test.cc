@@ -182,8 +182,17 @@ TEST(ResolveServerOptionsTest, RejectsBadValuesNamingTheFlag) {
   ServerOptions keep_none;
   keep_none.checkpoint_dir = "/tmp/x";
   keep_none.checkpoint_keep = 0;
+  ServerOptions admin_without_auth;
+  admin_without_auth.admin_tenants = {"ops"};
+  ServerOptions bad_admin;
+  bad_admin.tls_cert = "c.pem";
+  bad_admin.tls_key = "k.pem";
+  bad_admin.auth_token_file = "tokens";
+  bad_admin.admin_tenants = {"ops team"};
   for (const auto& [options, flag] :
-       {std::pair{threads, "--threads"}, std::pair{grace, "--shutdown_grace"},
+       {std::pair{admin_without_auth, "--admin_tenants"},
+        std::pair{bad_admin, "--admin_tenants"},
+        std::pair{threads, "--threads"}, std::pair{grace, "--shutdown_grace"},
         std::pair{listen, "--listen"},
         std::pair{stalled, "--stalled_step_seconds"},
         std::pair{stalled_forever, "--stalled_step_seconds"},

@@ -145,7 +145,7 @@ TEST_F(MalformedRequestTest, GarbageRequestOfEveryMethodButStepIsInvalidArgument
   for (const char* method :
        {"CreateJob", "InitWeights", "PullWeights", "GetJob", "DeleteJob",
         "ExportState", "ImportState", "Checkpoint", "ListCheckpoints",
-        "RollBack", "ImportCheckpoint"}) {
+        "RollBack", "ImportCheckpoint", "ServerStatus", "Drain"}) {
     const grpc::Status status = Call(method, {BufferOf(kGarbage)});
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << method << ": " << status.error_message();
