@@ -47,6 +47,7 @@ void Checkpointer::JobAdded(const std::shared_ptr<ShardState>& shard,
   if (every == 0) return;
   CaptureHooks hooks;
   hooks.every_steps = every;
+  hooks.max_lag_steps = policy_.max_lag_steps;
   std::weak_ptr<ShardState> job = shard;
   hooks.on_captured = [this, job](std::unique_ptr<ShardCheckpoint> capture) {
     // The task owns the capture until it runs; a shared_ptr makes the task

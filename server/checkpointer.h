@@ -20,6 +20,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,6 +44,10 @@ struct CheckpointPolicy {
   // The pace of a checkpoint file's write, so that it leaves the disk to
   // others (a trainer's data loader); 0: as fast as the disk goes.
   uint64_t write_bytes_per_second = 0;
+  // --checkpoint_max_lag_steps: a job's Step streams of steps beyond a
+  // periodic checkpoint's step + this do not finish before that checkpoint
+  // is written (CaptureHooks::max_lag_steps); unset: never held.
+  std::optional<uint64_t> max_lag_steps;
 };
 
 class Checkpointer : public JobListener {

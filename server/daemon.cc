@@ -145,6 +145,10 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
     policy.every_steps = options.checkpoint_every_steps;
     policy.keep = options.checkpoint_keep;
     policy.write_bytes_per_second = options.checkpoint_write_bytes_per_second;
+    if (options.checkpoint_max_lag_steps >= 0) {
+      policy.max_lag_steps =
+          static_cast<uint64_t>(options.checkpoint_max_lag_steps);
+    }
     daemon->checkpointer_ =
         std::make_unique<Checkpointer>(daemon->checkpoint_dir_.get(), policy,
                                        daemon->metrics_.get(), &LogLine);

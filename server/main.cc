@@ -98,6 +98,15 @@ ABSL_FLAG(uint64_t, checkpoint_write_bytes_per_second, 0,
           "data from it); a checkpoint still being written when its job's "
           "next one is due makes that one skip. 0: as fast as the disk "
           "goes.");
+ABSL_FLAG(int64_t, checkpoint_max_lag_steps, -1,
+          "How far training may run ahead of a periodic checkpoint still "
+          "being written: a step more than this many steps after the "
+          "checkpoint's step does not complete (its Step streams wait) until "
+          "the checkpoint is durable. 0: a kill loses at most "
+          "--checkpoint_every_steps steps, at the cost of waiting for the "
+          "disk when a write outlasts a step (docs/checkpoints.md, \"What a "
+          "kill costs\"). -1: never wait (a kill during a write may also lose "
+          "the steps of the write). Needs --checkpoint_every_steps.");
 ABSL_FLAG(double, shutdown_grace_seconds, 10,
           "On SIGTERM/SIGINT the server reports NOT_SERVING and refuses new "
           "RPCs with UNAVAILABLE (\"server is shutting down\"), which "
@@ -228,6 +237,8 @@ depot::ServerOptions OptionsFromFlags() {
   options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
   options.checkpoint_write_bytes_per_second =
       absl::GetFlag(FLAGS_checkpoint_write_bytes_per_second);
+  options.checkpoint_max_lag_steps =
+      absl::GetFlag(FLAGS_checkpoint_max_lag_steps);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);

@@ -238,6 +238,17 @@ absl::StatusOr<ServerOptions> ResolveServerOptions(ServerOptions options) {
         "--admin_tenants needs --auth_token_file or --tls_client_ca (without "
         "authentication every caller is an admin)");
   }
+  if (options.checkpoint_max_lag_steps < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--checkpoint_max_lag_steps must be -1 (unlimited) or >= 0, got ",
+        options.checkpoint_max_lag_steps));
+  }
+  if (options.checkpoint_max_lag_steps >= 0 &&
+      options.checkpoint_every_steps == 0) {
+    return absl::InvalidArgumentError(
+        "--checkpoint_max_lag_steps needs --checkpoint_every_steps (it holds "
+        "steps back behind the periodic checkpoints)");
+  }
   if (options.checkpoint_keep < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--checkpoint_keep must be >= 1, got ", options.checkpoint_keep));

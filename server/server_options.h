@@ -49,6 +49,10 @@ struct ServerOptions {
   int checkpoint_keep = 3;
   // --checkpoint_write_bytes_per_second: 0 unlimited.
   uint64_t checkpoint_write_bytes_per_second = 0;
+  // --checkpoint_max_lag_steps: -1 unlimited; k >= 0: a step more than k
+  // steps after a periodic checkpoint's step does not complete before that
+  // checkpoint is written (CheckpointPolicy::max_lag_steps).
+  int64_t checkpoint_max_lag_steps = -1;
   // TLS (docs/security.md): PEM files of the server's certificate chain and
   // private key; both or neither. Neither: plaintext gRPC.
   std::string tls_cert;

@@ -17,9 +17,25 @@ void ShardState::EnableCaptures(CaptureHooks hooks) {
 }
 
 void ShardState::ReleaseCapture(std::unique_ptr<ShardCheckpoint> capture) {
+  std::vector<std::function<void()>> waiters;
+  {
+    absl::MutexLock lock(&capture_mu_);
+    capture_spare_ = std::move(capture);
+    capture_out_ = false;
+    gate_step_.reset();
+    waiters.swap(gate_waiters_);
+  }
+  for (const std::function<void()>& on_open : waiters) on_open();
+}
+
+bool ShardState::MayFinishStep(uint64_t step, std::function<void()> on_open) {
   absl::MutexLock lock(&capture_mu_);
-  capture_spare_ = std::move(capture);
-  capture_out_ = false;
+  if (!gate_step_.has_value() ||
+      step <= *gate_step_ + *capture_hooks_.max_lag_steps) {
+    return true;
+  }
+  gate_waiters_.push_back(std::move(on_open));
+  return false;
 }
 
 absl::StatusOr<std::unique_ptr<ShardCheckpoint>> ShardState::CaptureNow() {
@@ -126,6 +142,7 @@ void ShardState::CaptureChunk(uint64_t chunk_index, uint64_t step,
     if (++captured_chunks_ < shard.num_chunks()) return;
     complete = std::move(capture_);
     capture_out_ = true;
+    if (capture_hooks_.max_lag_steps.has_value()) gate_step_ = step;
     on_captured = capture_hooks_.on_captured;
   }
   on_captured(std::move(complete));

@@ -55,6 +55,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -138,6 +139,10 @@ struct CaptureHooks {
   // Called once for a capture step that is skipped because the previous
   // capture has not been given back yet.
   std::function<void(uint64_t step)> on_skipped;
+  // --checkpoint_max_lag_steps: while the capture of step t is out (not yet
+  // given back: being written), a Step stream of a step beyond t +
+  // max_lag_steps does not finish (MayFinishStep). Unset: none is held.
+  std::optional<uint64_t> max_lag_steps;
 };
 
 // The oldest step of a shard that still waits for contributions
@@ -370,7 +375,16 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // REQUIRES: called before any step runs (the job is not yet visible).
   void EnableCaptures(CaptureHooks hooks);
   // Gives a capture back once written; its buffers serve the next one.
+  // Opens the gate of MayFinishStep.
   void ReleaseCapture(std::unique_ptr<ShardCheckpoint> capture);
+  // Whether a Step stream of `step` may finish now (CaptureHooks::
+  // max_lag_steps): false while a periodic capture of a step t with
+  // t + max_lag_steps < `step` is out; `on_open` is then called once it is
+  // given back (from the thread that gives it back, with no lock held).
+  // So with max_lag_steps = 0 no worker sees a step after a checkpoint step
+  // complete before that checkpoint is durable on this server, and a kill
+  // loses at most the checkpoint interval (docs/checkpoints.md).
+  bool MayFinishStep(uint64_t step, std::function<void()> on_open);
   // An on-demand capture (the Checkpoint RPC): the whole shard now, at its
   // completed step, which must be a step boundary. Give it back with
   // ReleaseCapture. FAILED_PRECONDITION: a step is in flight (a chunk holds
@@ -517,6 +531,11 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   uint64_t capture_decided_step_ ABSL_GUARDED_BY(capture_mu_) = 0;
   // A complete capture is out (on_captured) and not yet released.
   bool capture_out_ ABSL_GUARDED_BY(capture_mu_) = false;
+  // The step of the periodic capture that is out, while one is and
+  // max_lag_steps is set; the streams waiting for it to come back.
+  std::optional<uint64_t> gate_step_ ABSL_GUARDED_BY(capture_mu_);
+  std::vector<std::function<void()>> gate_waiters_
+      ABSL_GUARDED_BY(capture_mu_);
   // A released capture, whose buffers the next one reuses.
   std::unique_ptr<ShardCheckpoint> capture_spare_ ABSL_GUARDED_BY(capture_mu_);
 

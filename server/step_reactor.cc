@@ -204,6 +204,17 @@ class DepotService::StepReactor final
     sender_ = *std::move(sender);
     shard_ = *std::move(shard);
     stream_->set_step(header_.step());
+    // --checkpoint_max_lag_steps: the stream's end may wait for a checkpoint
+    // to be durable. The gate holds the stream weakly: an RPC that ends
+    // meanwhile is not kept.
+    std::weak_ptr<StepStream> weak_stream = stream_;
+    stream_->set_finish_gate([shard = shard_, weak_stream](uint64_t step) {
+      return shard->MayFinishStep(step, [weak_stream] {
+        if (std::shared_ptr<StepStream> stream = weak_stream.lock()) {
+          stream->FinishGateOpened();
+        }
+      });
+    });
     service_->TrackStepStream(stream_, header_.job_id());
     return absl::OkStatus();
   }

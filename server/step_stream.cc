@@ -33,6 +33,22 @@ void StepStream::set_step(uint64_t step) {
   step_ = step;
 }
 
+void StepStream::set_finish_gate(FinishGate gate) {
+  absl::MutexLock lock(&mu_);
+  finish_gate_ = std::move(gate);
+}
+
+void StepStream::FinishGateOpened() {
+  Action action;
+  {
+    absl::MutexLock lock(&mu_);
+    gate_waiting_ = false;
+    gate_passed_ = true;
+    action = NextActionLocked();
+  }
+  Perform(action);
+}
+
 void StepStream::ExpectChunk() {
   absl::MutexLock lock(&mu_);
   ++expected_;
@@ -217,6 +233,15 @@ StepStream::Action StepStream::NextActionLocked() {
     return action;
   }
   if (reads_done_ && sent_ == expected_ && resuming_ == 0) {
+    if (finish_gate_ && !gate_passed_) {
+      // Held until a checkpoint is durable (--checkpoint_max_lag_steps).
+      if (gate_waiting_) return Action();
+      if (!finish_gate_(step_)) {
+        gate_waiting_ = true;
+        return Action();
+      }
+      gate_passed_ = true;
+    }
     finishing_ = true;
     v1::StepResponse response;
     v1::StepStats* stats = response.mutable_stats();

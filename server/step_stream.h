@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -62,6 +63,14 @@ class StepStream final : public WeightsSink {
 
   // The step the stream's header named, reported in its StepStats.
   void set_step(uint64_t step);
+
+  // What may hold the stream's end (ShardState::MayFinishStep): called with
+  // the step once everything else is done; true, finish now; false, the gate
+  // calls FinishGateOpened once the stream may finish. Failures are never
+  // held. Set before the stream can finish (with set_step).
+  using FinishGate = std::function<bool(uint64_t step)>;
+  void set_finish_gate(FinishGate gate);
+  void FinishGateOpened();
 
   // Records that one more chunk's weights are owed to this stream (the reader
   // had a contribution accepted).
@@ -149,6 +158,10 @@ class StepStream final : public WeightsSink {
   uint64_t replayed_ ABSL_GUARDED_BY(mu_) = 0;
   double update_seconds_ ABSL_GUARDED_BY(mu_) = 0.0;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  FinishGate finish_gate_ ABSL_GUARDED_BY(mu_);
+  // The gate said to wait, and has not opened yet; it opened.
+  bool gate_waiting_ ABSL_GUARDED_BY(mu_) = false;
+  bool gate_passed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   // The message being written and its wire form; valid while
   // write_in_flight_.

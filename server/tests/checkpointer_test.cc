@@ -171,6 +171,41 @@ TEST_F(CaptureTest, CaptureStepsAreSkippedWhileTheLastCaptureIsOut) {
   EXPECT_THAT(recorder.skipped(), ElementsAre(2u, 3u));
 }
 
+// --checkpoint_max_lag_steps: while the capture of step 2 is out, a step
+// more than max_lag_steps after it may not finish; giving the capture back
+// opens the gate and calls those that waited. Without max_lag_steps nothing
+// waits.
+TEST_F(CaptureTest, StepsBeyondTheLagWaitForTheCaptureToComeBack) {
+  auto shard = MakeShard();
+  CaptureRecorder recorder;
+  CaptureHooks hooks = recorder.Hooks(2);
+  hooks.max_lag_steps = 1;
+  shard->EnableCaptures(std::move(hooks));
+  int opened = 0;
+  auto on_open = [&opened] { ++opened; };
+  RunStep(*shard, 1, 0.25f);
+  EXPECT_TRUE(shard->MayFinishStep(1, on_open));
+  RunStep(*shard, 2, 0.5f);
+  ASSERT_EQ(recorder.captures(), 1u);
+  EXPECT_TRUE(shard->MayFinishStep(2, on_open));
+  EXPECT_TRUE(shard->MayFinishStep(3, on_open));   // within the lag
+  EXPECT_FALSE(shard->MayFinishStep(4, on_open));  // beyond it: waits
+  EXPECT_FALSE(shard->MayFinishStep(5, on_open));
+  EXPECT_EQ(opened, 0);
+  shard->ReleaseCapture(recorder.Take(0));
+  EXPECT_EQ(opened, 2);
+  EXPECT_TRUE(shard->MayFinishStep(4, on_open));
+}
+
+TEST_F(CaptureTest, WithoutAMaxLagNoStepWaits) {
+  auto shard = MakeShard();
+  CaptureRecorder recorder;
+  shard->EnableCaptures(recorder.Hooks(1));
+  RunStep(*shard, 1, 0.25f);
+  ASSERT_EQ(recorder.captures(), 1u);  // out, not given back
+  EXPECT_TRUE(shard->MayFinishStep(5, [] { FAIL() << "nothing waits"; }));
+}
+
 TEST_F(CaptureTest, NoCapturesWithoutEnableCaptures) {
   auto shard = MakeShard();
   CaptureRecorder recorder;

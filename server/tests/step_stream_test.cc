@@ -116,6 +116,44 @@ TEST_F(StepStreamTest, FinishesWithStatsOnceEveryExpectedChunkIsWritten) {
   EXPECT_EQ(metrics_.sent_step_bytes.Value(), 8.0);
 }
 
+// --checkpoint_max_lag_steps: the stream's end waits for its gate, and
+// only its end: the weights go out at once, a failure is never held.
+TEST_F(StepStreamTest, FinishWaitsForTheGateOnly) {
+  std::vector<uint64_t> asked;
+  bool open = false;
+  stream_.set_step(7);
+  stream_.set_finish_gate([&](uint64_t step) {
+    asked.push_back(step);
+    return open;
+  });
+  stream_.ExpectChunk();
+  stream_.Deliver(Weights(4, "abcd", 0.0, false));
+  ASSERT_EQ(transport_.writes.size(), 1u);  // not held
+  stream_.ReadsDone();
+  stream_.OnWriteDone(true);
+  EXPECT_FALSE(transport_.finished_ok);
+  EXPECT_EQ(asked, std::vector<uint64_t>{7});
+  // Asked once: later events wait for the gate to call back.
+  stream_.DeliverGradStats(GradStats());
+  stream_.OnWriteDone(true);
+  EXPECT_EQ(asked.size(), 1u);
+  EXPECT_FALSE(transport_.finished_ok);
+  stream_.FinishGateOpened();
+  EXPECT_TRUE(transport_.finished_ok);
+  EXPECT_EQ(transport_.writes.back().stats().step(), 7u);
+}
+
+TEST_F(StepStreamTest, AFailureIsNotHeldByTheGate) {
+  stream_.set_finish_gate([](uint64_t) { return false; });
+  stream_.ExpectChunk();
+  stream_.Deliver(Weights(4, "abcd", 0.0, false));
+  stream_.ReadsDone();
+  stream_.OnWriteDone(true);
+  EXPECT_FALSE(transport_.finished_ok);
+  stream_.Fail(absl::UnavailableError("server is shutting down"));
+  EXPECT_EQ(transport_.error.code(), absl::StatusCode::kUnavailable);
+}
+
 TEST_F(StepStreamTest, AcksAndGradStatsAreWrittenInDeliveryOrder) {
   stream_.DeliverAck(4);
   stream_.DeliverGradStats({25.0, 4.0, false, 3});
