@@ -273,3 +273,34 @@ def test_tenants_see_their_own_jobs_and_only_admins_drain(pki):  # noqa: F811
             job.delete()
     finally:
         server.stop()
+
+
+def test_import_restores_a_checkpoint_onto_another_server_count(
+        fleet, trained_job, job_name, tmp_path):
+    taken = depotctl_json(servers_flag(fleet), "checkpoint", job_name)
+    assert taken["complete"] and taken["step"] == 4
+    dirs = ",".join(str(d) for d in fleet[1])
+    new = [server_process.start_server(server_binary(), ["--threads=1"])
+           for _ in range(2)]
+    try:
+        flag = "--servers=" + ",".join(s.address for s in new)
+        client = depot.Client([s.address for s in new])
+        moved = client.open_job(job_name, TENSORS, optimizer="adamw",
+                                chunk_elems=256)
+        # A step no server wrote: verified first, nothing changes.
+        code, _, err = depotctl(flag, "import", job_name, "3", f"--from={dirs}")
+        assert code == 1 and "nothing imported" in err
+        code, _, err = depotctl(flag, "import", job_name, "4")
+        assert code == 2 and "--from" in err
+        imported = depotctl_json(flag, "import", job_name, "4",
+                                 f"--from={dirs}")
+        assert imported["ok"] and imported["step"] == 4
+        assert all(s["old_num_servers"] == 3 for s in imported["servers"])
+        # Both runs go on from step 4 to the same bits.
+        assert np.array_equal(train(trained_job, 1, first=5),
+                              train(moved, 1, first=5))
+        moved.delete()
+        client.close()
+    finally:
+        for server in new:
+            server.stop()

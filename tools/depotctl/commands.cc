@@ -684,6 +684,98 @@ int RollBack(const Fleet& fleet, const std::string& name, uint64_t step,
   return failed ? kExitFailed : kExitOk;
 }
 
+int Import(const Fleet& fleet, const std::string& name, uint64_t step,
+           const std::vector<std::string>& dirs,
+           const CommandOptions& options) {
+  absl::StatusOr<FleetJob> job = ResolveJob(fleet, name);
+  if (!job.ok()) return NotFound(job.status());
+  if (!Complete(*job)) {
+    WarnIncomplete(*job);
+    std::fprintf(stderr,
+                 "depotctl: not importing: every server of the job must "
+                 "import its part\n");
+    return kExitFailed;
+  }
+  // Servers whose shard holds no chunk have nothing to read.
+  std::vector<size_t> shards;
+  for (size_t k = 0; k < job->shards.size(); ++k) {
+    if (job->shards[k].job.shard_params() > 0) shards.push_back(k);
+  }
+  std::vector<absl::Status> results(job->shards.size());
+  std::vector<v1::ImportCheckpointResponse> imported(job->shards.size());
+  auto call_all = [&](bool verify_only) {
+    std::vector<std::thread> threads;
+    for (const size_t k : shards) {
+      threads.emplace_back([&, k] {
+        const FleetJob::Shard& shard = job->shards[k];
+        v1::ImportCheckpointRequest request;
+        request.set_job_id(shard.job.job_id());
+        request.set_fingerprint(shard.job.fingerprint());
+        request.set_step(step);
+        for (const std::string& dir : dirs) request.add_checkpoint_dirs(dir);
+        request.set_verify_only(verify_only);
+        std::unique_ptr<grpc::ClientContext> context = fleet.NewContext();
+        results[k] = WithServer(
+            FromGrpcStatus(fleet.stub(shard.server).ImportCheckpoint(
+                context.get(), request, &imported[k])),
+            fleet.address(shard.server));
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    bool ok = true;
+    for (const size_t k : shards) {
+      if (!results[k].ok()) {
+        ok = false;
+        PrintError(results[k]);
+      }
+    }
+    return ok;
+  };
+  // Every server checks its part before any imports.
+  if (!call_all(/*verify_only=*/true)) {
+    std::fprintf(stderr, "depotctl: nothing imported\n");
+    return kExitFailed;
+  }
+  const bool ok = call_all(/*verify_only=*/false);
+  std::vector<std::string> json;
+  for (const size_t k : shards) {
+    const FleetJob::Shard& shard = job->shards[k];
+    std::vector<std::string> files;
+    for (const std::string& file : imported[k].shard_files()) {
+      files.push_back(JsonString(file));
+    }
+    json.push_back(absl::StrCat(
+        "{\"server\":", JsonString(fleet.address(shard.server)),
+        ",\"server_index\":", shard.job.server_index(),
+        ",\"ok\":", results[k].ok() ? "true" : "false",
+        ",\"old_num_servers\":", imported[k].old_num_servers(),
+        ",\"shard_files\":[", absl::StrJoin(files, ","),
+        "],\"error\":", JsonError(results[k]), "}"));
+    if (!options.json && results[k].ok()) {
+      std::printf("%s (server %u): step %llu from %d file(s) of %u old servers\n",
+                  fleet.address(shard.server).c_str(),
+                  shard.job.server_index(),
+                  static_cast<unsigned long long>(imported[k].step()),
+                  imported[k].shard_files_size(),
+                  imported[k].old_num_servers());
+    }
+  }
+  if (options.json) {
+    std::printf("{\"job\":%s,\"step\":%llu,\"ok\":%s,\"servers\":[%s]}\n",
+                JsonString(job->name).c_str(),
+                static_cast<unsigned long long>(step), ok ? "true" : "false",
+                absl::StrJoin(json, ",").c_str());
+  } else if (ok) {
+    std::printf("job \"%s\" is at step %llu on every server\n",
+                job->name.c_str(), static_cast<unsigned long long>(step));
+  } else {
+    std::fprintf(stderr,
+                 "depotctl: the import failed on some servers after all "
+                 "verified: run it again\n");
+  }
+  return ok ? kExitOk : kExitFailed;
+}
+
 int Drain(const Fleet& fleet, bool shutdown, bool resume,
           const CommandOptions& options) {
   v1::DrainRequest request;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "tools/depotctl/fleet.h"
@@ -42,6 +43,11 @@ int ListCheckpoints(const Fleet& fleet, const std::string& job, bool verify,
                     const CommandOptions& options);
 int RollBack(const Fleet& fleet, const std::string& job, uint64_t step,
              const CommandOptions& options);
+// Replaces JOB's state on every server by the server-side checkpoint of
+// `step` that servers of any count wrote into `dirs` (ImportCheckpoint):
+// every server verifies its part first, and nothing changes unless all can.
+int Import(const Fleet& fleet, const std::string& job, uint64_t step,
+           const std::vector<std::string>& dirs, const CommandOptions& options);
 // `fleet` holds the one server to drain.
 int Drain(const Fleet& fleet, bool shutdown, bool resume,
           const CommandOptions& options);

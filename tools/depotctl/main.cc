@@ -36,6 +36,10 @@ ABSL_FLAG(std::string, token_file, "",
           "File whose first line is the bearer token (servers started with "
           "--auth_token_file). Or set DEPOT_TOKEN. Needs --tls_ca.");
 ABSL_FLAG(bool, yes, false, "delete: really delete.");
+ABSL_FLAG(std::vector<std::string>, from, {},
+          "import: the checkpoint directories of the servers that wrote the "
+          "checkpoint (their --checkpoint_dir), comma-separated, any order; "
+          "each server reads the files its shard needs from them.");
 ABSL_FLAG(bool, shutdown, false,
           "drain: then shut the server down (as SIGTERM does).");
 ABSL_FLAG(bool, resume, false, "drain: undo a drain (take new jobs again).");
@@ -67,6 +71,12 @@ Commands:
   drain SERVER              SERVER (HOST:PORT) takes no new job, reports
                             NOT_SERVING, checkpoints every job it holds;
                             --shutdown then stops it, --resume undoes a drain
+  import JOB STEP --from=DIR,...
+                            replace JOB's state on every server by the
+                            checkpoint of STEP that servers of any count wrote
+                            into those directories (restoring onto another
+                            server count); every server verifies its part
+                            first, nothing changes unless all can
   delete JOB --yes          delete JOB and its checkpoints on every server
 
 JOB is the job's name (DepotOptimizer's / JobConfig's `name`).
@@ -170,6 +180,19 @@ int main(int argc, char** argv) {
     }
     return depot::ctl::RollBack(*fleet, args[1], step, options);
   }
+  if (command == "import" && args.size() == 3) {
+    uint64_t step = 0;
+    if (!absl::SimpleAtoi(args[2], &step)) {
+      return Usage("import's STEP must be a step number, got \"" + args[2] +
+                   "\"");
+    }
+    if (absl::GetFlag(FLAGS_from).empty()) {
+      return Usage("import needs --from=DIR,... (the old servers' "
+                   "checkpoint directories)");
+    }
+    return depot::ctl::Import(*fleet, args[1], step, absl::GetFlag(FLAGS_from),
+                              options);
+  }
   if (command == "drain") {
     return depot::ctl::Drain(*fleet, absl::GetFlag(FLAGS_shutdown),
                              absl::GetFlag(FLAGS_resume), options);
@@ -180,7 +203,8 @@ int main(int argc, char** argv) {
   }
   const bool known = command == "status" || command == "jobs" ||
                      command == "checkpoint" || command == "checkpoints" ||
-                     command == "rollback" || command == "delete";
+                     command == "rollback" || command == "import" ||
+                     command == "delete";
   return Usage(known ? "wrong arguments for \"" + command + "\""
                      : "unknown command \"" + command + "\"");
 }
