@@ -3,11 +3,14 @@
 // and the result is bit for bit the result over one connection.
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -85,10 +88,30 @@ TEST_F(MultiConnectionTest,
   }
 }
 
-// The client's TCP connections to `port` in this network namespace, counted
-// from /proc/net/tcp{,6}: rows whose remote port is `port` and whose state is
-// ESTABLISHED.
+// The socket inodes of this process's open file descriptors.
+std::set<std::string> OwnSocketInodes() {
+  std::set<std::string> inodes;
+  std::error_code error;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", error);
+       !error && it != std::filesystem::directory_iterator();
+       it.increment(error)) {
+    std::error_code link_error;
+    const std::string target =
+        std::filesystem::read_symlink(it->path(), link_error).string();
+    // "socket:[12345]"
+    if (!link_error && absl::StartsWith(target, "socket:[")) {
+      inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  return inodes;
+}
+
+// This process's TCP connections to `port`, counted from /proc/net/tcp{,6}:
+// rows whose remote port is `port`, whose state is ESTABLISHED and whose
+// socket this process holds (other processes' connections, e.g. other tests
+// run side by side, are not counted).
 int EstablishedConnectionsTo(int port) {
+  const std::set<std::string> own = OwnSocketInodes();
   int count = 0;
   for (const char* path : {"/proc/net/tcp", "/proc/net/tcp6"}) {
     std::ifstream table(path);
@@ -97,14 +120,15 @@ int EstablishedConnectionsTo(int port) {
     while (std::getline(table, line)) {
       std::vector<std::string> fields =
           absl::StrSplit(line, ' ', absl::SkipEmpty());
-      if (fields.size() < 4) continue;
+      if (fields.size() < 10) continue;
       const std::string& remote = fields[2];  // hex address:hex port
       uint32_t remote_port = 0;
       if (!absl::SimpleHexAtoi(remote.substr(remote.rfind(':') + 1),
                                &remote_port)) {
         continue;
       }
-      if (static_cast<int>(remote_port) == port && fields[3] == "01") {
+      if (static_cast<int>(remote_port) == port && fields[3] == "01" &&
+          own.count(fields[9]) > 0) {
         ++count;
       }
     }
