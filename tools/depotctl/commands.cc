@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <set>
 #include <string>
 #include <thread>
@@ -212,6 +213,64 @@ int NotFound(const absl::Status& status) {
   return absl::IsNotFound(status) ? kExitNotFound : kExitFailed;
 }
 
+// The job named `name` on every server of its config, or the exit code to
+// return: it is on none (4), or on fewer than its config says (1: `what`
+// needs every server).
+absl::StatusOr<FleetJob> ResolveWholeJob(const Fleet& fleet,
+                                         const std::string& name,
+                                         const char* what, int* exit_code) {
+  absl::StatusOr<FleetJob> job = ResolveJob(fleet, name);
+  if (!job.ok()) {
+    *exit_code = NotFound(job.status());
+    return job.status();
+  }
+  if (!Complete(*job)) {
+    WarnIncomplete(*job);
+    std::fprintf(stderr, "depotctl: not %s: every server of the job must\n",
+                 what);
+    *exit_code = kExitFailed;
+    return absl::FailedPreconditionError("incomplete");
+  }
+  return job;
+}
+
+// The answers of one RPC on shards of a job, by shard.
+template <typename Response>
+struct ShardCalls {
+  std::vector<absl::Status> status;
+  std::vector<Response> response;
+};
+
+// Calls `rpc` with `request` (its job id and fingerprint set to each
+// shard's) on every shard of `job` that `selected` accepts (all by
+// default), at once; a shard not called keeps an OK status.
+template <typename Request, typename Response>
+ShardCalls<Response> CallShards(
+    const Fleet& fleet, const FleetJob& job, Request request,
+    grpc::Status (v1::Depot::Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                         Response*),
+    const std::function<bool(const FleetJob::Shard&)>& selected = nullptr) {
+  ShardCalls<Response> calls;
+  calls.status.resize(job.shards.size());
+  calls.response.resize(job.shards.size());
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < job.shards.size(); ++k) {
+    const FleetJob::Shard& shard = job.shards[k];
+    if (selected && !selected(shard)) continue;
+    threads.emplace_back([&, k, request]() mutable {
+      request.set_job_id(shard.job.job_id());
+      request.set_fingerprint(shard.job.fingerprint());
+      std::unique_ptr<grpc::ClientContext> context = fleet.NewContext();
+      calls.status[k] = WithServer(
+          FromGrpcStatus((fleet.stub(shard.server).*rpc)(
+              context.get(), request, &calls.response[k])),
+          fleet.address(shard.server));
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return calls;
+}
+
 }  // namespace
 
 int Status(const Fleet& fleet, const CommandOptions& options) {
@@ -359,25 +418,13 @@ int Checkpoint(const Fleet& fleet, const std::string& name,
                const CommandOptions& options) {
   absl::StatusOr<FleetJob> job = ResolveJob(fleet, name);
   if (!job.ok()) return NotFound(job.status());
-  std::vector<absl::Status> results(job->shards.size());
-  std::vector<uint64_t> steps(job->shards.size(), 0);
-  std::vector<std::thread> threads;
-  for (size_t k = 0; k < job->shards.size(); ++k) {
-    threads.emplace_back([&, k] {
-      const FleetJob::Shard& shard = job->shards[k];
-      v1::CheckpointRequest request;
-      request.set_job_id(shard.job.job_id());
-      request.set_fingerprint(shard.job.fingerprint());
-      v1::CheckpointResponse response;
-      std::unique_ptr<grpc::ClientContext> context = fleet.NewContext();
-      results[k] = WithServer(
-          FromGrpcStatus(fleet.stub(shard.server).Checkpoint(
-              context.get(), request, &response)),
-          fleet.address(shard.server));
-      steps[k] = response.step();
-    });
+  const ShardCalls<v1::CheckpointResponse> calls = CallShards(
+      fleet, *job, v1::CheckpointRequest(), &v1::Depot::Stub::Checkpoint);
+  const std::vector<absl::Status>& results = calls.status;
+  std::vector<uint64_t> steps;
+  for (const v1::CheckpointResponse& r : calls.response) {
+    steps.push_back(r.step());
   }
-  for (std::thread& thread : threads) thread.join();
   bool failed = false;
   std::set<uint64_t> distinct;
   std::vector<std::string> json;
@@ -445,24 +492,12 @@ int ListCheckpoints(const Fleet& fleet, const std::string& name, bool verify,
   bool failed = false, bad = false, incomplete = unreachable > 0;
   std::vector<std::string> json;
   for (const FleetJob& job : jobs) {
-    std::vector<absl::Status> results(job.shards.size());
-    std::vector<v1::ListCheckpointsResponse> responses(job.shards.size());
-    std::vector<std::thread> threads;
-    for (size_t k = 0; k < job.shards.size(); ++k) {
-      threads.emplace_back([&, k] {
-        const FleetJob::Shard& shard = job.shards[k];
-        v1::ListCheckpointsRequest request;
-        request.set_job_id(shard.job.job_id());
-        request.set_fingerprint(shard.job.fingerprint());
-        request.set_verify(verify);
-        std::unique_ptr<grpc::ClientContext> context = fleet.NewContext();
-        results[k] = WithServer(
-            FromGrpcStatus(fleet.stub(shard.server).ListCheckpoints(
-                context.get(), request, &responses[k])),
-            fleet.address(shard.server));
-      });
-    }
-    for (std::thread& thread : threads) thread.join();
+    v1::ListCheckpointsRequest request;
+    request.set_verify(verify);
+    const ShardCalls<v1::ListCheckpointsResponse> calls = CallShards(
+        fleet, job, request, &v1::Depot::Stub::ListCheckpoints);
+    const std::vector<absl::Status>& results = calls.status;
+    const std::vector<v1::ListCheckpointsResponse>& responses = calls.response;
     const bool complete = Complete(job);
     incomplete = incomplete || !complete;
     if (!complete) WarnIncomplete(job);
@@ -564,39 +599,23 @@ int ListCheckpoints(const Fleet& fleet, const std::string& name, bool verify,
 
 int RollBack(const Fleet& fleet, const std::string& name, uint64_t step,
              const CommandOptions& options) {
-  absl::StatusOr<FleetJob> job = ResolveJob(fleet, name);
-  if (!job.ok()) return NotFound(job.status());
-  if (!Complete(*job)) {
-    WarnIncomplete(*job);
-    std::fprintf(stderr,
-                 "depotctl: not rolling back: a rollback must reach every "
-                 "server of the job\n");
-    return kExitFailed;
-  }
+  int exit_code = kExitOk;
+  absl::StatusOr<FleetJob> job =
+      ResolveWholeJob(fleet, name, "rolling back", &exit_code);
+  if (!job.ok()) return exit_code;
   // First every server must be able to go to `step`: at it already, or
   // holding its checkpoint. Nothing changes when one cannot.
   const size_t n = job->shards.size();
-  std::vector<absl::Status> results(n);
-  std::vector<v1::ListCheckpointsResponse> lists(n);
-  fleet.ForEach([&](size_t i) {
-    for (size_t k = 0; k < n; ++k) {
-      if (job->shards[k].server != i) continue;
-      v1::ListCheckpointsRequest request;
-      request.set_job_id(job->shards[k].job.job_id());
-      request.set_fingerprint(job->shards[k].job.fingerprint());
-      std::unique_ptr<grpc::ClientContext> context = fleet.NewContext();
-      results[k] = WithServer(FromGrpcStatus(fleet.stub(i).ListCheckpoints(
-                                  context.get(), request, &lists[k])),
-                              fleet.address(i));
-    }
-  });
+  const ShardCalls<v1::ListCheckpointsResponse> lists =
+      CallShards(fleet, *job, v1::ListCheckpointsRequest(),
+                 &v1::Depot::Stub::ListCheckpoints);
   bool possible = true;
   for (size_t k = 0; k < n; ++k) {
-    if (!results[k].ok()) {
-      PrintError(results[k]);
+    if (!lists.status[k].ok()) {
+      PrintError(lists.status[k]);
       return kExitFailed;
     }
-    const v1::ListCheckpointsResponse& r = lists[k];
+    const v1::ListCheckpointsResponse& r = lists.response[k];
     const bool at_step = r.step() == step && r.newest_step() == step;
     const bool held = std::find(r.steps().begin(), r.steps().end(), step) !=
                       r.steps().end();
@@ -619,20 +638,12 @@ int RollBack(const Fleet& fleet, const std::string& name, uint64_t step,
                  name.c_str());
     return kExitFailed;
   }
-  std::vector<v1::RollBackResponse> rolled(n);
-  fleet.ForEach([&](size_t i) {
-    for (size_t k = 0; k < n; ++k) {
-      if (job->shards[k].server != i) continue;
-      v1::RollBackRequest request;
-      request.set_job_id(job->shards[k].job.job_id());
-      request.set_fingerprint(job->shards[k].job.fingerprint());
-      request.set_step(step);
-      std::unique_ptr<grpc::ClientContext> context = fleet.NewContext();
-      results[k] = WithServer(FromGrpcStatus(fleet.stub(i).RollBack(
-                                  context.get(), request, &rolled[k])),
-                              fleet.address(i));
-    }
-  });
+  v1::RollBackRequest request;
+  request.set_step(step);
+  const ShardCalls<v1::RollBackResponse> calls =
+      CallShards(fleet, *job, request, &v1::Depot::Stub::RollBack);
+  const std::vector<absl::Status>& results = calls.status;
+  const std::vector<v1::RollBackResponse>& rolled = calls.response;
   bool failed = false;
   std::vector<std::string> json;
   Table table;
@@ -687,41 +698,30 @@ int RollBack(const Fleet& fleet, const std::string& name, uint64_t step,
 int Import(const Fleet& fleet, const std::string& name, uint64_t step,
            const std::vector<std::string>& dirs,
            const CommandOptions& options) {
-  absl::StatusOr<FleetJob> job = ResolveJob(fleet, name);
-  if (!job.ok()) return NotFound(job.status());
-  if (!Complete(*job)) {
-    WarnIncomplete(*job);
-    std::fprintf(stderr,
-                 "depotctl: not importing: every server of the job must "
-                 "import its part\n");
-    return kExitFailed;
-  }
+  int exit_code = kExitOk;
+  absl::StatusOr<FleetJob> job =
+      ResolveWholeJob(fleet, name, "importing", &exit_code);
+  if (!job.ok()) return exit_code;
   // Servers whose shard holds no chunk have nothing to read.
   std::vector<size_t> shards;
   for (size_t k = 0; k < job->shards.size(); ++k) {
     if (job->shards[k].job.shard_params() > 0) shards.push_back(k);
   }
-  std::vector<absl::Status> results(job->shards.size());
-  std::vector<v1::ImportCheckpointResponse> imported(job->shards.size());
+  auto with_chunks = [](const FleetJob::Shard& shard) {
+    return shard.job.shard_params() > 0;
+  };
+  std::vector<absl::Status> results;
+  std::vector<v1::ImportCheckpointResponse> imported;
   auto call_all = [&](bool verify_only) {
-    std::vector<std::thread> threads;
-    for (const size_t k : shards) {
-      threads.emplace_back([&, k] {
-        const FleetJob::Shard& shard = job->shards[k];
-        v1::ImportCheckpointRequest request;
-        request.set_job_id(shard.job.job_id());
-        request.set_fingerprint(shard.job.fingerprint());
-        request.set_step(step);
-        for (const std::string& dir : dirs) request.add_checkpoint_dirs(dir);
-        request.set_verify_only(verify_only);
-        std::unique_ptr<grpc::ClientContext> context = fleet.NewContext();
-        results[k] = WithServer(
-            FromGrpcStatus(fleet.stub(shard.server).ImportCheckpoint(
-                context.get(), request, &imported[k])),
-            fleet.address(shard.server));
-      });
-    }
-    for (std::thread& thread : threads) thread.join();
+    v1::ImportCheckpointRequest request;
+    request.set_step(step);
+    for (const std::string& dir : dirs) request.add_checkpoint_dirs(dir);
+    request.set_verify_only(verify_only);
+    ShardCalls<v1::ImportCheckpointResponse> calls =
+        CallShards(fleet, *job, request, &v1::Depot::Stub::ImportCheckpoint,
+                   with_chunks);
+    results = std::move(calls.status);
+    imported = std::move(calls.response);
     bool ok = true;
     for (const size_t k : shards) {
       if (!results[k].ok()) {
@@ -844,20 +844,10 @@ int Delete(const Fleet& fleet, const std::string& name, bool confirmed,
     return kExitUsage;
   }
   const size_t n = job->shards.size();
-  std::vector<absl::Status> results(n);
-  fleet.ForEach([&](size_t i) {
-    for (size_t k = 0; k < n; ++k) {
-      if (job->shards[k].server != i) continue;
-      v1::DeleteJobRequest request;
-      request.set_job_id(job->shards[k].job.job_id());
-      request.set_fingerprint(job->shards[k].job.fingerprint());
-      v1::DeleteJobResponse response;
-      std::unique_ptr<grpc::ClientContext> context = fleet.NewContext();
-      results[k] = WithServer(FromGrpcStatus(fleet.stub(i).DeleteJob(
-                                  context.get(), request, &response)),
-                              fleet.address(i));
-    }
-  });
+  const std::vector<absl::Status> results =
+      CallShards(fleet, *job, v1::DeleteJobRequest(),
+                 &v1::Depot::Stub::DeleteJob)
+          .status;
   bool failed = false;
   std::vector<std::string> json;
   for (size_t k = 0; k < n; ++k) {
