@@ -44,10 +44,16 @@ uint64_t LoadU64(const unsigned char* p) {
 }
 
 using ExtendFn = uint32_t (*)(uint32_t, const void*, size_t);
+using CopyExtendFn = uint32_t (*)(uint32_t, void*, const void*, size_t);
 
 ExtendFn ChooseExtend() {
   return Crc32cHardwareAvailable() ? &Crc32cHardwareExtend
                                    : &Crc32cPortableExtend;
+}
+
+CopyExtendFn ChooseCopyExtend() {
+  return Crc32cHardwareAvailable() ? &Crc32cHardwareCopyExtend
+                                   : &Crc32cPortableCopyExtend;
 }
 
 }  // namespace
@@ -86,9 +92,49 @@ __attribute__((target("sse4.2"))) uint32_t Crc32cHardwareExtend(
   return ~static_cast<uint32_t>(c);
 }
 
+uint32_t Crc32cPortableCopyExtend(uint32_t crc, void* dst, const void* src,
+                                  size_t n) {
+  if (n == 0) return crc;
+  std::memcpy(dst, src, n);
+  return Crc32cPortableExtend(crc, dst, n);
+}
+
+__attribute__((target("sse4.2"))) uint32_t Crc32cHardwareCopyExtend(
+    uint32_t crc, void* dst, const void* src, size_t n) {
+  const unsigned char* p = static_cast<const unsigned char*>(src);
+  unsigned char* d = static_cast<unsigned char*>(dst);
+  uint64_t c = ~crc;
+  // The checksum is taken of the words loaded, and those words are what is
+  // stored: the copy and its checksum agree even if the source changed.
+  for (; n >= 32; n -= 32, p += 32, d += 32) {
+    uint64_t words[4];
+    std::memcpy(words, p, sizeof(words));
+    c = _mm_crc32_u64(c, words[0]);
+    c = _mm_crc32_u64(c, words[1]);
+    c = _mm_crc32_u64(c, words[2]);
+    c = _mm_crc32_u64(c, words[3]);
+    std::memcpy(d, words, sizeof(words));
+  }
+  for (; n >= 8; n -= 8, p += 8, d += 8) {
+    const uint64_t word = LoadU64(p);
+    c = _mm_crc32_u64(c, word);
+    std::memcpy(d, &word, sizeof(word));
+  }
+  for (; n > 0; --n, ++p, ++d) {
+    *d = *p;
+    c = _mm_crc32_u8(static_cast<uint32_t>(c), *d);
+  }
+  return ~static_cast<uint32_t>(c);
+}
+
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {
   static const ExtendFn extend = ChooseExtend();
   return extend(crc, data, n);
+}
+
+uint32_t Crc32cCopyExtend(uint32_t crc, void* dst, const void* src, size_t n) {
+  static const CopyExtendFn copy_extend = ChooseCopyExtend();
+  return copy_extend(crc, dst, src, n);
 }
 
 }  // namespace depot
