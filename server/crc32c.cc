@@ -83,12 +83,15 @@ uint32_t ShiftOverBlock(const ShiftTable& shift, uint32_t raw) {
 
 // The CRC-32C of the n bytes at `src` continued from `crc`; with kCopy, also
 // copies them to `dst`, storing the words it summed (so the copy and its sum
-// agree even if the source changed meanwhile). Plain stores: non-temporal
-// ones (movnti, from three streams at once) made capture steps slower in
-// depot-bench checkpoint on the 2-core machine, though not in a copy alone.
+// agree even if the source changed meanwhile). Plain stores: with
+// non-temporal ones (movnti, three streams at once) capture steps measured
+// slower in depot-bench checkpoint on the loaded 2-core machine, though a
+// copy alone was not (docs/performance.md, "Tried and not kept").
 template <bool kCopy>
-__attribute__((target("sse4.2"))) uint32_t HardwareCrc(
-    uint32_t crc, unsigned char* dst, const unsigned char* src, size_t n) {
+__attribute__((target("sse4.2"))) uint32_t HardwareCrc(uint32_t crc,
+                                                       unsigned char* dst,
+                                                       const unsigned char* src,
+                                                       size_t n) {
   uint64_t c = ~crc;
   // Single bytes up to an 8-byte boundary of the source, then words:
   // unaligned loads are legal on x86 but may straddle cache lines.
@@ -187,8 +190,7 @@ uint32_t Crc32cHardwareExtend(uint32_t crc, const void* data, size_t n) {
 uint32_t Crc32cHardwareCopyExtend(uint32_t crc, void* dst, const void* src,
                                   size_t n) {
   return HardwareCrc</*kCopy=*/true>(crc, static_cast<unsigned char*>(dst),
-                                     static_cast<const unsigned char*>(src),
-                                     n);
+                                     static_cast<const unsigned char*>(src), n);
 }
 
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n) {

@@ -177,8 +177,8 @@ absl::Status WriteFileDurably(
   absl::Status status;
   if (cache == FileCache::kBypass) {
     CacheBypassingWriter writer(fd, temp);
-    status = produce(
-        [&](std::string_view bytes) { return writer.Append(bytes); });
+    status =
+        produce([&](std::string_view bytes) { return writer.Append(bytes); });
     if (status.ok()) status = writer.Finish();
   } else {
     status = produce(

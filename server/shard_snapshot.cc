@@ -43,8 +43,8 @@ void ShardState::CopyChunk(uint64_t index, uint64_t applied_step,
   // Copied and checksummed in one pass: the checkpoint writer then only
   // streams the bytes to the file.
   out.master.resize(range.size() * sizeof(float));
-  uint32_t crc = Crc32cCopyExtend(0, out.master.data(), master(range),
-                                  out.master.size());
+  uint32_t crc =
+      Crc32cCopyExtend(0, out.master.data(), master(range), out.master.size());
   out.slots.resize(shape_.slots());
   for (int k = 0; k < shape_.slots(); ++k) {
     out.slots[k].resize(range.size() * slot_elem_bytes_[k]);

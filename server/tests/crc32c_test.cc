@@ -119,16 +119,15 @@ TEST(Crc32cTest, CopyExtendCopiesAndAgreesWithExtend) {
         for (size_t n = 0; from + n <= 300; ++n) {
           std::string target(320, '\x77');
           const uint32_t seed = Crc32c("prefix", 6);
-          ASSERT_EQ(copy_extend(seed, target.data() + to, source.data() + from,
-                                n),
-                    Crc32cExtend(seed, source.data() + from, n))
+          ASSERT_EQ(
+              copy_extend(seed, target.data() + to, source.data() + from, n),
+              Crc32cExtend(seed, source.data() + from, n))
               << name << " from " << from << " to " << to << " length " << n;
           ASSERT_EQ(target.substr(to, n), source.substr(from, n))
               << name << " from " << from << " to " << to << " length " << n;
           ASSERT_EQ(target.substr(0, to), std::string(to, '\x77'))
               << name << ": wrote before the start";
-          ASSERT_EQ(target.find_first_not_of('\x77', to + n),
-                    std::string::npos)
+          ASSERT_EQ(target.find_first_not_of('\x77', to + n), std::string::npos)
               << name << ": wrote past the end";
         }
       }

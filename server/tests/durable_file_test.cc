@@ -55,9 +55,9 @@ std::vector<std::string> Entries(const std::string& dir) {
 TEST(DurableFileTest, BypassingTheCacheWritesEveryByteAtAnySize) {
   TempDir dir;
   const size_t mib = size_t{1} << 20;
-  for (const size_t size : {size_t{0}, size_t{1}, size_t{4095}, size_t{4096},
-                            size_t{4097}, mib - 1, mib, mib + 1,
-                            3 * mib + 12345}) {
+  for (const size_t size :
+       {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, size_t{4097}, mib - 1,
+        mib, mib + 1, 3 * mib + 12345}) {
     for (const size_t piece : {size_t{7}, size_t{4096}, size_t{100003}, mib}) {
       const std::string path = dir.path() + "/file";
       const std::string bytes = RandomBytes(size, static_cast<uint32_t>(size));
@@ -76,8 +76,8 @@ TEST(DurableFileTest, BypassingTheCacheOnTmpfsWritesEveryByte) {
   if (!std::filesystem::is_directory("/dev/shm")) {
     GTEST_SKIP() << "no /dev/shm";
   }
-  const std::string path = "/dev/shm/depot-durable-file-test-" +
-                           std::to_string(::getpid());
+  const std::string path =
+      "/dev/shm/depot-durable-file-test-" + std::to_string(::getpid());
   const std::string bytes = RandomBytes((size_t{3} << 20) + 5, 3);
   ASSERT_TRUE(WriteInPieces(path, bytes, 65536, FileCache::kBypass).ok());
   EXPECT_EQ(ReadFileBytes(path), bytes);
@@ -91,9 +91,9 @@ TEST(DurableFileTest, FailedFsyncWhileBypassingGivesTheFileUp) {
     errno = EIO;
     return -1;
   };
-  const absl::Status status = WriteInPieces(
-      path, RandomBytes((size_t{2} << 20) + 1, 4), 4096, FileCache::kBypass,
-      failing);
+  const absl::Status status =
+      WriteInPieces(path, RandomBytes((size_t{2} << 20) + 1, 4), 4096,
+                    FileCache::kBypass, failing);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_TRUE(Entries(dir.path()).empty());
 }
