@@ -172,7 +172,7 @@ absl::StatusOr<uint64_t> CheckpointDirectory::Write(
             },
             &manifest.shard_file_bytes);
       },
-      sync_);
+      sync_, FileCache::kBypass);
   if (!written.ok()) return written;
   // Stopped here, the shard file is whole, but without its manifest the step
   // is not complete: Prune removes it.

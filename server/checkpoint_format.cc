@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -70,11 +71,18 @@ uint64_t PiecesBytes(const Pieces& pieces) {
   return n;
 }
 
+// `payload_crc`, when set, is the payload's CRC-32C taken already (a
+// capture's, ChunkSnapshot::payload_crc); else it is computed here.
 absl::Status WriteSection(const ByteSink& sink, SectionKind kind,
-                          uint64_t index, const Pieces& payload) {
+                          uint64_t index, const Pieces& payload,
+                          std::optional<uint32_t> payload_crc = std::nullopt) {
   uint32_t crc = 0;
-  for (std::string_view piece : payload) {
-    crc = Crc32cExtend(crc, piece.data(), piece.size());
+  if (payload_crc.has_value()) {
+    crc = *payload_crc;
+  } else {
+    for (std::string_view piece : payload) {
+      crc = Crc32cExtend(crc, piece.data(), piece.size());
+    }
   }
   std::string header;
   PutU32(header, static_cast<uint32_t>(kind));
@@ -156,7 +164,7 @@ absl::Status EncodeShardSections(const ShardCheckpoint& checkpoint,
   }
   for (const ChunkSnapshot& chunk : checkpoint.chunks) {
     if (absl::Status s = WriteSection(*sink, SectionKind::kChunk, chunk.index,
-                                      ChunkPieces(chunk));
+                                      ChunkPieces(chunk), chunk.payload_crc);
         !s.ok()) {
       return s;
     }

@@ -22,11 +22,21 @@ inline uint32_t Crc32c(const void* data, size_t n) {
   return Crc32cExtend(0, data, n);
 }
 
+// Copies the n bytes at `src` to `dst` (they must not overlap) and returns
+// the CRC-32C of those bytes continued from `crc`, in one pass over the data
+// instead of a copy and then a checksum: a checkpoint capture checksums what
+// it copies, so that the writer need not read the copy again.
+uint32_t Crc32cCopyExtend(uint32_t crc, void* dst, const void* src, size_t n);
+
 // The two implementations, for tests and benchmarks. Crc32cHardwareExtend
 // REQUIRES: Crc32cHardwareAvailable().
 bool Crc32cHardwareAvailable();
 uint32_t Crc32cPortableExtend(uint32_t crc, const void* data, size_t n);
 uint32_t Crc32cHardwareExtend(uint32_t crc, const void* data, size_t n);
+uint32_t Crc32cPortableCopyExtend(uint32_t crc, void* dst, const void* src,
+                                  size_t n);
+uint32_t Crc32cHardwareCopyExtend(uint32_t crc, void* dst, const void* src,
+                                  size_t n);
 
 }  // namespace depot
 

@@ -25,6 +25,19 @@ using FileSyncFn = std::function<int(int fd)>;
 // ::fsync.
 FileSyncFn SystemFileSync();
 
+// How WriteFileDurably writes the content.
+enum class FileCache {
+  // write(2) through the page cache: right for small files.
+  kUse,
+  // O_DIRECT from an aligned staging buffer, so that a large file (a
+  // checkpoint) costs no copy into the page cache nor the memory the cache
+  // would take; the last partial block is written through the cache. Where
+  // the filesystem refuses O_DIRECT (at open or at the first write) the
+  // file is written through the cache instead. fsync, rename and the
+  // directory's fsync are the same either way.
+  kBypass,
+};
+
 // Writes `path` atomically and durably: `produce` is called with a sink that
 // appends to the temporary file (its first error stops produce and is
 // returned). On any failure the temporary file is removed and `path` is left
@@ -36,7 +49,7 @@ absl::Status WriteFileDurably(
     const std::string& path,
     const std::function<absl::Status(
         const std::function<absl::Status(std::string_view)>& sink)>& produce,
-    const FileSyncFn& sync);
+    const FileSyncFn& sync, FileCache cache = FileCache::kUse);
 
 // Creates directory `path` if it does not exist and fsyncs its parent when it
 // created it, so the new entry survives a crash. Its parent must exist.

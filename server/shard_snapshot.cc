@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/chunk_state.h"
+#include "server/crc32c.h"
 #include "server/shard_state.h"
 
 namespace depot {
@@ -39,13 +40,18 @@ void ShardState::CopyChunk(uint64_t index, uint64_t applied_step,
   for (const uint64_t count : tensor_steps) {
     out.optimizer_step = std::max(out.optimizer_step, count);
   }
-  out.master.assign(reinterpret_cast<const char*>(master(range)),
-                    range.size() * sizeof(float));
+  // Copied and checksummed in one pass: the checkpoint writer then only
+  // streams the bytes to the file.
+  out.master.resize(range.size() * sizeof(float));
+  uint32_t crc =
+      Crc32cCopyExtend(0, out.master.data(), master(range), out.master.size());
   out.slots.resize(shape_.slots());
   for (int k = 0; k < shape_.slots(); ++k) {
-    out.slots[k].assign(static_cast<const char*>(slot(k, range.begin)),
-                        range.size() * slot_elem_bytes_[k]);
+    out.slots[k].resize(range.size() * slot_elem_bytes_[k]);
+    crc = Crc32cCopyExtend(crc, out.slots[k].data(), slot(k, range.begin),
+                           out.slots[k].size());
   }
+  out.payload_crc = crc;
 }
 
 absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {

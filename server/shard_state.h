@@ -116,6 +116,12 @@ struct ChunkSnapshot {
   uint64_t optimizer_step = 0;  // the largest of tensor_steps
   std::string master;              // fp32, chunk elements * 4 bytes
   std::vector<std::string> slots;  // one per slot, in its storage dtype
+  // When set, the CRC-32C of `master` followed by every slot, in order: the
+  // checksum of the chunk's section in a checkpoint file, taken by the
+  // capture in the same pass as its copy (CopyChunk), so that the writer
+  // does not read the chunk a second time. Unset, the writer computes it.
+  // Whoever changes the bytes must reset it.
+  std::optional<uint32_t> payload_crc;
 };
 
 // One server's shard of a job at a step boundary: what a checkpoint holds
@@ -498,7 +504,8 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
                     const std::vector<uint64_t>& tensor_steps);
   // Drops a capture still being filled (the state was replaced by an import).
   void DropCapture(uint64_t imported_step);
-  // Copies chunk `index`'s state into `out`, reusing its buffers.
+  // Copies chunk `index`'s state into `out`, reusing its buffers, and sets
+  // its payload_crc in the same pass.
   // REQUIRES: no update runs on it (its lock held and idle, or its update
   // task calling).
   void CopyChunk(uint64_t index, uint64_t applied_step,

@@ -71,6 +71,39 @@ TEST_F(CheckpointFormatTest, RoundTripKeepsEveryField) {
   EXPECT_EQ(read->config.optimizer.exp_avg_sq_dtype, DType::kBFloat16);
 }
 
+// Encodes `checkpoint` to a string.
+std::string Encoded(const ShardCheckpoint& checkpoint) {
+  std::string out;
+  EXPECT_TRUE(EncodeShardCheckpoint(checkpoint, [&](std::string_view bytes) {
+                out.append(bytes);
+                return absl::OkStatus();
+              }).ok());
+  return out;
+}
+
+// A capture's checksum (ChunkSnapshot::payload_crc, taken while copying)
+// stands in for the writer's: the same bytes either way.
+TEST_F(CheckpointFormatTest, ChecksumTakenByTheCaptureWritesTheSameFile) {
+  ShardCheckpoint summed = checkpoint_;
+  for (ChunkSnapshot& chunk : summed.chunks) {
+    uint32_t crc = Crc32c(chunk.master.data(), chunk.master.size());
+    for (const std::string& slot : chunk.slots) {
+      crc = Crc32cExtend(crc, slot.data(), slot.size());
+    }
+    chunk.payload_crc = crc;
+  }
+  EXPECT_EQ(Encoded(summed), bytes_);
+}
+
+// The reader checks the bytes, not the writer's word: a capture whose
+// checksum does not match its bytes is refused on reading.
+TEST_F(CheckpointFormatTest, WrongChecksumFromTheCaptureIsDataLoss) {
+  ShardCheckpoint wrong = checkpoint_;
+  wrong.chunks.back().payload_crc = 0x12345678u;
+  EXPECT_THAT(ExpectDataLoss(Encoded(wrong), "a capture's wrong checksum"),
+              HasSubstr("CRC-32C mismatch"));
+}
+
 TEST_F(CheckpointFormatTest, FileStartsWithMagicAndVersion) {
   ASSERT_GE(bytes_.size(), 12u);
   EXPECT_EQ(bytes_.substr(0, 8), "DEPOTCKP");

@@ -5,6 +5,7 @@
 
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
+#include "server/crc32c.h"
 #include "server/job_shape.h"
 #include "server/metrics.h"
 #include "server/shard_state.h"
@@ -95,6 +96,19 @@ TEST_F(ShardSnapshotTest, ExportHasEveryChunkWithItsSlotsAndSteps) {
     EXPECT_EQ(chunks[i].master.size(), 8 * sizeof(float));
     ASSERT_EQ(chunks[i].slots.size(), 2u);
     EXPECT_EQ(chunks[i].slots[0].size(), 8 * sizeof(float));
+  }
+}
+
+// The copy (a checkpoint capture's too) checksums what it copied: the
+// checkpoint writer takes the sum as the chunk section's.
+TEST_F(ShardSnapshotTest, EveryCopyCarriesTheChecksumOfItsBytes) {
+  auto shard = TrainedShard(2);
+  for (const ChunkSnapshot& chunk : Export(*shard)) {
+    std::string payload = chunk.master;
+    for (const std::string& slot : chunk.slots) payload += slot;
+    ASSERT_TRUE(chunk.payload_crc.has_value()) << "chunk " << chunk.index;
+    EXPECT_EQ(*chunk.payload_crc, Crc32c(payload.data(), payload.size()))
+        << "chunk " << chunk.index;
   }
 }
 

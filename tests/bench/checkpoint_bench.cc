@@ -1,9 +1,9 @@
 #include "tests/bench/checkpoint_bench.h"
 
-#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "depot/client.h"
 #include "metrics_scrape.h"
+#include "server/durable_file.h"
 #include "server_process.h"
 #include "tests/bench/bench_output.h"
 
@@ -53,26 +54,31 @@ absl::StatusOr<double> Metric(const testing::ServerProcess& server,
 }
 
 // Writes `bytes` bytes to a new file in `dir` as the checkpoint writer does
-// (write, fsync), and removes it: the seconds it took.
+// (WriteFileDurably bypassing the page cache: O_DIRECT where the filesystem
+// takes it, then fsync, rename, the directory's fsync), and removes it: the
+// seconds it took.
 absl::StatusOr<double> DiskProbe(const std::string& dir, uint64_t bytes) {
   const std::string path = absl::StrCat(dir, "/depot-bench-disk-probe");
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                      0600);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot create ", path));
-  std::vector<char> block(8 << 20, '\x5a');
+  const std::string block(4 << 20, '\x5a');
   const auto start = std::chrono::steady_clock::now();
-  uint64_t left = bytes;
-  bool ok = true;
-  while (left > 0 && ok) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(left, block.size()));
-    ok = write(fd, block.data(), n) == static_cast<ssize_t>(n);
-    left -= n;
-  }
-  ok = ok && fsync(fd) == 0;
+  absl::Status written = WriteFileDurably(
+      path,
+      [&](const std::function<absl::Status(std::string_view)>& sink) {
+        for (uint64_t left = bytes; left > 0;) {
+          const size_t n =
+              static_cast<size_t>(std::min<uint64_t>(left, block.size()));
+          if (absl::Status s = sink(std::string_view(block).substr(0, n));
+              !s.ok()) {
+            return s;
+          }
+          left -= n;
+        }
+        return absl::OkStatus();
+      },
+      SystemFileSync(), FileCache::kBypass);
   const double seconds = SecondsSince(start);
-  close(fd);
   unlink(path.c_str());
-  if (!ok) return absl::InternalError(absl::StrCat("writing ", path, " failed"));
+  if (!written.ok()) return written;
   return seconds;
 }
 

@@ -9,8 +9,9 @@
 //   writing  steps that run while the background writer is still writing
 //            the last capture (the server's depot_checkpoints_written_total
 //            has not yet counted it);
-//   disk     the same bytes written to a file in the same directory with
-//            write() then fsync(), as the writer does: the disk's limit.
+//   disk     the same bytes written to a file in the same directory as the
+//            writer writes them (WriteFileDurably bypassing the page cache,
+//            then fsync): the disk's limit.
 //
 // ratio = median(capture and writing steps) / median(normal), goal <= 1.2;
 // write_ratio = the checkpoint's write bandwidth (its bytes / its write
