@@ -183,6 +183,13 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
       daemon->auth_->enabled() && !options.checkpoint_dir.empty()
           ? absl::StrCat(options.checkpoint_dir, "/", kTenantsFileName)
           : std::string());
+  absl::StatusOr<ImportRoots> import_roots = ImportRoots::Create(
+      !options.import_roots.empty() ? options.import_roots
+      : options.checkpoint_dir.empty()
+          ? std::vector<std::string>()
+          : std::vector<std::string>{options.checkpoint_dir});
+  if (!import_roots.ok()) return import_roots.status();
+  daemon->service_->set_import_roots(*std::move(import_roots));
   if (options.stalled_step_threshold > absl::ZeroDuration()) {
     daemon->stall_monitor_ = std::make_unique<StallMonitor>(
         daemon->jobs_.get(), daemon->metrics_.get(),

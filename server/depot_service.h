@@ -12,12 +12,14 @@
 #define DEPOT_SERVER_DEPOT_SERVICE_H_
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
@@ -26,6 +28,7 @@
 #include "absl/time/time.h"
 #include "depot/v1/depot.grpc.pb.h"
 #include "server/checkpointer.h"
+#include "server/import_roots.h"
 #include "server/job_owners.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
@@ -40,6 +43,11 @@ namespace depot {
 // sync stream of ByteBuffers whose messages the service parses itself
 // (raw_stream.h): a malformed request is INVALID_ARGUMENT, never gRPC's
 // INTERNAL, and a malformed message in a client stream fails the stream.
+// The limit of a request made of fixed fields only (GetJob, DeleteJob,
+// PullWeights, ExportState, Checkpoint, ListCheckpoints, RollBack): a larger
+// one is RESOURCE_EXHAUSTED before it is parsed.
+inline constexpr size_t kMaxFixedFieldRequestBytes = 64 << 10;
+
 class DepotService final
     : public v1::Depot::WithRawCallbackMethod_Step<v1::Depot::Service> {
  public:
@@ -92,6 +100,10 @@ class DepotService final
   grpc::Status ImportCheckpoint(
       grpc::ServerContext* context, const v1::ImportCheckpointRequest* request,
       v1::ImportCheckpointResponse* response) override;
+
+  // The directories ImportCheckpoint may read (none until set: every import
+  // is refused). Call before serving.
+  void set_import_roots(ImportRoots roots) { import_roots_ = std::move(roots); }
 
   // The message of every UNAVAILABLE that shutting down causes.
   static constexpr const char* kShuttingDown = "server is shutting down";
@@ -228,6 +240,7 @@ class DepotService final
   Checkpointer* const checkpointer_;
   const TenantAuth* const auth_;
   JobOwners owners_;
+  ImportRoots import_roots_;
   std::atomic<bool> accepting_{true};
   std::atomic<bool> ended_{false};
 

@@ -103,6 +103,7 @@ ShardState::ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
       metrics_(metrics),
       noop_update_(noop_update),
       budget_(std::move(budget)),
+      max_held_bytes_(MaxHeldBytes(shape_)),
       chunks_(new ChunkState[shape_.shard().num_chunks()]) {
   const OptimizerConfig& slots = shape_.slot_config();
   const StateArrays arrays = PlanStateArrays(shape_.shard().size(), slots);
@@ -151,6 +152,24 @@ bool ShardState::TryHold(uint64_t bytes) {
   return true;
 }
 
+absl::Status ShardState::CheckHeldLimit(uint64_t bytes,
+                                        const std::string& what) const {
+  // The sums are bounded by the shard's size, one per chunk at most.
+  const uint64_t all = held_bytes_.load(std::memory_order_relaxed);
+  const uint64_t sums = summed_bytes_.load(std::memory_order_relaxed);
+  const uint64_t held = all > sums ? all - sums : 0;
+  if (bytes <= max_held_bytes_ && held <= max_held_bytes_ - bytes) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, ": job ", job_id_, " holds ", held,
+      " bytes of gradient payloads in flight on this server, and its ", bytes,
+      " more would pass the job's limit of ", max_held_bytes_, " bytes (",
+      kHeldChunksPerWorker,
+      " chunks per worker); send it again once its earlier chunks are "
+      "answered (keep fewer chunks in flight)"));
+}
+
 void ShardState::Hold(uint64_t bytes) {
   if (budget_ != nullptr) budget_->Charge(bytes);
   held_bytes_.fetch_add(bytes, std::memory_order_relaxed);
@@ -184,6 +203,18 @@ uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
 }
 
 }  // namespace
+
+uint64_t ShardState::MaxHeldBytes(const JobShape& shape) {
+  const JobConfig& config = shape.config();
+  const uint64_t chunk_bytes = SaturatingMul(
+      config.chunk_elems,
+      std::max<uint64_t>(sizeof(float), DTypeSize(config.grad_dtype)));
+  return SaturatingMul(
+      SaturatingMul(
+          config.num_workers,
+          std::min<uint64_t>(shape.shard().num_chunks(), kHeldChunksPerWorker)),
+      chunk_bytes);
+}
 
 uint64_t ShardState::BookkeepingBytes(const JobShape& shape) {
   const JobConfig& config = shape.config();
@@ -499,6 +530,14 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
         " bytes in all, more than the chunk's ", chunk_elems * sizeof(float),
         " (send each element once)"));
   }
+  if (absl::Status s = CheckHeldLimit(
+          piece.payload.size(),
+          absl::StrCat("weights override of chunk ", chunk_index, " in step ",
+                       step, " from worker ", worker_rank));
+      !s.ok()) {
+    if (created) chunk.pending.reset();  // no trace of the refused piece
+    return s;
+  }
   if (!TryHold(piece.payload.size())) {
     if (created) chunk.pending.reset();  // no trace of the refused piece
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -571,6 +610,14 @@ absl::Status ShardState::Contribute(Contribution contribution) {
         // workers (a retry above takes its earlier payload's place and
         // charge): a client that sends more than the budget holds is
         // refused, never allowed to grow the server's memory.
+        if (absl::Status s =
+                CheckHeldLimit(contribution.payload.size(),
+                               absl::StrCat("chunk ", index, " of step ", step,
+                                            " from worker ", worker));
+            !s.ok()) {
+          if (created) chunk.pending.reset();
+          return s;
+        }
         if (!TryHold(contribution.payload.size())) {
           // Refused, it leaves no trace (an empty PendingStep would make the
           // chunk look busy to InitChunk).

@@ -198,6 +198,21 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // two after it (BeginStep refuses later ones).
   static constexpr uint64_t kTrackedSteps = 3;
 
+  // The job's own bound on what it holds in flight, apart from the server's
+  // budget: the gradient payloads and weights overrides a shard of `shape`
+  // holds are at most kHeldChunksPerWorker chunks per worker (or the shard's
+  // chunk count, if fewer), each at 4 bytes per element or the grad dtype's
+  // size if more: num_workers x that. (A two-phase step's sums, one per chunk
+  // at most, are apart.) A contribution or override beyond it is
+  // RESOURCE_EXHAUSTED and not kept (Contribute). Each stream
+  // holds at most StepStream::kCredits (16) unanswered chunks and a correct
+  // worker keeps max_inflight_chunks (4) per stream, so a worker reaches 256
+  // only with more than 16 streams kept full, or 64 kept at its window: no
+  // correct client does, while one that opens stream after stream cannot
+  // make its job hold more. Saturates at 2^64 - 1.
+  static constexpr uint64_t kHeldChunksPerWorker = 256;
+  static uint64_t MaxHeldBytes(const JobShape& shape);
+
   uint64_t job_id() const { return job_id_; }
   const JobShape& shape() const { return shape_; }
 
@@ -413,6 +428,10 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The budget's share of payloads held (held_bytes_): TryHold refuses what
   // does not fit, Hold does not; Unhold gives bytes back.
   bool TryHold(uint64_t bytes);
+  // RESOURCE_EXHAUSTED naming `what` when holding `bytes` more would take the
+  // shard past MaxHeldBytes (checked before TryHold; concurrent callers may
+  // pass it together, by at most a payload each).
+  absl::Status CheckHeldLimit(uint64_t bytes, const std::string& what) const;
   void Hold(uint64_t bytes);
   void Unhold(uint64_t bytes);
   // The sizes of `payloads`, summed.
@@ -504,6 +523,9 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   const bool noop_update_;
   const std::shared_ptr<MemoryBudget> budget_;
   std::atomic<uint64_t> held_bytes_{0};
+  // The part of held_bytes_ that is two-phase sums.
+  std::atomic<uint64_t> summed_bytes_{0};
+  const uint64_t max_held_bytes_;  // MaxHeldBytes(shape_)
   std::unique_ptr<ChunkState[]> chunks_;
   std::atomic<bool> deleted_{false};
 
