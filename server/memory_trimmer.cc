@@ -1,6 +1,8 @@
 #include "server/memory_trimmer.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -25,6 +27,20 @@ void TrimMalloc() {
 }
 
 }  // namespace
+
+bool UseOneMallocArena() {
+#if defined(__GLIBC__)
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (std::getenv("MALLOC_ARENA_MAX") != nullptr ||
+      (tunables != nullptr &&
+       std::strstr(tunables, "glibc.malloc.arena_max") != nullptr)) {
+    return false;
+  }
+  return mallopt(M_ARENA_MAX, 1) == 1;
+#else
+  return false;
+#endif
+}
 
 bool FreedMemoryWatch::ShouldTrim(uint64_t free_bytes) {
   if (!started_) {
