@@ -204,13 +204,14 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // chunk count, if fewer), each at 4 bytes per element or the grad dtype's
   // size if more: num_workers x that. (A two-phase step's sums, one per chunk
   // at most, are apart.) A contribution or override beyond it is
-  // RESOURCE_EXHAUSTED and not kept (Contribute). Each stream
-  // holds at most StepStream::kCredits (16) unanswered chunks and a correct
-  // worker keeps max_inflight_chunks (4) per stream, so a worker reaches 256
-  // only with more than 16 streams kept full, or 64 kept at its window: no
-  // correct client does, while one that opens stream after stream cannot
-  // make its job hold more. Saturates at 2^64 - 1.
-  static constexpr uint64_t kHeldChunksPerWorker = 256;
+  // RESOURCE_EXHAUSTED and not kept (Contribute). Each stream holds at most
+  // StepStream::kCredits (16) unanswered chunks, and a correct worker keeps
+  // max_inflight_chunks (4) per stream on `connections` (3) streams per
+  // local rank: a node worker of up to 85 local ranks at those defaults, or
+  // one with up to 64 streams to a server kept full, never meets the bound,
+  // while a client that opens stream after stream cannot make its job hold
+  // more. Saturates at 2^64 - 1.
+  static constexpr uint64_t kHeldChunksPerWorker = 1024;
   static uint64_t MaxHeldBytes(const JobShape& shape);
 
   uint64_t job_id() const { return job_id_; }

@@ -179,29 +179,32 @@ TEST(MemoryLimitTest, WorkersIgnoringTheirWindowStayWithinTheBudget) {
 // credits, 16 a stream) and per job. Before, nothing but the server-wide
 // budget bounded a job's payloads: a worker could open stream after stream,
 // each holding its 16 chunks, until the job held a payload for every chunk
-// from every worker. Now a job holds at most 256 chunks per worker
-// (ShardState::MaxHeldBytes): 3 workers, 768 chunks of 4 KiB here, and two
-// workers that open 30 streams of 16 chunks each (960, the third worker never
-// comes) are refused beyond it, far below the budget.
+// from every worker. Now a job holds at most 1024 chunks per worker
+// (ShardState::MaxHeldBytes): 2 workers, 2048 chunks of 4 KiB here, and one
+// worker that opens 135 streams of 16 chunks each (2160 of the shard's 2200
+// chunks; the other worker never comes) is refused beyond it, far below the
+// budget.
 TEST(MemoryLimitTest, AJobHoldsAtMostItsInFlightLimitWhateverItsStreams) {
-  constexpr uint32_t kWorkers = 3;
-  constexpr uint32_t kSendingWorkers = 2;
-  constexpr uint32_t kStreamsPerWorker = 30;
+  constexpr uint32_t kWorkers = 2;
+  constexpr uint32_t kSendingWorkers = 1;
+  constexpr uint32_t kStreamsPerWorker = 135;
   constexpr uint64_t kChunksPerStream = 16;  // StepStream::kCredits
   constexpr uint64_t kChunkElems = 1024;
+  constexpr uint64_t kChunks = 2200;
   absl::StatusOr<std::unique_ptr<ServerProcess>> started =
       ServerProcess::Start({absl::StrCat("--memory_limit_bytes=", 256 * kMiB)});
   ASSERT_TRUE(started.ok()) << started.status();
   ServerProcess& server = **started;
   std::unique_ptr<v1::Depot::Stub> stub = NewDepotStub(server.grpc_address());
-  JobConfig config = OneTensorJob("many-streams", 1000 * kChunkElems, kWorkers);
+  JobConfig config =
+      OneTensorJob("many-streams", kChunks * kChunkElems, kWorkers);
   config.chunk_elems = kChunkElems;
   v1::JobSpec spec;
   JobConfigToProto(config, &spec);
   v1::CreateJobResponse created;
   grpc::Status status = RawCreateJob(*stub, spec, 0, &created);
   ASSERT_TRUE(status.ok()) << status.error_message();
-  ASSERT_EQ(created.end_chunk() - created.first_chunk(), 1000u);
+  ASSERT_EQ(created.end_chunk() - created.first_chunk(), kChunks);
 
   const std::string payload(kChunkElems * sizeof(float), '\0');
   constexpr uint32_t kStreams = kSendingWorkers * kStreamsPerWorker;
@@ -239,7 +242,7 @@ TEST(MemoryLimitTest, AJobHoldsAtMostItsInFlightLimitWhateverItsStreams) {
   // wait for the third worker. (Before, every stream waited.)
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (ended.load() < 12 && std::chrono::steady_clock::now() < deadline) {
+  while (ended.load() < 7 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   v1::DeleteJobRequest remove;
@@ -255,7 +258,7 @@ TEST(MemoryLimitTest, AJobHoldsAtMostItsInFlightLimitWhateverItsStreams) {
     if (result.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
       ++refused;
       EXPECT_THAT(result.error_message(), HasSubstr("the job's limit of"));
-      EXPECT_THAT(result.error_message(), HasSubstr("256 chunks per worker"));
+      EXPECT_THAT(result.error_message(), HasSubstr("1024 chunks per worker"));
     } else {
       EXPECT_THAT(result.error_code(),
                   ::testing::AnyOf(grpc::StatusCode::ABORTED,
@@ -263,9 +266,9 @@ TEST(MemoryLimitTest, AJobHoldsAtMostItsInFlightLimitWhateverItsStreams) {
           << result.error_message();
     }
   }
-  // 960 offered, 768 kept at most: 192 chunks refused, from at least 12 of
-  // the 60 streams (16 chunks each), none of them by the budget.
-  EXPECT_GE(refused, 12);
+  // 2160 offered, 2048 kept at most: 112 chunks refused, from at least 7 of
+  // the 135 streams (16 chunks each), none of them by the budget.
+  EXPECT_GE(refused, 7);
   EXPECT_LT(refused, static_cast<int>(kStreams));
 }
 
