@@ -183,11 +183,12 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
       daemon->auth_->enabled() && !options.checkpoint_dir.empty()
           ? absl::StrCat(options.checkpoint_dir, "/", kTenantsFileName)
           : std::string());
-  absl::StatusOr<ImportRoots> import_roots = ImportRoots::Create(
-      !options.import_roots.empty() ? options.import_roots
-      : options.checkpoint_dir.empty()
-          ? std::vector<std::string>()
-          : std::vector<std::string>{options.checkpoint_dir});
+  // --import_roots, else the server's own checkpoint directory.
+  std::vector<std::string> roots = options.import_roots;
+  if (roots.empty() && !options.checkpoint_dir.empty()) {
+    roots.push_back(options.checkpoint_dir);
+  }
+  absl::StatusOr<ImportRoots> import_roots = ImportRoots::Create(roots);
   if (!import_roots.ok()) return import_roots.status();
   daemon->service_->set_import_roots(*std::move(import_roots));
   if (options.stalled_step_threshold > absl::ZeroDuration()) {

@@ -38,16 +38,16 @@
 
 namespace depot {
 
-// Step is a raw callback method (step_reactor.cc): its chunks bypass protobuf
-// `bytes` in both directions. Every other method is registered raw too, as a
-// sync stream of ByteBuffers whose messages the service parses itself
-// (raw_stream.h): a malformed request is INVALID_ARGUMENT, never gRPC's
-// INTERNAL, and a malformed message in a client stream fails the stream.
 // The limit of a request made of fixed fields only (GetJob, DeleteJob,
 // PullWeights, ExportState, Checkpoint, ListCheckpoints, RollBack): a larger
 // one is RESOURCE_EXHAUSTED before it is parsed.
 inline constexpr size_t kMaxFixedFieldRequestBytes = 64 << 10;
 
+// Step is a raw callback method (step_reactor.cc): its chunks bypass protobuf
+// `bytes` in both directions. Every other method is registered raw too, as a
+// sync stream of ByteBuffers whose messages the service parses itself
+// (raw_stream.h): a malformed request is INVALID_ARGUMENT, never gRPC's
+// INTERNAL, and a malformed message in a client stream fails the stream.
 class DepotService final
     : public v1::Depot::WithRawCallbackMethod_Step<v1::Depot::Service> {
  public:

@@ -152,17 +152,22 @@ bool ShardState::TryHold(uint64_t bytes) {
   return true;
 }
 
-absl::Status ShardState::CheckHeldLimit(uint64_t bytes,
-                                        const std::string& what) const {
+uint64_t ShardState::HeldPayloadBytes() const {
   // The sums are bounded by the shard's size, one per chunk at most.
   const uint64_t all = held_bytes_.load(std::memory_order_relaxed);
   const uint64_t sums = summed_bytes_.load(std::memory_order_relaxed);
-  const uint64_t held = all > sums ? all - sums : 0;
-  if (bytes <= max_held_bytes_ && held <= max_held_bytes_ - bytes) {
-    return absl::OkStatus();
-  }
+  return all > sums ? all - sums : 0;
+}
+
+bool ShardState::WithinHeldLimit(uint64_t bytes) const {
+  return bytes <= max_held_bytes_ &&
+         HeldPayloadBytes() <= max_held_bytes_ - bytes;
+}
+
+absl::Status ShardState::HeldLimitError(uint64_t bytes,
+                                        absl::string_view what) const {
   return absl::ResourceExhaustedError(absl::StrCat(
-      what, ": job ", job_id_, " holds ", held,
+      what, ": job ", job_id_, " holds ", HeldPayloadBytes(),
       " bytes of gradient payloads in flight on this server, and its ", bytes,
       " more would pass the job's limit of ", max_held_bytes_, " bytes (",
       kHeldChunksPerWorker,
@@ -206,9 +211,10 @@ uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
 
 uint64_t ShardState::MaxHeldBytes(const JobShape& shape) {
   const JobConfig& config = shape.config();
+  // A worker's payload of a chunk, and its weights overrides of it (fp32, a
+  // chunk's worth at most: OverrideWeights).
   const uint64_t chunk_bytes = SaturatingMul(
-      config.chunk_elems,
-      std::max<uint64_t>(sizeof(float), DTypeSize(config.grad_dtype)));
+      config.chunk_elems, DTypeSize(config.grad_dtype) + sizeof(float));
   return SaturatingMul(
       SaturatingMul(
           config.num_workers,
@@ -530,13 +536,12 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
         " bytes in all, more than the chunk's ", chunk_elems * sizeof(float),
         " (send each element once)"));
   }
-  if (absl::Status s = CheckHeldLimit(
-          piece.payload.size(),
-          absl::StrCat("weights override of chunk ", chunk_index, " in step ",
-                       step, " from worker ", worker_rank));
-      !s.ok()) {
+  if (!WithinHeldLimit(piece.payload.size())) {
     if (created) chunk.pending.reset();  // no trace of the refused piece
-    return s;
+    return HeldLimitError(
+        piece.payload.size(),
+        absl::StrCat("weights override of chunk ", chunk_index, " in step ",
+                     step, " from worker ", worker_rank));
   }
   if (!TryHold(piece.payload.size())) {
     if (created) chunk.pending.reset();  // no trace of the refused piece
@@ -610,13 +615,11 @@ absl::Status ShardState::Contribute(Contribution contribution) {
         // workers (a retry above takes its earlier payload's place and
         // charge): a client that sends more than the budget holds is
         // refused, never allowed to grow the server's memory.
-        if (absl::Status s =
-                CheckHeldLimit(contribution.payload.size(),
-                               absl::StrCat("chunk ", index, " of step ", step,
-                                            " from worker ", worker));
-            !s.ok()) {
+        if (!WithinHeldLimit(contribution.payload.size())) {
           if (created) chunk.pending.reset();
-          return s;
+          return HeldLimitError(contribution.payload.size(),
+                                absl::StrCat("chunk ", index, " of step ", step,
+                                             " from worker ", worker));
         }
         if (!TryHold(contribution.payload.size())) {
           // Refused, it leaves no trace (an empty PendingStep would make the

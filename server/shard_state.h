@@ -62,6 +62,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/aligned_buffer.h"
 #include "server/job_shape.h"
@@ -201,16 +202,16 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The job's own bound on what it holds in flight, apart from the server's
   // budget: the gradient payloads and weights overrides a shard of `shape`
   // holds are at most kHeldChunksPerWorker chunks per worker (or the shard's
-  // chunk count, if fewer), each at 4 bytes per element or the grad dtype's
-  // size if more: num_workers x that. (A two-phase step's sums, one per chunk
-  // at most, are apart.) A contribution or override beyond it is
-  // RESOURCE_EXHAUSTED and not kept (Contribute). Each stream holds at most
-  // StepStream::kCredits (16) unanswered chunks, and a correct worker keeps
-  // max_inflight_chunks (4) per stream on `connections` (3) streams per
-  // local rank: a node worker of up to 85 local ranks at those defaults, or
-  // one with up to 64 streams to a server kept full, never meets the bound,
-  // while a client that opens stream after stream cannot make its job hold
-  // more. Saturates at 2^64 - 1.
+  // chunk count, if fewer), each at the grad dtype's size plus 4 bytes per
+  // element (a chunk's weights overrides): num_workers x that. (A two-phase
+  // step's sums, one per chunk at most, are apart.) A contribution or override
+  // beyond it is RESOURCE_EXHAUSTED and not kept (Contribute). Each stream
+  // holds at most StepStream::kCredits (16) unanswered chunks, and a correct
+  // worker keeps max_inflight_chunks (4) per stream on `connections` (3)
+  // streams per local rank: a node worker of up to 85 local ranks at those
+  // defaults, or one with up to 64 streams to a server kept full, never meets
+  // the bound, while a client that opens stream after stream cannot make its
+  // job hold more. Saturates at 2^64 - 1.
   static constexpr uint64_t kHeldChunksPerWorker = 1024;
   static uint64_t MaxHeldBytes(const JobShape& shape);
 
@@ -429,10 +430,14 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The budget's share of payloads held (held_bytes_): TryHold refuses what
   // does not fit, Hold does not; Unhold gives bytes back.
   bool TryHold(uint64_t bytes);
-  // RESOURCE_EXHAUSTED naming `what` when holding `bytes` more would take the
-  // shard past MaxHeldBytes (checked before TryHold; concurrent callers may
-  // pass it together, by at most a payload each).
-  absl::Status CheckHeldLimit(uint64_t bytes, const std::string& what) const;
+  // The payloads and overrides held (held_bytes_ less the sums).
+  uint64_t HeldPayloadBytes() const;
+  // Whether holding `bytes` more keeps the shard within MaxHeldBytes
+  // (checked before TryHold; concurrent callers may pass it together, by at
+  // most a payload each); else HeldLimitError's RESOURCE_EXHAUSTED, naming
+  // `what`.
+  bool WithinHeldLimit(uint64_t bytes) const;
+  absl::Status HeldLimitError(uint64_t bytes, absl::string_view what) const;
   void Hold(uint64_t bytes);
   void Unhold(uint64_t bytes);
   // The sizes of `payloads`, summed.

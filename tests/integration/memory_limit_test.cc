@@ -179,18 +179,18 @@ TEST(MemoryLimitTest, WorkersIgnoringTheirWindowStayWithinTheBudget) {
 // credits, 16 a stream) and per job. Before, nothing but the server-wide
 // budget bounded a job's payloads: a worker could open stream after stream,
 // each holding its 16 chunks, until the job held a payload for every chunk
-// from every worker. Now a job holds at most 1024 chunks per worker
-// (ShardState::MaxHeldBytes): 2 workers, 2048 chunks of 4 KiB here, and one
-// worker that opens 135 streams of 16 chunks each (2160 of the shard's 2200
-// chunks; the other worker never comes) is refused beyond it, far below the
-// budget.
+// from every worker. Now a job holds at most 1024 chunks per worker, each
+// with room for its weights overrides (ShardState::MaxHeldBytes): 2 workers,
+// 16 MiB here, 4096 payloads of 4 KiB, and one worker that opens 263 streams
+// of 16 chunks each (every chunk of the shard; the other worker never comes)
+// is refused beyond it, far below the budget.
 TEST(MemoryLimitTest, AJobHoldsAtMostItsInFlightLimitWhateverItsStreams) {
   constexpr uint32_t kWorkers = 2;
   constexpr uint32_t kSendingWorkers = 1;
-  constexpr uint32_t kStreamsPerWorker = 135;
+  constexpr uint32_t kStreamsPerWorker = 263;
   constexpr uint64_t kChunksPerStream = 16;  // StepStream::kCredits
   constexpr uint64_t kChunkElems = 1024;
-  constexpr uint64_t kChunks = 2200;
+  constexpr uint64_t kChunks = kStreamsPerWorker * kChunksPerStream;
   absl::StatusOr<std::unique_ptr<ServerProcess>> started =
       ServerProcess::Start({absl::StrCat("--memory_limit_bytes=", 256 * kMiB)});
   ASSERT_TRUE(started.ok()) << started.status();
@@ -266,8 +266,8 @@ TEST(MemoryLimitTest, AJobHoldsAtMostItsInFlightLimitWhateverItsStreams) {
           << result.error_message();
     }
   }
-  // 2160 offered, 2048 kept at most: 112 chunks refused, from at least 7 of
-  // the 135 streams (16 chunks each), none of them by the budget.
+  // 4208 offered, 4096 kept at most: 112 chunks refused, from at least 7 of
+  // the 263 streams (16 chunks each), none of them by the budget.
   EXPECT_GE(refused, 7);
   EXPECT_LT(refused, static_cast<int>(kStreams));
 }
