@@ -153,9 +153,9 @@ bool ShardState::TryHold(uint64_t bytes) {
 }
 
 uint64_t ShardState::HeldPayloadBytes() const {
-  // The sums are bounded by the shard's size, one per chunk at most.
+  // Sums and overrides are bounded by the shard's size, per worker.
   const uint64_t all = held_bytes_.load(std::memory_order_relaxed);
-  const uint64_t sums = summed_bytes_.load(std::memory_order_relaxed);
+  const uint64_t sums = apart_bytes_.load(std::memory_order_relaxed);
   return all > sums ? all - sums : 0;
 }
 
@@ -211,10 +211,8 @@ uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
 
 uint64_t ShardState::MaxHeldBytes(const JobShape& shape) {
   const JobConfig& config = shape.config();
-  // A worker's payload of a chunk, and its weights overrides of it (fp32, a
-  // chunk's worth at most: OverrideWeights).
-  const uint64_t chunk_bytes = SaturatingMul(
-      config.chunk_elems, DTypeSize(config.grad_dtype) + sizeof(float));
+  const uint64_t chunk_bytes =
+      SaturatingMul(config.chunk_elems, DTypeSize(config.grad_dtype));
   return SaturatingMul(
       SaturatingMul(
           config.num_workers,
@@ -536,13 +534,6 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
         " bytes in all, more than the chunk's ", chunk_elems * sizeof(float),
         " (send each element once)"));
   }
-  if (!WithinHeldLimit(piece.payload.size())) {
-    if (created) chunk.pending.reset();  // no trace of the refused piece
-    return HeldLimitError(
-        piece.payload.size(),
-        absl::StrCat("weights override of chunk ", chunk_index, " in step ",
-                     step, " from worker ", worker_rank));
-  }
   if (!TryHold(piece.payload.size())) {
     if (created) chunk.pending.reset();  // no trace of the refused piece
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -551,6 +542,7 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
         budget_->used(), " in use) has no room for its ",
         piece.payload.size(), " bytes"));
   }
+  apart_bytes_.fetch_add(piece.payload.size(), std::memory_order_relaxed);
   pieces.push_back(std::move(piece));
   return absl::OkStatus();
 }

@@ -200,18 +200,18 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   static constexpr uint64_t kTrackedSteps = 3;
 
   // The job's own bound on what it holds in flight, apart from the server's
-  // budget: the gradient payloads and weights overrides a shard of `shape`
-  // holds are at most kHeldChunksPerWorker chunks per worker (or the shard's
-  // chunk count, if fewer), each at the grad dtype's size plus 4 bytes per
-  // element (a chunk's weights overrides): num_workers x that. (A two-phase
-  // step's sums, one per chunk at most, are apart.) A contribution or override
-  // beyond it is RESOURCE_EXHAUSTED and not kept (Contribute). Each stream
-  // holds at most StepStream::kCredits (16) unanswered chunks, and a correct
-  // worker keeps max_inflight_chunks (4) per stream on `connections` (3)
-  // streams per local rank: a node worker of up to 85 local ranks at those
-  // defaults, or one with up to 64 streams to a server kept full, never meets
-  // the bound, while a client that opens stream after stream cannot make its
-  // job hold more. Saturates at 2^64 - 1.
+  // budget: the gradient payloads a shard of `shape` holds are at most
+  // kHeldChunksPerWorker chunks per worker (or the shard's chunk count, if
+  // fewer): num_workers x that x a chunk's payload size. (A two-phase step's
+  // sums and the weights overrides, each at most a chunk per chunk and
+  // worker, are bounded apart.) A contribution beyond it is
+  // RESOURCE_EXHAUSTED and not kept (Contribute). Each stream holds at most
+  // StepStream::kCredits (16) unanswered chunks, and a correct worker keeps
+  // max_inflight_chunks (4) per stream on `connections` (3) streams per
+  // local rank: a node worker of up to 85 local ranks at those defaults, or
+  // one with up to 64 streams to a server kept full, never meets the bound,
+  // while a client that opens stream after stream cannot make its job hold
+  // more. Saturates at 2^64 - 1.
   static constexpr uint64_t kHeldChunksPerWorker = 1024;
   static uint64_t MaxHeldBytes(const JobShape& shape);
 
@@ -430,7 +430,7 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The budget's share of payloads held (held_bytes_): TryHold refuses what
   // does not fit, Hold does not; Unhold gives bytes back.
   bool TryHold(uint64_t bytes);
-  // The payloads and overrides held (held_bytes_ less the sums).
+  // The gradient payloads held (held_bytes_ less sums and overrides).
   uint64_t HeldPayloadBytes() const;
   // Whether holding `bytes` more keeps the shard within MaxHeldBytes
   // (checked before TryHold; concurrent callers may pass it together, by at
@@ -529,8 +529,9 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   const bool noop_update_;
   const std::shared_ptr<MemoryBudget> budget_;
   std::atomic<uint64_t> held_bytes_{0};
-  // The part of held_bytes_ that is two-phase sums.
-  std::atomic<uint64_t> summed_bytes_{0};
+  // The part of held_bytes_ that is not gradient payloads (MaxHeldBytes):
+  // two-phase sums and weights overrides.
+  std::atomic<uint64_t> apart_bytes_{0};
   const uint64_t max_held_bytes_;  // MaxHeldBytes(shape_)
   std::unique_ptr<ChunkState[]> chunks_;
   std::atomic<bool> deleted_{false};

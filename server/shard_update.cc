@@ -75,7 +75,7 @@ void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
                UnscaleFactor(settings.numerics.loss_scale));
   // The sum is held until the update instead of the payloads.
   Hold(summed.size());
-  summed_bytes_.fetch_add(summed.size(), std::memory_order_relaxed);
+  apart_bytes_.fetch_add(summed.size(), std::memory_order_relaxed);
   Unhold(TotalBytes(payloads));
   GiveBack(payloads);
   const GradStats stats = ComputeGradStats(shape_.layout(), range, sum);
@@ -220,7 +220,8 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
     weights = payloads_->Share(std::move(out));
   }
   GiveBack(payloads);
-  summed_bytes_.fetch_sub(summed.size(), std::memory_order_relaxed);
+  apart_bytes_.fetch_sub(held - TotalBytes(payloads),
+                         std::memory_order_relaxed);
   if (!summed.empty()) payloads_->Give(std::move(summed));
   Unhold(held);
   // Still the only owner of the chunk's arrays: its next step cannot start.

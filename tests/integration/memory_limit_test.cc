@@ -179,15 +179,14 @@ TEST(MemoryLimitTest, WorkersIgnoringTheirWindowStayWithinTheBudget) {
 // credits, 16 a stream) and per job. Before, nothing but the server-wide
 // budget bounded a job's payloads: a worker could open stream after stream,
 // each holding its 16 chunks, until the job held a payload for every chunk
-// from every worker. Now a job holds at most 1024 chunks per worker, each
-// with room for its weights overrides (ShardState::MaxHeldBytes): 2 workers,
-// 16 MiB here, 4096 payloads of 4 KiB, and one worker that opens 263 streams
-// of 16 chunks each (every chunk of the shard; the other worker never comes)
-// is refused beyond it, far below the budget.
+// from every worker. Now a job holds at most 1024 chunks per worker
+// (ShardState::MaxHeldBytes): 3 workers, 3072 payloads of 4 KiB here, and
+// two workers that open 100 streams of 16 chunks each (3200 payloads; the
+// third worker never comes) are refused beyond it, far below the budget.
 TEST(MemoryLimitTest, AJobHoldsAtMostItsInFlightLimitWhateverItsStreams) {
-  constexpr uint32_t kWorkers = 2;
-  constexpr uint32_t kSendingWorkers = 1;
-  constexpr uint32_t kStreamsPerWorker = 263;
+  constexpr uint32_t kWorkers = 3;
+  constexpr uint32_t kSendingWorkers = 2;
+  constexpr uint32_t kStreamsPerWorker = 100;
   constexpr uint64_t kChunksPerStream = 16;  // StepStream::kCredits
   constexpr uint64_t kChunkElems = 1024;
   constexpr uint64_t kChunks = kStreamsPerWorker * kChunksPerStream;
@@ -242,7 +241,7 @@ TEST(MemoryLimitTest, AJobHoldsAtMostItsInFlightLimitWhateverItsStreams) {
   // wait for the third worker. (Before, every stream waited.)
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (ended.load() < 7 && std::chrono::steady_clock::now() < deadline) {
+  while (ended.load() < 8 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   v1::DeleteJobRequest remove;
@@ -266,9 +265,9 @@ TEST(MemoryLimitTest, AJobHoldsAtMostItsInFlightLimitWhateverItsStreams) {
           << result.error_message();
     }
   }
-  // 4208 offered, 4096 kept at most: 112 chunks refused, from at least 7 of
-  // the 263 streams (16 chunks each), none of them by the budget.
-  EXPECT_GE(refused, 7);
+  // 3200 offered, 3072 kept at most: 128 chunks refused, from at least 8 of
+  // the 200 streams (16 chunks each), none of them by the budget.
+  EXPECT_GE(refused, 8);
   EXPECT_LT(refused, static_cast<int>(kStreams));
 }
 
