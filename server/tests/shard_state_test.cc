@@ -237,10 +237,11 @@ TEST_F(ShardStateTest, PayloadsWaitingForPeersAreChargedToTheBudget) {
   constexpr uint64_t kChunkBytes = 8 * sizeof(float);
   // Room for three waiting payloads, not four.
   auto budget = std::make_shared<MemoryBudget>(3 * kChunkBytes + 1);
-  auto shard = ShardState::Create(/*job_id=*/1,
-                                  JobShape::Create(TwoTensorConfig(3), 0).value(),
-                                  &pool_, payloads_, &metrics_, false, budget)
-                   .value();
+  auto shard =
+      ShardState::Create(/*job_id=*/1,
+                         JobShape::Create(TwoTensorConfig(3), 0).value(),
+                         &pool_, payloads_, &metrics_, false, budget)
+          .value();
   auto sink = std::make_shared<RecordingSink>();
   for (uint32_t worker = 0; worker < 3; ++worker) {
     ASSERT_TRUE(shard->BeginStep(1, worker, {}).ok());
@@ -265,31 +266,69 @@ TEST_F(ShardStateTest, PayloadsWaitingForPeersAreChargedToTheBudget) {
   EXPECT_EQ(budget->used(), 0u);
 }
 
+// Issue 13: a job's payloads in flight are bounded per job, 1024 chunks per
+// worker, apart from the budget: 2 workers, 2100 chunks, so worker 0 alone
+// may hold 2048 of its step's payloads and no more. A first step through
+// every chunk (summed, updated, given back) must leave the count exact.
+TEST_F(ShardStateTest, AJobHoldsAtMostItsPayloadLimitAfterItsUpdates) {
+  constexpr uint64_t kChunks = 2100;
+  auto shard =
+      MakeShard(PlainSgdConfig({{"w", kChunks * 8, 0}}, /*num_workers=*/2,
+                               /*chunk_elems=*/8, /*alignment_elems=*/4));
+  ASSERT_EQ(ShardState::MaxHeldBytes(shard->shape()),
+            2 * ShardState::kHeldChunksPerWorker * 8 * sizeof(float));
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
+  ASSERT_TRUE(shard->BeginStep(1, 1, {}).ok());
+  for (uint64_t chunk = 0; chunk < kChunks; ++chunk) {
+    for (uint32_t worker = 0; worker < 2; ++worker) {
+      ASSERT_TRUE(Send(*shard, 1, worker, chunk, 1, sink).ok()) << chunk;
+    }
+    DrainPool(pool_);  // the update, as a worker waits for its answer
+  }
+  sink->WaitFor(2 * kChunks);
+  DrainPool(pool_);
+  EXPECT_EQ(shard->inflight_bytes(), 0u);
+  ASSERT_TRUE(shard->BeginStep(2, 0, {}).ok());
+  for (uint64_t chunk = 0; chunk < 2 * ShardState::kHeldChunksPerWorker;
+       ++chunk) {
+    ASSERT_TRUE(Send(*shard, 2, 0, chunk, 1, sink).ok()) << chunk;
+  }
+  const absl::Status refused =
+      Send(*shard, 2, 0, 2 * ShardState::kHeldChunksPerWorker, 1, sink);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("the job's limit of"), std::string::npos)
+      << refused;
+}
+
 // A refused contribution leaves no trace: the chunk may still be initialised
 // (InitChunk refuses a chunk with contributions pending).
 TEST_F(ShardStateTest, ARefusedContributionLeavesTheChunkAsItWas) {
   auto budget = std::make_shared<MemoryBudget>(8 * sizeof(float) - 1);
-  auto shard = ShardState::Create(/*job_id=*/1,
-                                  JobShape::Create(TwoTensorConfig(2), 0).value(),
-                                  &pool_, payloads_, &metrics_, false, budget)
-                   .value();
+  auto shard =
+      ShardState::Create(/*job_id=*/1,
+                         JobShape::Create(TwoTensorConfig(2), 0).value(),
+                         &pool_, payloads_, &metrics_, false, budget)
+          .value();
   auto sink = std::make_shared<RecordingSink>();
   ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
   EXPECT_EQ(Send(*shard, 1, 0, 0, 1, sink).code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(shard->OldestPendingStep().step, 0u);
-  EXPECT_TRUE(shard->InitChunk(0, DType::kFloat32,
-                               Fp32Payload(std::vector<float>(8, 1.0f)))
+  EXPECT_TRUE(shard
+                  ->InitChunk(0, DType::kFloat32,
+                              Fp32Payload(std::vector<float>(8, 1.0f)))
                   .ok());
   EXPECT_EQ(budget->used(), 0u);
 }
 
 TEST_F(ShardStateTest, AnUpdateGivesItsPayloadsBackToTheBudget) {
   auto budget = std::make_shared<MemoryBudget>(1 << 20);
-  auto shard = ShardState::Create(/*job_id=*/1,
-                                  JobShape::Create(TwoTensorConfig(2), 0).value(),
-                                  &pool_, payloads_, &metrics_, false, budget)
-                   .value();
+  auto shard =
+      ShardState::Create(/*job_id=*/1,
+                         JobShape::Create(TwoTensorConfig(2), 0).value(),
+                         &pool_, payloads_, &metrics_, false, budget)
+          .value();
   auto sink = std::make_shared<RecordingSink>();
   ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
   ASSERT_TRUE(shard->BeginStep(1, 1, {}).ok());
@@ -306,10 +345,11 @@ TEST_F(ShardStateTest, AnUpdateGivesItsPayloadsBackToTheBudget) {
 
 TEST_F(ShardStateTest, RolledBackPayloadsLeaveTheBudget) {
   auto budget = std::make_shared<MemoryBudget>(1 << 20);
-  auto shard = ShardState::Create(/*job_id=*/1,
-                                  JobShape::Create(TwoTensorConfig(2), 0).value(),
-                                  &pool_, payloads_, &metrics_, false, budget)
-                   .value();
+  auto shard =
+      ShardState::Create(/*job_id=*/1,
+                         JobShape::Create(TwoTensorConfig(2), 0).value(),
+                         &pool_, payloads_, &metrics_, false, budget)
+          .value();
   auto sink = std::make_shared<RecordingSink>();
   ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
   ASSERT_TRUE(Send(*shard, 1, 0, 0, 1, sink).ok());
