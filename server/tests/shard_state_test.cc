@@ -237,11 +237,10 @@ TEST_F(ShardStateTest, PayloadsWaitingForPeersAreChargedToTheBudget) {
   constexpr uint64_t kChunkBytes = 8 * sizeof(float);
   // Room for three waiting payloads, not four.
   auto budget = std::make_shared<MemoryBudget>(3 * kChunkBytes + 1);
-  auto shard =
-      ShardState::Create(/*job_id=*/1,
-                         JobShape::Create(TwoTensorConfig(3), 0).value(),
-                         &pool_, payloads_, &metrics_, false, budget)
-          .value();
+  auto shard = ShardState::Create(/*job_id=*/1,
+                                  JobShape::Create(TwoTensorConfig(3), 0).value(),
+                                  &pool_, payloads_, &metrics_, false, budget)
+                   .value();
   auto sink = std::make_shared<RecordingSink>();
   for (uint32_t worker = 0; worker < 3; ++worker) {
     ASSERT_TRUE(shard->BeginStep(1, worker, {}).ok());
@@ -305,30 +304,27 @@ TEST_F(ShardStateTest, AJobHoldsAtMostItsPayloadLimitAfterItsUpdates) {
 // (InitChunk refuses a chunk with contributions pending).
 TEST_F(ShardStateTest, ARefusedContributionLeavesTheChunkAsItWas) {
   auto budget = std::make_shared<MemoryBudget>(8 * sizeof(float) - 1);
-  auto shard =
-      ShardState::Create(/*job_id=*/1,
-                         JobShape::Create(TwoTensorConfig(2), 0).value(),
-                         &pool_, payloads_, &metrics_, false, budget)
-          .value();
+  auto shard = ShardState::Create(/*job_id=*/1,
+                                  JobShape::Create(TwoTensorConfig(2), 0).value(),
+                                  &pool_, payloads_, &metrics_, false, budget)
+                   .value();
   auto sink = std::make_shared<RecordingSink>();
   ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
   EXPECT_EQ(Send(*shard, 1, 0, 0, 1, sink).code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(shard->OldestPendingStep().step, 0u);
-  EXPECT_TRUE(shard
-                  ->InitChunk(0, DType::kFloat32,
-                              Fp32Payload(std::vector<float>(8, 1.0f)))
+  EXPECT_TRUE(shard->InitChunk(0, DType::kFloat32,
+                               Fp32Payload(std::vector<float>(8, 1.0f)))
                   .ok());
   EXPECT_EQ(budget->used(), 0u);
 }
 
 TEST_F(ShardStateTest, AnUpdateGivesItsPayloadsBackToTheBudget) {
   auto budget = std::make_shared<MemoryBudget>(1 << 20);
-  auto shard =
-      ShardState::Create(/*job_id=*/1,
-                         JobShape::Create(TwoTensorConfig(2), 0).value(),
-                         &pool_, payloads_, &metrics_, false, budget)
-          .value();
+  auto shard = ShardState::Create(/*job_id=*/1,
+                                  JobShape::Create(TwoTensorConfig(2), 0).value(),
+                                  &pool_, payloads_, &metrics_, false, budget)
+                   .value();
   auto sink = std::make_shared<RecordingSink>();
   ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
   ASSERT_TRUE(shard->BeginStep(1, 1, {}).ok());
@@ -345,11 +341,10 @@ TEST_F(ShardStateTest, AnUpdateGivesItsPayloadsBackToTheBudget) {
 
 TEST_F(ShardStateTest, RolledBackPayloadsLeaveTheBudget) {
   auto budget = std::make_shared<MemoryBudget>(1 << 20);
-  auto shard =
-      ShardState::Create(/*job_id=*/1,
-                         JobShape::Create(TwoTensorConfig(2), 0).value(),
-                         &pool_, payloads_, &metrics_, false, budget)
-          .value();
+  auto shard = ShardState::Create(/*job_id=*/1,
+                                  JobShape::Create(TwoTensorConfig(2), 0).value(),
+                                  &pool_, payloads_, &metrics_, false, budget)
+                   .value();
   auto sink = std::make_shared<RecordingSink>();
   ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
   ASSERT_TRUE(Send(*shard, 1, 0, 0, 1, sink).ok());
