@@ -198,6 +198,14 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
                                                                serving);
   };
   daemon->service_->SetAdminHooks(std::move(admin));
+  // --import_roots, else the server's own checkpoint directory.
+  std::vector<std::string> roots = options.import_roots;
+  if (roots.empty() && !options.checkpoint_dir.empty()) {
+    roots.push_back(options.checkpoint_dir);
+  }
+  absl::StatusOr<ImportRoots> import_roots = ImportRoots::Create(roots);
+  if (!import_roots.ok()) return import_roots.status();
+  daemon->service_->set_import_roots(*std::move(import_roots));
   if (options.stalled_step_threshold > absl::ZeroDuration()) {
     daemon->stall_monitor_ = std::make_unique<StallMonitor>(
         daemon->jobs_.get(), daemon->metrics_.get(),

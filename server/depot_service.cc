@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <new>
 #include <string>
 #include <utility>
@@ -48,6 +49,21 @@ bool Audited(Rpc rpc) {
       return true;
     default:
       return false;
+  }
+}
+
+// The largest request a unary or server-streaming method takes, checked
+// before the request is parsed (a parse copies what it keeps, unknown fields
+// too). Those of fixed fields (ids, a fingerprint, steps, a range) are a few
+// dozen bytes; CreateJob's spec and ImportCheckpoint's directories may be
+// large, and keep the server's message limit (daemon.cc).
+size_t MaxRequestBytes(Rpc rpc) {
+  switch (rpc) {
+    case Rpc::kCreateJob:
+    case Rpc::kImportCheckpoint:
+      return std::numeric_limits<size_t>::max();
+    default:
+      return kMaxFixedFieldRequestBytes;
   }
 }
 
@@ -103,10 +119,16 @@ absl::Status DepotService::ReadOneRequest(
   const std::string what =
       absl::StrCat(kRpcNames[static_cast<int>(rpc)], " request");
   grpc::ByteBuffer buffer;
-  absl::Status status =
-      stream->Read(&buffer)
-          ? ParseRawMessage(&buffer, what, request)
-          : absl::InvalidArgumentError(absl::StrCat("no ", what, " message"));
+  absl::Status status;
+  if (!stream->Read(&buffer)) {
+    status = absl::InvalidArgumentError(absl::StrCat("no ", what, " message"));
+  } else if (buffer.Length() > MaxRequestBytes(rpc)) {
+    status = absl::ResourceExhaustedError(absl::StrCat(
+        what, " of ", buffer.Length(), " bytes is larger than its limit of ",
+        MaxRequestBytes(rpc), " bytes"));
+  } else {
+    status = ParseRawMessage(&buffer, what, request);
+  }
   if (!status.ok()) {
     metrics_->CountRpc(rpc);
     RecordFailure(rpc, status);
@@ -706,8 +728,12 @@ absl::Status DepotService::DoImportCheckpoint(
       FindOwned(caller, request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
   const JobShape& shape = (*shard)->shape();
-  const std::vector<std::string> dirs(request.checkpoint_dirs().begin(),
-                                      request.checkpoint_dirs().end());
+  // Only directories under --import_roots, read through their canonical
+  // paths (import_roots.h).
+  absl::StatusOr<std::vector<std::string>> dirs =
+      import_roots_.Resolve(std::vector<std::string>(
+          request.checkpoint_dirs().begin(), request.checkpoint_dirs().end()));
+  if (!dirs.ok()) return dirs.status();
   // The shard's state, read and staged whole before it replaces the job's,
   // is charged to the memory budget meanwhile.
   ScopedReservation staged(jobs_->budget().get());
@@ -721,7 +747,7 @@ absl::Status DepotService::DoImportCheckpoint(
   // Read on this call's thread: the files are other servers', so the
   // checkpointer's writer (this server's directory) has no part in it.
   absl::StatusOr<CheckpointForShard> read = ReadCheckpointForShard(
-      dirs, shape, request.step(), /*keep_chunks=*/!request.verify_only());
+      *dirs, shape, request.step(), /*keep_chunks=*/!request.verify_only());
   if (!read.ok()) return read.status();
   response->set_step(request.step());
   response->set_old_num_servers(read->old_num_servers);

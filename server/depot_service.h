@@ -12,6 +12,7 @@
 #define DEPOT_SERVER_DEPOT_SERVICE_H_
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -19,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
@@ -27,6 +29,7 @@
 #include "absl/time/time.h"
 #include "depot/v1/depot.grpc.pb.h"
 #include "server/checkpointer.h"
+#include "server/import_roots.h"
 #include "server/job_owners.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
@@ -35,6 +38,11 @@
 #include "server/tenant_auth.h"
 
 namespace depot {
+
+// The limit of a request made of fixed fields only (GetJob, DeleteJob,
+// PullWeights, ExportState, Checkpoint, ListCheckpoints, RollBack): a larger
+// one is RESOURCE_EXHAUSTED before it is parsed.
+inline constexpr size_t kMaxFixedFieldRequestBytes = 64 << 10;
 
 // Step is a raw callback method (step_reactor.cc): its chunks bypass protobuf
 // `bytes` in both directions. Every other method is registered raw too, as a
@@ -117,6 +125,10 @@ class DepotService final
   // REQUIRES: called before the server serves.
   void SetAdminHooks(AdminHooks hooks);
   bool draining() const { return draining_.load(std::memory_order_acquire); }
+
+  // The directories ImportCheckpoint may read (none until set: every import
+  // is refused). Call before serving.
+  void set_import_roots(ImportRoots roots) { import_roots_ = std::move(roots); }
 
   // The message of every UNAVAILABLE that shutting down causes.
   static constexpr const char* kShuttingDown = "server is shutting down";
@@ -266,6 +278,7 @@ class DepotService final
   JobOwners owners_;
   AdminHooks admin_;
   std::atomic<bool> draining_{false};
+  ImportRoots import_roots_;
   std::atomic<bool> accepting_{true};
   std::atomic<bool> ended_{false};
 

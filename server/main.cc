@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "absl/time/time.h"
 #include "depot/flags_usage.h"
 #include "server/daemon.h"
+#include "server/memory_trimmer.h"
 #include "server/optimizer/kernel_isa.h"
 #include "server/port_file.h"
 #include "server/server_options.h"
@@ -67,6 +69,13 @@ ABSL_FLAG(bool, bench_noop_update, false,
           "answered with worker 0's gradient payload when the grad and weight "
           "dtypes are the same, else with the unchanged weights. depot-bench "
           "uses it to time the transfer alone (docs/performance.md).");
+ABSL_FLAG(uint64_t, malloc_trim_threshold_bytes, uint64_t{32} << 20,
+          "When the memory malloc holds freed has grown by more than this "
+          "(checked 4 times a second), it is given back to the kernel "
+          "(malloc_trim): after large messages, which gRPC reads into "
+          "buffers of many threads' malloc arenas, the server would "
+          "otherwise keep them (docs/protocol.md, \"Bounds and memory\"). "
+          "0: never.");
 ABSL_FLAG(double, stalled_step_seconds, 30,
           "A step that has waited this long for worker ranks that sent "
           "nothing for some chunk is logged once on stderr, naming the job, "
@@ -80,6 +89,13 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "that verifies, and CreateJob with the same name and config "
           "attaches to it. DeleteJob removes the job's checkpoints. Empty: "
           "no checkpoints. See docs/checkpoints.md.");
+ABSL_FLAG(std::vector<std::string>, import_roots, {},
+          "Comma-separated directories whose checkpoints ImportCheckpoint may "
+          "read: a directory it names must be one of them or lie under one, "
+          "after `..` and symbolic links are resolved, else the call is "
+          "PERMISSION_DENIED (docs/security.md). Typically the shared "
+          "directory that holds every server's --checkpoint_dir. Empty: "
+          "--checkpoint_dir alone (no import at all without it).");
 ABSL_FLAG(uint64_t, checkpoint_every_steps, 0,
           "Checkpoint every job at each step that is a multiple of this, "
           "into --checkpoint_dir: the shard is copied in memory as each "
@@ -155,6 +171,10 @@ constexpr int kUsageError = 2;
 // Exit code when the shutdown did not run to its end: a second stop signal,
 // or the drain overran its bound.
 constexpr int kShutdownCutShort = 1;
+
+// How often the memory trimmer looks at malloc's free memory: a trim costs
+// the re-faulting of what it released, so at most one every interval.
+constexpr absl::Duration kTrimInterval = absl::Milliseconds(250);
 // How long after its grace period a shutdown may still run before the
 // process exits without it (--shutdown_grace_seconds).
 constexpr absl::Duration kShutdownOverrun = absl::Seconds(5);
@@ -233,6 +253,7 @@ depot::ServerOptions OptionsFromFlags() {
   options.stalled_step_threshold =
       FlagSeconds(absl::GetFlag(FLAGS_stalled_step_seconds));
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.import_roots = absl::GetFlag(FLAGS_import_roots);
   options.checkpoint_every_steps = absl::GetFlag(FLAGS_checkpoint_every_steps);
   options.checkpoint_keep = absl::GetFlag(FLAGS_checkpoint_keep);
   options.checkpoint_write_bytes_per_second =
@@ -288,6 +309,9 @@ int main(int argc, char** argv) {
   // gRPC's receive buffers reused instead of faulted in again for every
   // message (docs/protocol.md, "Flow control, frames and memory").
   depot::RetainTransportBuffers();
+  // ...in one malloc arena, so that they are reused by every thread instead
+  // of kept per thread (memory_trimmer.h).
+  depot::UseOneMallocArena();
 
   // Blocked before any thread starts, so every thread inherits the mask and the
   // signals reach only the sigwait below.
@@ -296,6 +320,16 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  // What malloc keeps of gRPC's buffers after a burst (large messages read by
+  // many gRPC threads, each into its own arena) goes back to the kernel
+  // (memory_trimmer.h).
+  std::unique_ptr<depot::MemoryTrimmer> trimmer;
+  if (const uint64_t threshold =
+          absl::GetFlag(FLAGS_malloc_trim_threshold_bytes);
+      threshold != 0) {
+    trimmer = std::make_unique<depot::MemoryTrimmer>(kTrimInterval, threshold);
+  }
 
   absl::StatusOr<std::unique_ptr<depot::DepotDaemon>> daemon =
       depot::DepotDaemon::Start(*options);

@@ -42,6 +42,9 @@ struct ServerOptions {
   // at start-up (docs/checkpoints.md); empty: no checkpoints. One directory
   // per server.
   std::string checkpoint_dir;
+  // The directories (and their subdirectories) ImportCheckpoint may read
+  // (import_roots.h); empty: checkpoint_dir alone, or none without it.
+  std::vector<std::string> import_roots;
   // Checkpoint each job at every step that is a multiple of this; 0: never
   // (a set checkpoint_dir then only restores). Needs checkpoint_dir.
   uint64_t checkpoint_every_steps = 0;

@@ -103,6 +103,7 @@ ShardState::ShardState(uint64_t job_id, JobShape shape, AlignedBuffer state,
       metrics_(metrics),
       noop_update_(noop_update),
       budget_(std::move(budget)),
+      max_held_bytes_(MaxHeldBytes(shape_)),
       chunks_(new ChunkState[shape_.shard().num_chunks()]) {
   const OptimizerConfig& slots = shape_.slot_config();
   const StateArrays arrays = PlanStateArrays(shape_.shard().size(), slots);
@@ -151,6 +152,29 @@ bool ShardState::TryHold(uint64_t bytes) {
   return true;
 }
 
+uint64_t ShardState::HeldPayloadBytes() const {
+  // Sums and overrides are bounded by the shard's size, per worker.
+  const uint64_t all = held_bytes_.load(std::memory_order_relaxed);
+  const uint64_t sums = apart_bytes_.load(std::memory_order_relaxed);
+  return all > sums ? all - sums : 0;
+}
+
+bool ShardState::WithinHeldLimit(uint64_t bytes) const {
+  return bytes <= max_held_bytes_ &&
+         HeldPayloadBytes() <= max_held_bytes_ - bytes;
+}
+
+absl::Status ShardState::HeldLimitError(uint64_t bytes,
+                                        absl::string_view what) const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, ": job ", job_id_, " holds ", HeldPayloadBytes(),
+      " bytes of gradient payloads in flight on this server, and its ", bytes,
+      " more would pass the job's limit of ", max_held_bytes_, " bytes (",
+      kHeldChunksPerWorker,
+      " chunks per worker); send it again once its earlier chunks are "
+      "answered (keep fewer chunks in flight)"));
+}
+
 void ShardState::Hold(uint64_t bytes) {
   if (budget_ != nullptr) budget_->Charge(bytes);
   held_bytes_.fetch_add(bytes, std::memory_order_relaxed);
@@ -184,6 +208,17 @@ uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
 }
 
 }  // namespace
+
+uint64_t ShardState::MaxHeldBytes(const JobShape& shape) {
+  const JobConfig& config = shape.config();
+  const uint64_t chunk_bytes =
+      SaturatingMul(config.chunk_elems, DTypeSize(config.grad_dtype));
+  return SaturatingMul(
+      SaturatingMul(
+          config.num_workers,
+          std::min<uint64_t>(shape.shard().num_chunks(), kHeldChunksPerWorker)),
+      chunk_bytes);
+}
 
 uint64_t ShardState::BookkeepingBytes(const JobShape& shape) {
   const JobConfig& config = shape.config();
@@ -507,6 +542,7 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
         budget_->used(), " in use) has no room for its ",
         piece.payload.size(), " bytes"));
   }
+  apart_bytes_.fetch_add(piece.payload.size(), std::memory_order_relaxed);
   pieces.push_back(std::move(piece));
   return absl::OkStatus();
 }
@@ -571,6 +607,12 @@ absl::Status ShardState::Contribute(Contribution contribution) {
         // workers (a retry above takes its earlier payload's place and
         // charge): a client that sends more than the budget holds is
         // refused, never allowed to grow the server's memory.
+        if (!WithinHeldLimit(contribution.payload.size())) {
+          if (created) chunk.pending.reset();
+          return HeldLimitError(contribution.payload.size(),
+                                absl::StrCat("chunk ", index, " of step ", step,
+                                             " from worker ", worker));
+        }
         if (!TryHold(contribution.payload.size())) {
           // Refused, it leaves no trace (an empty PendingStep would make the
           // chunk look busy to InitChunk).

@@ -63,6 +63,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/aligned_buffer.h"
 #include "server/job_shape.h"
@@ -208,6 +209,22 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The steps a shard records headers of at once: its completed step and the
   // two after it (BeginStep refuses later ones).
   static constexpr uint64_t kTrackedSteps = 3;
+
+  // The job's own bound on what it holds in flight, apart from the server's
+  // budget: the gradient payloads a shard of `shape` holds are at most
+  // kHeldChunksPerWorker chunks per worker (or the shard's chunk count, if
+  // fewer): num_workers x that x a chunk's payload size. (A two-phase step's
+  // sums and the weights overrides, each at most a chunk per chunk and
+  // worker, are bounded apart.) A contribution beyond it is
+  // RESOURCE_EXHAUSTED and not kept (Contribute). Each stream holds at most
+  // StepStream::kCredits (16) unanswered chunks, and a correct worker keeps
+  // max_inflight_chunks (4) per stream on `connections` (3) streams per
+  // local rank: a node worker of up to 85 local ranks at those defaults, or
+  // one with up to 64 streams to a server kept full, never meets the bound,
+  // while a client that opens stream after stream cannot make its job hold
+  // more. Saturates at 2^64 - 1.
+  static constexpr uint64_t kHeldChunksPerWorker = 1024;
+  static uint64_t MaxHeldBytes(const JobShape& shape);
 
   uint64_t job_id() const { return job_id_; }
   const JobShape& shape() const { return shape_; }
@@ -433,6 +450,14 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The budget's share of payloads held (held_bytes_): TryHold refuses what
   // does not fit, Hold does not; Unhold gives bytes back.
   bool TryHold(uint64_t bytes);
+  // The gradient payloads held (held_bytes_ less sums and overrides).
+  uint64_t HeldPayloadBytes() const;
+  // Whether holding `bytes` more keeps the shard within MaxHeldBytes
+  // (checked before TryHold; concurrent callers may pass it together, by at
+  // most a payload each); else HeldLimitError's RESOURCE_EXHAUSTED, naming
+  // `what`.
+  bool WithinHeldLimit(uint64_t bytes) const;
+  absl::Status HeldLimitError(uint64_t bytes, absl::string_view what) const;
   void Hold(uint64_t bytes);
   void Unhold(uint64_t bytes);
   // The sizes of `payloads`, summed.
@@ -525,6 +550,10 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   const bool noop_update_;
   const std::shared_ptr<MemoryBudget> budget_;
   std::atomic<uint64_t> held_bytes_{0};
+  // The part of held_bytes_ that is not gradient payloads (MaxHeldBytes):
+  // two-phase sums and weights overrides.
+  std::atomic<uint64_t> apart_bytes_{0};
+  const uint64_t max_held_bytes_;  // MaxHeldBytes(shape_)
   std::unique_ptr<ChunkState[]> chunks_;
   std::atomic<bool> deleted_{false};
 

@@ -75,6 +75,7 @@ void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
                UnscaleFactor(settings.numerics.loss_scale));
   // The sum is held until the update instead of the payloads.
   Hold(summed.size());
+  apart_bytes_.fetch_add(summed.size(), std::memory_order_relaxed);
   Unhold(TotalBytes(payloads));
   GiveBack(payloads);
   const GradStats stats = ComputeGradStats(shape_.layout(), range, sum);
@@ -140,6 +141,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   std::vector<uint64_t> tensor_steps;
   std::vector<std::vector<WeightsPiece>> overrides;
   uint64_t held = 0;  // what the payloads and the sum were charged
+  uint64_t apart = 0;  // of that, the sum and the overrides (apart_bytes_)
   bool history_missing = false;
   {
     absl::MutexLock lock(&chunk.mu);
@@ -147,10 +149,11 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
     payloads = std::move(chunk.pending->payloads);
     summed = std::move(chunk.pending->summed);
     overrides = std::move(chunk.pending->overrides);
-    held = TotalBytes(payloads) + summed.size();
+    apart = summed.size();
     for (const std::vector<WeightsPiece>& pieces : overrides) {
-      for (const WeightsPiece& piece : pieces) held += piece.payload.size();
+      for (const WeightsPiece& piece : pieces) apart += piece.payload.size();
     }
+    held = TotalBytes(payloads) + apart;
     history_missing = !noop_update_ && (chunk.last.weights == nullptr ||
                                         chunk.last.step != step - 1);
   }
@@ -219,6 +222,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
     weights = payloads_->Share(std::move(out));
   }
   GiveBack(payloads);
+  apart_bytes_.fetch_sub(apart, std::memory_order_relaxed);
   if (!summed.empty()) payloads_->Give(std::move(summed));
   Unhold(held);
   // Still the only owner of the chunk's arrays: its next step cannot start.

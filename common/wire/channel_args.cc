@@ -91,6 +91,12 @@ void ApplyServerTransportArgs(grpc::ServerBuilder& builder) {
       {GRPC_ARG_KEEPALIVE_TIME_MS, 30 * 1000},
       {GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000},
       {GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1},
+      // What the server receives ahead of reading it: 8 MiB a stream (2 fp32
+      // chunks of the default size, 4 bf16 ones; the reader takes each as it
+      // comes). With the clients' 32 MiB, 64 workers that send without
+      // waiting had gRPC hold up to about 140 MB of their messages at once,
+      // outside the memory budget (docs/protocol.md, "Bounds and memory").
+      {GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 8 << 20},
   };
   for (const auto& [name, value] : TransportArgs(server_only)) {
     builder.AddChannelArgument(name, value);

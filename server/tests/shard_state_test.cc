@@ -265,6 +265,41 @@ TEST_F(ShardStateTest, PayloadsWaitingForPeersAreChargedToTheBudget) {
   EXPECT_EQ(budget->used(), 0u);
 }
 
+// Issue 13: a job's payloads in flight are bounded per job, 1024 chunks per
+// worker, apart from the budget: 2 workers, 2100 chunks, so worker 0 alone
+// may hold 2048 of its step's payloads and no more. A first step through
+// every chunk (summed, updated, given back) must leave the count exact.
+TEST_F(ShardStateTest, AJobHoldsAtMostItsPayloadLimitAfterItsUpdates) {
+  constexpr uint64_t kChunks = 2100;
+  auto shard =
+      MakeShard(PlainSgdConfig({{"w", kChunks * 8, 0}}, /*num_workers=*/2,
+                               /*chunk_elems=*/8, /*alignment_elems=*/4));
+  ASSERT_EQ(ShardState::MaxHeldBytes(shard->shape()),
+            2 * ShardState::kHeldChunksPerWorker * 8 * sizeof(float));
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
+  ASSERT_TRUE(shard->BeginStep(1, 1, {}).ok());
+  for (uint64_t chunk = 0; chunk < kChunks; ++chunk) {
+    for (uint32_t worker = 0; worker < 2; ++worker) {
+      ASSERT_TRUE(Send(*shard, 1, worker, chunk, 1, sink).ok()) << chunk;
+    }
+    DrainPool(pool_);  // the update, as a worker waits for its answer
+  }
+  sink->WaitFor(2 * kChunks);
+  DrainPool(pool_);
+  EXPECT_EQ(shard->inflight_bytes(), 0u);
+  ASSERT_TRUE(shard->BeginStep(2, 0, {}).ok());
+  for (uint64_t chunk = 0; chunk < 2 * ShardState::kHeldChunksPerWorker;
+       ++chunk) {
+    ASSERT_TRUE(Send(*shard, 2, 0, chunk, 1, sink).ok()) << chunk;
+  }
+  const absl::Status refused =
+      Send(*shard, 2, 0, 2 * ShardState::kHeldChunksPerWorker, 1, sink);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("the job's limit of"), std::string::npos)
+      << refused;
+}
+
 // A refused contribution leaves no trace: the chunk may still be initialised
 // (InitChunk refuses a chunk with contributions pending).
 TEST_F(ShardStateTest, ARefusedContributionLeavesTheChunkAsItWas) {

@@ -57,7 +57,8 @@ class CheckpointServerCountTest : public ::testing::Test {
     // New servers 0 and 2 checkpoint too, into their own directories; 1 and
     // 3 have none.
     for (uint32_t s = 0; s < 4; ++s) {
-      std::vector<std::string> flags = {absl::StrCat("--threads=", 2 - s % 2)};
+      std::vector<std::string> flags = {absl::StrCat("--threads=", 2 - s % 2),
+                                        absl::StrCat("--import_roots=", root_)};
       if (s % 2 == 0) {
         flags.push_back(absl::StrCat("--checkpoint_dir=", root_, "/new-", s));
         flags.push_back("--checkpoint_every_steps=5");
@@ -263,6 +264,24 @@ TEST_F(CheckpointServerCountTest,
   status = resumed->job(0).ImportCheckpoint(7, OldDirs());
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
   expect_unchanged();
+
+  // Old server 0's directory copied outside the new servers' --import_roots
+  // (root_): a complete checkpoint, refused before any file is read, named
+  // directly, through `..`, or through a symbolic link inside the root.
+  const std::string outside = root_ + "-outside";
+  fs::copy(OldDir(0), outside, fs::copy_options::recursive);
+  fs::create_directory_symlink(outside, root_ + "/link");
+  const std::string dotdot =
+      absl::StrCat(OldDir(1), "/../../", fs::path(outside).filename().string());
+  for (const std::string& dir : {outside, dotdot, root_ + "/link"}) {
+    SCOPED_TRACE(dir);
+    status = resumed->job(0).ImportCheckpoint(kCheckpointed,
+                                              {dir, OldDir(1), OldDir(2)});
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+    EXPECT_THAT(status.message(), HasSubstr("--import_roots"));
+    expect_unchanged();
+  }
+  fs::remove_all(outside);
 
   // Repaired, it imports.
   status = resumed->job(0).ImportCheckpoint(kCheckpointed, OldDirs());

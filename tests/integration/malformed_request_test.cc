@@ -180,6 +180,33 @@ TEST_F(MalformedRequestTest, WellFormedRawRequestIsAnswered) {
   EXPECT_EQ(job.fingerprint(), fingerprint_);
 }
 
+// Before: a request of fixed fields padded to megabytes with an unknown
+// field was parsed whole (protobuf keeps unknown fields, a copy of them) and
+// answered. Now it is refused from its size before it is parsed.
+TEST_F(MalformedRequestTest, OversizedRequestOfFixedFieldsIsRefusedUnparsed) {
+  StateChecksumWatch state;
+  ASSERT_NO_FATAL_FAILURE(state.Record(*stub_, job_id_));
+  v1::GetJobRequest request;
+  request.set_job_id(job_id_);
+  // Field 1000, length-delimited, 1 MiB: unknown to GetJobRequest.
+  std::string padded = request.SerializeAsString();
+  padded += std::string("\xc2\x3e\x80\x80\x40", 5);
+  padded += std::string(size_t{1} << 20, 'p');
+  ASSERT_TRUE(v1::GetJobRequest().ParseFromString(padded));
+  for (const char* method :
+       {"GetJob", "DeleteJob", "PullWeights", "ExportState", "Checkpoint",
+        "ListCheckpoints", "RollBack"}) {
+    const grpc::Status status = Call(method, {BufferOf(padded)});
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << method << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(),
+                HasSubstr(absl::StrCat(method, " request of ", padded.size(),
+                                       " bytes is larger than its limit")))
+        << method;
+  }
+  ASSERT_NO_FATAL_FAILURE(state.ExpectUnchanged(*stub_, job_id_));
+}
+
 // Before: the malformed message was taken as the stream's end, the RPC was
 // OK, and the chunk after it was dropped without a word.
 TEST_F(MalformedRequestTest, MalformedMessageInsideInitWeightsFailsTheStream) {

@@ -95,7 +95,9 @@ def test_import_checkpoint_onto_another_server_count(tmp_path, job_name):
     old = [server_process.start_server(server_binary(),
                                        [f"--checkpoint_dir={d}"])
            for d in dirs]
-    new = [server_process.start_server(server_binary()) for _ in range(2)]
+    new = [server_process.start_server(server_binary(),
+                                       [f"--import_roots={tmp_path}"])
+           for _ in range(2)]
     try:
         with depot.Client([s.address for s in old]) as c3, \
                 depot.Client([s.address for s in new]) as c2:
