@@ -280,8 +280,10 @@ def test_import_restores_a_checkpoint_onto_another_server_count(
     taken = depotctl_json(servers_flag(fleet), "checkpoint", job_name)
     assert taken["complete"] and taken["step"] == 4
     dirs = ",".join(str(d) for d in fleet[1])
-    new = [server_process.start_server(server_binary(), ["--threads=1"])
-           for _ in range(2)]
+    # The new servers may read the old servers' directories (--import_roots).
+    new = [server_process.start_server(
+        server_binary(), ["--threads=1", f"--import_roots={dirs}"])
+        for _ in range(2)]
     try:
         flag = "--servers=" + ",".join(s.address for s in new)
         client = depot.Client([s.address for s in new])
