@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "depot/json_text.h"
 
 namespace depot::bench {
 
@@ -36,21 +37,7 @@ inline double ProcessCpuSeconds(pid_t pid) {
   return static_cast<double>(time.tv_sec) + time.tv_nsec * 1e-9;
 }
 
-// `text` as a JSON string literal, quotes included.
-inline std::string JsonString(const std::string& text) {
-  std::string out = "\"";
-  for (const char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
+using ::depot::JsonString;  // depot/json_text.h
 
 struct ResultLine {
   std::string bench;  // the subcommand, e.g. "kernel"
