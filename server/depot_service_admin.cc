@@ -170,6 +170,7 @@ absl::Status DepotService::DoDrain(const Caller& caller,
                             ? "; checkpointing every job"
                             : " (no --checkpoint_dir: nothing is saved)"));
   response->set_draining(true);
+  bool all_saved = true;
   if (checkpointer_ != nullptr) {
     for (const std::shared_ptr<ShardState>& shard : jobs_->Jobs()) {
       v1::DrainedJob* drained = response->add_checkpoints();
@@ -179,9 +180,16 @@ absl::Status DepotService::DoDrain(const Caller& caller,
       if (step.ok()) {
         drained->set_step(*step);
       } else {
+        all_saved = false;
         drained->set_error(step.status().ToString());
       }
     }
+  }
+  if (request.shutdown() && !all_saved) {
+    // Stopping now would lose what the failed checkpoints hold: the server
+    // stays up, drained, for the operator to decide.
+    LogAdmin("drain: NOT shutting down: a job's checkpoint failed");
+    return absl::OkStatus();
   }
   if (request.shutdown()) {
     response->set_shutting_down(true);

@@ -6,6 +6,8 @@ import json
 import os
 import pathlib
 import subprocess
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -306,3 +308,45 @@ def test_import_restores_a_checkpoint_onto_another_server_count(
     finally:
         for server in new:
             server.stop()
+
+
+def test_drain_shutdown_stops_a_server_only_once_its_jobs_are_saved(
+        tmp_path):
+    """While a step waits for a worker the job cannot be checkpointed, so
+    `drain --shutdown` leaves the server up (stopping it would lose the job's
+    steps since its last checkpoint); once the step is done it checkpoints
+    the job and stops."""
+    server = server_process.start_server(
+        server_binary(), ["--threads=1", f"--checkpoint_dir={tmp_path}"])
+    try:
+        clients = [depot.Client([server.address]) for _ in range(2)]
+        jobs = [clients[rank].open_job("ctl-shutdown", TENSORS,
+                                       optimizer="sgd", num_workers=2,
+                                       worker_rank=rank, chunk_elems=256)
+                for rank in range(2)]
+        n = jobs[0].total_elems
+        jobs[0].init_weights(np.zeros(n, dtype=np.float32))
+        outs = [np.empty(n, dtype=np.float32) for _ in range(2)]
+        waiting = threading.Thread(target=lambda: jobs[0].step(
+            1, np.full(n, 0.5, dtype=np.float32), outs[0]))
+        waiting.start()
+        flag = f"--servers={server.address}"
+        deadline = time.monotonic() + 30
+        while depotctl_json(flag, "jobs")["jobs"][0]["missing_workers"] != [1]:
+            assert time.monotonic() < deadline, "step 1 never waited"
+        code, out, err = depotctl("--output=json", "drain", "--shutdown",
+                                  server.address)
+        assert code == 1 and "NOT shut down" in err, (out, err)
+        assert not json.loads(out)["shutting_down"]
+        assert server.process.poll() is None  # still up, drained
+        jobs[1].step(1, np.full(n, 0.25, dtype=np.float32), outs[1])
+        waiting.join()
+        drained = depotctl_json("drain", "--shutdown", server.address)
+        assert drained["shutting_down"]
+        assert [(c["name"], c["step"]) for c in drained["checkpoints"]] == [
+            ("ctl-shutdown", 1)]
+        assert server.process.wait(timeout=60) == 0
+        for client in clients:
+            client.close()
+    finally:
+        server.stop()

@@ -828,6 +828,13 @@ int Drain(const Fleet& fleet, bool shutdown, bool resume,
                 fleet.address(0).c_str(),
                 response.shutting_down() ? "; it is shutting down" : "");
   }
+  if (shutdown && !response.shutting_down()) {
+    std::fprintf(stderr,
+                 "depotctl: %s was NOT shut down: a job's checkpoint failed "
+                 "(stopping it would lose that job's steps since its last "
+                 "checkpoint)\n",
+                 fleet.address(0).c_str());
+  }
   return failed ? kExitFailed : kExitOk;
 }
 
