@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -71,6 +72,67 @@ JobConfig OneTensorJob(const std::string& name, uint64_t elems,
 // gradients. Each worker sends its header and all 12 chunks (48 MiB) as fast
 // as gRPC takes them: 3 GiB in all, against 27 MiB of room. Then the job is
 // deleted, and created again. Returns the server's peak RSS (VmHWM).
+// One raw Step stream of worker `rank` for step 1 of `created`: its header,
+// then `count` chunks from `first` with `payload` each, stopping once the
+// server refuses one; half-closes if asked and still open. `on_written` runs
+// once the writes are over; then the stream is read to its end.
+grpc::Status SendStepChunks(v1::Depot::Stub& stub, grpc::ClientContext* context,
+                            const v1::CreateJobResponse& created, uint32_t rank,
+                            uint64_t first, uint64_t count,
+                            const std::string& payload, bool half_close,
+                            const std::function<void()>& on_written) {
+  auto stream = stub.Step(context);
+  v1::StepRequest request;
+  *request.mutable_header() =
+      MakeStepHeader(created.job_id(), created.fingerprint(), 1, rank, {});
+  bool open = stream->Write(request);
+  for (uint64_t c = 0; open && c < count; ++c) {
+    v1::StepRequest chunk;
+    chunk.mutable_chunk()->set_index(first + c);
+    chunk.mutable_chunk()->set_payload(payload);
+    open = stream->Write(chunk);
+  }
+  if (open && half_close) stream->WritesDone();
+  if (on_written) on_written();
+  v1::StepResponse response;
+  while (stream->Read(&response)) {
+  }
+  return stream->Finish();
+}
+
+// Deletes `created`'s job: the streams still waiting for peers end.
+grpc::Status DeleteRawJob(v1::Depot::Stub& stub,
+                          const v1::CreateJobResponse& created) {
+  v1::DeleteJobRequest remove;
+  remove.set_job_id(created.job_id());
+  remove.set_fingerprint(created.fingerprint());
+  v1::DeleteJobResponse removed;
+  grpc::ClientContext context;
+  return stub.DeleteJob(&context, remove, &removed);
+}
+
+// The streams refused with RESOURCE_EXHAUSTED, each saying every one of
+// `reasons`; every other stream must have been ended by the job's deletion
+// (while open, or at its header).
+int CountRefused(const std::vector<grpc::Status>& results,
+                 const std::vector<std::string>& reasons) {
+  int refused = 0;
+  for (const grpc::Status& result : results) {
+    if (result.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++refused;
+      for (const std::string& reason : reasons) {
+        EXPECT_THAT(result.error_message(), HasSubstr(reason));
+      }
+    } else {
+      EXPECT_THAT(result.error_code(),
+                  ::testing::AnyOf(grpc::StatusCode::ABORTED,
+                                   grpc::StatusCode::NOT_FOUND))
+          << result.error_message();
+    }
+  }
+  return refused;
+}
+
 uint64_t RunWorkersIgnoringTheirWindow(ServerProcess& server) {
   constexpr uint32_t kWorkers = 64;
   constexpr uint64_t kElems = 12'000'000;
@@ -94,24 +156,10 @@ uint64_t RunWorkersIgnoringTheirWindow(ServerProcess& server) {
   for (uint32_t rank = 0; rank < kWorkers; ++rank) {
     contexts[rank] = std::make_unique<grpc::ClientContext>();
     workers.emplace_back([&, rank] {
-      grpc::ClientContext& context = *contexts[rank];
-      auto stream = stub->Step(&context);
-      v1::StepRequest request;
-      *request.mutable_header() =
-          MakeStepHeader(created.job_id(), created.fingerprint(), 1, rank, {});
-      bool open = stream->Write(request);
-      for (uint64_t c = 0; open && c < chunks; ++c) {
-        v1::StepRequest chunk;
-        chunk.mutable_chunk()->set_index(created.first_chunk() + c);
-        chunk.mutable_chunk()->set_payload(payload);
-        open = stream->Write(chunk);
-      }
-      if (open) stream->WritesDone();
-      written.fetch_add(1);
-      v1::StepResponse response;
-      while (stream->Read(&response)) {
-      }
-      results[rank] = stream->Finish();
+      results[rank] = SendStepChunks(
+          *stub, contexts[rank].get(), created, rank, created.first_chunk(),
+          chunks, payload, /*half_close=*/true,
+          [&written] { written.fetch_add(1); });
     });
   }
   while (written.load() < kWorkers) {
@@ -119,32 +167,14 @@ uint64_t RunWorkersIgnoringTheirWindow(ServerProcess& server) {
   }
   // The accepted payloads wait for peers that were refused: deleting the job
   // ends their streams (ABORTED) and gives the budget back.
-  v1::DeleteJobRequest remove;
-  remove.set_job_id(created.job_id());
-  remove.set_fingerprint(created.fingerprint());
-  v1::DeleteJobResponse removed;
-  grpc::ClientContext delete_context;
-  status = stub->DeleteJob(&delete_context, remove, &removed);
+  status = DeleteRawJob(*stub, created);
   EXPECT_TRUE(status.ok()) << status.error_message();
   for (std::thread& worker : workers) worker.join();
 
   const uint64_t peak = ProcStatusBytes(server.pid(), "VmHWM");
   std::cout << "RSS after CreateJob " << baseline << ", peak RSS " << peak
             << std::endl;
-  int refused = 0;
-  for (const grpc::Status& result : results) {
-    if (result.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      ++refused;
-      EXPECT_THAT(result.error_message(), HasSubstr("memory budget"));
-    } else {
-      // Ended by the deletion: while open, or at its header.
-      EXPECT_THAT(result.error_code(),
-                  ::testing::AnyOf(grpc::StatusCode::ABORTED,
-                                   grpc::StatusCode::NOT_FOUND))
-          << result.error_message();
-    }
-  }
-  EXPECT_GT(refused, 0);
+  EXPECT_GT(CountRefused(results, {"memory budget"}), 0);
   // The budget is whole again: the job fits once more.
   status = RawCreateJob(*stub, spec, 0, &created);
   EXPECT_TRUE(status.ok()) << status.error_message();
@@ -219,21 +249,9 @@ TEST(MemoryLimitTest, AJobHoldsAtMostItsInFlightLimitWhateverItsStreams) {
       const uint32_t rank = i % kSendingWorkers;
       const uint64_t first =
           created.first_chunk() + (i / kSendingWorkers) * kChunksPerStream;
-      auto stream = stub->Step(contexts[i].get());
-      v1::StepRequest request;
-      *request.mutable_header() =
-          MakeStepHeader(created.job_id(), created.fingerprint(), 1, rank, {});
-      bool open = stream->Write(request);
-      for (uint64_t c = 0; open && c < kChunksPerStream; ++c) {
-        v1::StepRequest chunk;
-        chunk.mutable_chunk()->set_index(first + c);
-        chunk.mutable_chunk()->set_payload(payload);
-        open = stream->Write(chunk);
-      }
-      v1::StepResponse response;
-      while (stream->Read(&response)) {
-      }
-      results[i] = stream->Finish();
+      results[i] = SendStepChunks(*stub, contexts[i].get(), created, rank,
+                                  first, kChunksPerStream, payload,
+                                  /*half_close=*/false, nullptr);
       ended.fetch_add(1);
     });
   }
@@ -244,27 +262,11 @@ TEST(MemoryLimitTest, AJobHoldsAtMostItsInFlightLimitWhateverItsStreams) {
   while (ended.load() < 8 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  v1::DeleteJobRequest remove;
-  remove.set_job_id(created.job_id());
-  remove.set_fingerprint(created.fingerprint());
-  v1::DeleteJobResponse removed;
-  grpc::ClientContext delete_context;
-  status = stub->DeleteJob(&delete_context, remove, &removed);
+  status = DeleteRawJob(*stub, created);
   ASSERT_TRUE(status.ok()) << status.error_message();
   for (std::thread& stream : streams) stream.join();
-  int refused = 0;
-  for (const grpc::Status& result : results) {
-    if (result.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      ++refused;
-      EXPECT_THAT(result.error_message(), HasSubstr("the job's limit of"));
-      EXPECT_THAT(result.error_message(), HasSubstr("1024 chunks per worker"));
-    } else {
-      EXPECT_THAT(result.error_code(),
-                  ::testing::AnyOf(grpc::StatusCode::ABORTED,
-                                   grpc::StatusCode::NOT_FOUND))
-          << result.error_message();
-    }
-  }
+  const int refused = CountRefused(
+      results, {"the job's limit of", "1024 chunks per worker"});
   // 3200 offered, 3072 kept at most: 128 chunks refused, from at least 8 of
   // the 200 streams (16 chunks each), none of them by the budget.
   EXPECT_GE(refused, 8);
