@@ -25,6 +25,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "raw_driver.h"
@@ -151,7 +154,7 @@ uint64_t RunWorkersIgnoringTheirWindow(ServerProcess& server) {
   const std::string payload(4 * kMiB, '\0');
   std::vector<grpc::Status> results(kWorkers);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(kWorkers);
-  std::atomic<uint32_t> written{0};
+  absl::BlockingCounter written(kWorkers);
   std::vector<std::thread> workers;
   for (uint32_t rank = 0; rank < kWorkers; ++rank) {
     contexts[rank] = std::make_unique<grpc::ClientContext>();
@@ -159,12 +162,10 @@ uint64_t RunWorkersIgnoringTheirWindow(ServerProcess& server) {
       results[rank] = SendStepChunks(
           *stub, contexts[rank].get(), created, rank, created.first_chunk(),
           chunks, payload, /*half_close=*/true,
-          [&written] { written.fetch_add(1); });
+          [&written] { written.DecrementCount(); });
     });
   }
-  while (written.load() < kWorkers) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  written.Wait();
   // The accepted payloads wait for peers that were refused: deleting the job
   // ends their streams (ABORTED) and gives the budget back.
   status = DeleteRawJob(*stub, created);
@@ -239,7 +240,8 @@ TEST(MemoryLimitTest, AJobHoldsAtMostItsInFlightLimitWhateverItsStreams) {
   constexpr uint32_t kStreams = kSendingWorkers * kStreamsPerWorker;
   std::vector<grpc::Status> results(kStreams);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(kStreams);
-  std::atomic<uint32_t> ended{0};
+  absl::Mutex ended_mu;
+  uint32_t ended = 0;
   std::vector<std::thread> streams;
   for (uint32_t i = 0; i < kStreams; ++i) {
     contexts[i] = std::make_unique<grpc::ClientContext>();
@@ -252,15 +254,17 @@ TEST(MemoryLimitTest, AJobHoldsAtMostItsInFlightLimitWhateverItsStreams) {
       results[i] = SendStepChunks(*stub, contexts[i].get(), created, rank,
                                   first, kChunksPerStream, payload,
                                   /*half_close=*/false, nullptr);
-      ended.fetch_add(1);
+      absl::MutexLock lock(&ended_mu);
+      ++ended;
     });
   }
   // The streams beyond the job's limit end RESOURCE_EXHAUSTED; the others
   // wait for the third worker. (Before, every stream waited.)
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (ended.load() < 8 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  {
+    absl::MutexLock lock(&ended_mu);
+    ended_mu.AwaitWithTimeout(
+        absl::Condition(+[](uint32_t* n) { return *n >= 8; }, &ended),
+        absl::Seconds(30));
   }
   status = DeleteRawJob(*stub, created);
   ASSERT_TRUE(status.ok()) << status.error_message();
