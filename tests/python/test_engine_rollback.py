@@ -13,8 +13,9 @@ import torch
 
 import depot
 from depot.torch import DepotOptimizer
-from test_rollback import (EVERY, batches, one_step, restart, start,
-                           train_through_rollbacks, wait_for_manifest)
+from test_rollback import (EVERY, batches, checkpointing_servers, one_step,
+                           restart, train_through_rollbacks,
+                           wait_for_manifest)
 
 
 def train_reference(client, name, initial, data, delayed):
@@ -39,9 +40,7 @@ def test_engine_step_raises_rolled_back_error_and_ends_bitwise(
     data = batches(10)
     torch.manual_seed(0)
     initial = torch.nn.Linear(32, 8).state_dict()
-    dirs = [str(tmp_path / f"server-{s}") for s in range(2)]
-    servers = [start(d) for d in dirs]
-    try:
+    with checkpointing_servers(tmp_path) as (servers, dirs):
         addresses = [s.address for s in servers]
         with depot.Client(addresses, unavailable_retry=20) as c:
             at_step, final = train_reference(c, f"{job_name}-ref", initial,
@@ -70,9 +69,6 @@ def test_engine_step_raises_rolled_back_error_and_ends_bitwise(
                 assert torch.equal(p.detach(), q)
             assert opt.job.reconcile() == (len(data), False)
             opt.close()
-    finally:
-        for server in servers:
-            server.stop()
 
 
 def test_engine_step_sent_again_when_no_server_went_back(tmp_path,
@@ -84,9 +80,7 @@ def test_engine_step_sent_again_when_no_server_went_back(tmp_path,
     data = batches(8)
     torch.manual_seed(0)
     initial = torch.nn.Linear(32, 8).state_dict()
-    dirs = [str(tmp_path / f"server-{s}") for s in range(2)]
-    servers = [start(d) for d in dirs]
-    try:
+    with checkpointing_servers(tmp_path) as (servers, dirs):
         addresses = [s.address for s in servers]
         with depot.Client(addresses, unavailable_retry=20) as c:
             _, final = train_reference(c, f"{job_name}-ref", initial, data,
@@ -108,9 +102,6 @@ def test_engine_step_sent_again_when_no_server_went_back(tmp_path,
             for p, q in zip(model.parameters(), final):
                 assert torch.equal(p.detach(), q)
             opt.close()
-    finally:
-        for server in servers:
-            server.stop()
 
 
 def test_delayed_update_rolls_back_and_trains_on(tmp_path, job_name):
@@ -121,9 +112,7 @@ def test_delayed_update_rolls_back_and_trains_on(tmp_path, job_name):
     data = batches(10)
     torch.manual_seed(0)
     initial = torch.nn.Linear(32, 8).state_dict()
-    dirs = [str(tmp_path / f"server-{s}") for s in range(2)]
-    servers = [start(d) for d in dirs]
-    try:
+    with checkpointing_servers(tmp_path) as (servers, dirs):
         addresses = [s.address for s in servers]
         with depot.Client(addresses, unavailable_retry=20) as c:
             model = torch.nn.Linear(32, 8)
@@ -150,6 +139,3 @@ def test_delayed_update_rolls_back_and_trains_on(tmp_path, job_name):
             opt.synchronize()
             assert opt.job.reconcile() == (len(data), False)
             opt.close()
-    finally:
-        for server in servers:
-            server.stop()

@@ -5,6 +5,7 @@ every server went back to, the parameters already hold that step's weights,
 and a trainer that reloads its data position there ends bit for bit like an
 uninterrupted run."""
 
+import contextlib
 import glob
 import os
 import time
@@ -55,6 +56,22 @@ def start(directory, address=None):
     return server_process.start_server(server_binary(), flags)
 
 
+@contextlib.contextmanager
+def checkpointing_servers(tmp_path, count=2):
+    """`count` servers (start) on their own directories under `tmp_path`;
+    yields (servers, dirs) and stops whatever `servers` holds at the end
+    (restart replaces its entries)."""
+    dirs = [str(tmp_path / f"server-{s}") for s in range(count)]
+    servers = []
+    try:
+        for d in dirs:
+            servers.append(start(d))
+        yield servers, dirs
+    finally:
+        for server in servers:
+            server.stop()
+
+
 def restart(servers, dirs, addresses, index):
     """Kills server `index` with SIGKILL and starts it again on its
     checkpoint directory and port: it restores its jobs from their newest
@@ -85,9 +102,7 @@ def test_step_raises_rolled_back_error_and_the_run_ends_bitwise(
     data = batches(10)
     torch.manual_seed(0)
     initial = torch.nn.Linear(32, 8).state_dict()
-    dirs = [str(tmp_path / f"server-{s}") for s in range(2)]
-    servers = [start(d) for d in dirs]
-    try:
+    with checkpointing_servers(tmp_path) as (servers, dirs):
         addresses = [s.address for s in servers]
         with depot.Client(addresses, unavailable_retry=20) as c:
             reference = torch.nn.Linear(32, 8)
@@ -125,16 +140,12 @@ def test_step_raises_rolled_back_error_and_the_run_ends_bitwise(
             for p, q in zip(model.parameters(), reference.parameters()):
                 assert torch.equal(p.detach(), q.detach())
             opt.close()
-    finally:
-        for server in servers:
-            server.stop()
 
 
 def test_job_reconcile_and_roll_back(tmp_path, job_name):
     """Job.reconcile() on servers that agree changes nothing; roll_back()
     to a step without a checkpoint is NotFoundError and changes nothing."""
-    servers = [start(str(tmp_path / f"server-{s}")) for s in range(2)]
-    try:
+    with checkpointing_servers(tmp_path) as (servers, _):
         with depot.Client([s.address for s in servers]) as c:
             job = c.open_job(job_name, [("w", 256, 0)], lr=1e-3,
                              chunk_elems=64)
@@ -158,9 +169,6 @@ def test_job_reconcile_and_roll_back(tmp_path, job_name):
             job.step(EVERY + 1, grads, weights)
             job.delete()
             job.close()
-    finally:
-        for server in servers:
-            server.stop()
 
 
 def test_rollback_restores_the_dynamic_loss_scale(tmp_path, job_name):
@@ -230,9 +238,7 @@ def test_save_state_refuses_servers_at_different_steps(tmp_path, job_name):
     """A server restarted behind the others holds the job at an older step:
     save_state() must not mix the two into a state no run ever had. It
     raises AbortedError naming both steps; after reconcile() it saves."""
-    dirs = [str(tmp_path / f"server-{s}") for s in range(2)]
-    servers = [start(d) for d in dirs]
-    try:
+    with checkpointing_servers(tmp_path) as (servers, dirs):
         addresses = [s.address for s in servers]
         with depot.Client(addresses, unavailable_retry=20) as c:
             job = c.open_job(job_name, [("w", 256, 0)], lr=1e-2,
@@ -251,6 +257,3 @@ def test_save_state_refuses_servers_at_different_steps(tmp_path, job_name):
                 job.save_state()
             assert job.reconcile() == (EVERY, True)
             assert len(job.save_state()) > 0
-    finally:
-        for server in servers:
-            server.stop()
