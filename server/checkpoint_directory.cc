@@ -8,18 +8,31 @@
 #include <algorithm>
 #include <cerrno>
 #include <ctime>
+#include <fstream>
+#include <map>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 
 namespace depot {
 namespace {
 
+// The implicit tenant (tenant_auth.h's kImplicitTenant, without its gRPC
+// headers).
+constexpr char kImplicitTenantName[] = "";
+// Where servers before per-tenant job names kept the tenant of each job.
+constexpr char kLegacyTenantsFile[] = "tenants";
+
 constexpr absl::string_view kJobPrefix = "job-";
+constexpr absl::string_view kTenantPrefix = "tenant-";
+constexpr absl::string_view kUnrestoredPrefix = "unrestored-";
 constexpr absl::string_view kStepPrefix = "step-";
 constexpr absl::string_view kManifestPrefix = "manifest-";
 
@@ -55,6 +68,13 @@ bool UnescapeName(absl::string_view escaped, std::string* name) {
     i += 2;
   }
   return true;
+}
+
+// Where tenant `tenant`'s job directories lie: the root itself for the
+// implicit tenant (as before tenants), else a directory of the tenant's.
+std::string TenantRoot(const std::string& root, const std::string& tenant) {
+  if (tenant == kImplicitTenantName) return root;
+  return absl::StrCat(root, "/", kTenantPrefix, EscapeName(tenant));
 }
 
 std::string StepName(uint64_t step) {
@@ -121,14 +141,13 @@ absl::StatusOr<std::unique_ptr<CheckpointDirectory>> CheckpointDirectory::Open(
       new CheckpointDirectory(root, fd, std::move(sync)));
 }
 
-std::string CheckpointDirectory::JobDirectory(
-    const std::string& job_name) const {
-  return absl::StrCat(root_, "/", kJobPrefix, EscapeName(job_name));
+std::string CheckpointDirectory::JobDirectory(const JobKey& job) const {
+  return CheckpointJobDirectory(root_, job);
 }
 
-std::string CheckpointDirectory::StepDirectory(const std::string& job_name,
+std::string CheckpointDirectory::StepDirectory(const JobKey& job,
                                                uint64_t step) const {
-  return CheckpointStepDirectory(root_, job_name, step);
+  return CheckpointStepDirectory(root_, job, step);
 }
 
 absl::StatusOr<uint64_t> CheckpointDirectory::Write(
@@ -138,8 +157,10 @@ absl::StatusOr<uint64_t> CheckpointDirectory::Write(
   };
   if (absl::Status s = pass(0); !s.ok()) return s;
   const std::string& name = checkpoint.config.name;
-  const std::string step_dir = StepDirectory(name, checkpoint.step);
-  for (const std::string& dir : {JobDirectory(name), step_dir}) {
+  const JobKey job{checkpoint.tenant, name};
+  const std::string step_dir = StepDirectory(job, checkpoint.step);
+  for (const std::string& dir :
+       {TenantRoot(root_, job.tenant), JobDirectory(job), step_dir}) {
     if (absl::Status s = MakeDirectoryDurably(dir, sync_); !s.ok()) return s;
   }
   const uint32_t servers = checkpoint.config.num_servers;
@@ -190,10 +211,9 @@ absl::StatusOr<uint64_t> CheckpointDirectory::Write(
   return manifest.shard_file_bytes;
 }
 
-std::vector<uint64_t> CheckpointDirectory::AllSteps(
-    const std::string& job_name) const {
+std::vector<uint64_t> CheckpointDirectory::AllSteps(const JobKey& job) const {
   std::vector<uint64_t> steps;
-  for (const std::string& entry : ListDirectory(JobDirectory(job_name))) {
+  for (const std::string& entry : ListDirectory(JobDirectory(job))) {
     absl::string_view rest = entry;
     uint64_t step = 0;
     if (absl::ConsumePrefix(&rest, kStepPrefix) && rest.size() == 20 &&
@@ -217,19 +237,18 @@ absl::StatusOr<std::string> CheckpointDirectory::ManifestIn(
 }
 
 std::vector<uint64_t> CheckpointDirectory::CompleteSteps(
-    const std::string& job_name) const {
+    const JobKey& job) const {
   std::vector<uint64_t> complete;
-  for (const uint64_t step : AllSteps(job_name)) {
-    absl::StatusOr<std::string> manifest =
-        ManifestIn(StepDirectory(job_name, step));
+  for (const uint64_t step : AllSteps(job)) {
+    absl::StatusOr<std::string> manifest = ManifestIn(StepDirectory(job, step));
     if (!manifest.ok() || !manifest->empty()) complete.push_back(step);
   }
   return complete;
 }
 
-absl::StatusOr<ShardCheckpoint> CheckpointDirectory::Load(
-    const std::string& job_name, uint64_t step) const {
-  const std::string step_dir = StepDirectory(job_name, step);
+absl::StatusOr<ShardCheckpoint> CheckpointDirectory::Load(const JobKey& job,
+                                                          uint64_t step) const {
+  const std::string step_dir = StepDirectory(job, step);
   absl::StatusOr<std::string> manifest_name = ManifestIn(step_dir);
   if (!manifest_name.ok()) return manifest_name.status();
   if (manifest_name->empty()) {
@@ -237,16 +256,22 @@ absl::StatusOr<ShardCheckpoint> CheckpointDirectory::Load(
         absl::StrCat(step_dir, " has no manifest: the step is not complete"));
   }
   absl::StatusOr<CheckpointManifest> manifest =
-      LoadManifest(step_dir, *manifest_name, job_name, step);
+      LoadManifest(step_dir, *manifest_name, job.name, step);
   if (!manifest.ok()) return manifest.status();
-  return LoadShardFile(step_dir, *manifest);
+  absl::StatusOr<ShardCheckpoint> checkpoint =
+      LoadShardFile(step_dir, *manifest);
+  if (checkpoint.ok()) checkpoint->tenant = job.tenant;
+  return checkpoint;
 }
 
-std::string CheckpointStepDirectory(const std::string& root,
-                                    const std::string& job_name,
+std::string CheckpointJobDirectory(const std::string& root, const JobKey& job) {
+  return absl::StrCat(TenantRoot(root, job.tenant), "/", kJobPrefix,
+                      EscapeName(job.name));
+}
+
+std::string CheckpointStepDirectory(const std::string& root, const JobKey& job,
                                     uint64_t step) {
-  return absl::StrCat(root, "/", kJobPrefix, EscapeName(job_name), "/",
-                      StepName(step));
+  return absl::StrCat(CheckpointJobDirectory(root, job), "/", StepName(step));
 }
 
 std::vector<std::string> ManifestsIn(const std::string& step_dir) {
@@ -307,17 +332,17 @@ absl::StatusOr<ShardCheckpoint> LoadShardFile(
 }
 
 absl::StatusOr<ShardCheckpoint> CheckpointDirectory::LoadNewest(
-    const std::string& job_name,
+    const JobKey& job,
     const std::function<void(uint64_t, const absl::Status&)>& on_skipped)
     const {
-  for (const uint64_t step : CompleteSteps(job_name)) {
-    absl::StatusOr<ShardCheckpoint> checkpoint = Load(job_name, step);
+  for (const uint64_t step : CompleteSteps(job)) {
+    absl::StatusOr<ShardCheckpoint> checkpoint = Load(job, step);
     if (checkpoint.ok()) return checkpoint;
     on_skipped(step, checkpoint.status());
   }
-  return absl::NotFoundError(absl::StrCat("no complete checkpoint of job \"",
-                                          job_name, "\" loads from ",
-                                          JobDirectory(job_name)));
+  return absl::NotFoundError(absl::StrCat("no complete checkpoint of ",
+                                          Describe(job), " loads from ",
+                                          JobDirectory(job)));
 }
 
 absl::Status CheckpointDirectory::RemoveStep(const std::string& step_dir) {
@@ -340,10 +365,10 @@ absl::Status CheckpointDirectory::RemoveStep(const std::string& step_dir) {
   return absl::OkStatus();
 }
 
-absl::Status CheckpointDirectory::Prune(const std::string& job_name, int keep) {
+absl::Status CheckpointDirectory::Prune(const JobKey& job, int keep) {
   int kept = 0;
-  for (const uint64_t step : AllSteps(job_name)) {
-    const std::string step_dir = StepDirectory(job_name, step);
+  for (const uint64_t step : AllSteps(job)) {
+    const std::string step_dir = StepDirectory(job, step);
     absl::StatusOr<std::string> manifest = ManifestIn(step_dir);
     const bool complete = !manifest.ok() || !manifest->empty();
     if (complete && kept < keep) {
@@ -355,24 +380,24 @@ absl::Status CheckpointDirectory::Prune(const std::string& job_name, int keep) {
   return absl::OkStatus();
 }
 
-absl::Status CheckpointDirectory::RemoveStepsAfter(const std::string& job_name,
+absl::Status CheckpointDirectory::RemoveStepsAfter(const JobKey& job,
                                                    uint64_t step) {
-  for (const uint64_t later : AllSteps(job_name)) {
+  for (const uint64_t later : AllSteps(job)) {
     if (later <= step) break;  // newest first
-    if (absl::Status s = RemoveStep(StepDirectory(job_name, later)); !s.ok()) {
+    if (absl::Status s = RemoveStep(StepDirectory(job, later)); !s.ok()) {
       return s;
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckpointDirectory::RemoveJob(const std::string& job_name) {
-  for (const uint64_t step : AllSteps(job_name)) {
-    if (absl::Status s = RemoveStep(StepDirectory(job_name, step)); !s.ok()) {
+absl::Status CheckpointDirectory::RemoveJob(const JobKey& job) {
+  for (const uint64_t step : AllSteps(job)) {
+    if (absl::Status s = RemoveStep(StepDirectory(job, step)); !s.ok()) {
       return s;
     }
   }
-  const std::string dir = JobDirectory(job_name);
+  const std::string dir = JobDirectory(job);
   for (const std::string& entry : ListDirectory(dir)) {
     if (absl::Status s = RemoveFile(absl::StrCat(dir, "/", entry)); !s.ok()) {
       return s;
@@ -384,33 +409,105 @@ absl::Status CheckpointDirectory::RemoveJob(const std::string& job_name) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> CheckpointDirectory::SetAside(
-    const std::string& job_name) {
-  const std::string dir = JobDirectory(job_name);
+absl::StatusOr<std::string> CheckpointDirectory::SetAside(const JobKey& job) {
+  const std::string dir = JobDirectory(job);
   if (::access(dir.c_str(), F_OK) != 0) return std::string();
+  const std::string parent = TenantRoot(root_, job.tenant);
   const std::string aside =
-      absl::StrCat(root_, "/unrestored-", EscapeName(job_name), "-",
+      absl::StrCat(parent, "/", kUnrestoredPrefix, EscapeName(job.name), "-",
                    static_cast<int64_t>(std::time(nullptr)));
   if (::rename(dir.c_str(), aside.c_str()) != 0) {
     return absl::ErrnoToStatus(
         errno, absl::StrCat("cannot rename ", dir, " to ", aside));
   }
-  if (absl::Status s = SyncDirectory(root_, sync_); !s.ok()) return s;
+  if (absl::Status s = SyncDirectory(parent, sync_); !s.ok()) return s;
   return aside;
 }
 
-std::vector<std::string> CheckpointDirectory::JobNames() const {
-  std::vector<std::string> names;
+std::vector<JobKey> CheckpointDirectory::Jobs() const {
+  std::vector<JobKey> jobs;
+  // The job directories of the tenant whose directory is `dir`.
+  const auto add_jobs = [&jobs](const std::string& dir,
+                                const std::string& tenant) {
+    for (const std::string& entry : ListDirectory(dir)) {
+      absl::string_view rest = entry;
+      std::string name;
+      if (absl::ConsumePrefix(&rest, kJobPrefix) && UnescapeName(rest, &name) &&
+          !name.empty()) {
+        jobs.push_back(JobKey{tenant, std::move(name)});
+      }
+    }
+  };
+  add_jobs(root_, kImplicitTenantName);
   for (const std::string& entry : ListDirectory(root_)) {
     absl::string_view rest = entry;
-    std::string name;
-    if (absl::ConsumePrefix(&rest, kJobPrefix) && UnescapeName(rest, &name) &&
-        !name.empty()) {
-      names.push_back(std::move(name));
+    std::string tenant;
+    if (absl::ConsumePrefix(&rest, kTenantPrefix) &&
+        UnescapeName(rest, &tenant) && !tenant.empty()) {
+      add_jobs(absl::StrCat(root_, "/", entry), tenant);
     }
   }
-  std::sort(names.begin(), names.end());
-  return names;
+  std::sort(jobs.begin(), jobs.end());
+  return jobs;
+}
+
+absl::StatusOr<int> CheckpointDirectory::AdoptTenantsFile() {
+  const std::string path = absl::StrCat(root_, "/", kLegacyTenantsFile);
+  std::ifstream in(path);
+  if (!in) return 0;
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    return absl::DataLossError(absl::StrCat("cannot read ", path));
+  }
+  std::map<std::string, std::string> tenants;  // job name -> tenant
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text.str(), '\n')) {
+    ++line_number;
+    if (line.empty() || line.front() == '#') continue;
+    const std::vector<absl::string_view> fields = absl::StrSplit(line, ' ');
+    const bool hex = fields.size() == 2 && !fields[1].empty() &&
+                     fields[1].size() % 2 == 0 &&
+                     fields[1].find_first_not_of("0123456789abcdef") ==
+                         absl::string_view::npos;
+    if (!hex || fields[0].empty()) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": line ", line_number,
+                       " is not \"TENANT HEX(JOB NAME)\"; the jobs it names "
+                       "stay the implicit tenant's until it is fixed"));
+    }
+    tenants[absl::HexStringToBytes(fields[1])] = std::string(fields[0]);
+  }
+  int moved = 0;
+  for (const auto& [name, tenant] : tenants) {
+    const std::string from =
+        CheckpointJobDirectory(root_, JobKey{kImplicitTenantName, name});
+    // Gone: moved by an earlier start that stopped before the file was
+    // removed (or the job was deleted).
+    if (::access(from.c_str(), F_OK) != 0) continue;
+    const JobKey job{tenant, name};
+    const std::string to = JobDirectory(job);
+    if (::access(to.c_str(), F_OK) == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot move ", from, " to ", to,
+                       ", which exists: move or remove one of them by hand"));
+    }
+    if (absl::Status s = MakeDirectoryDurably(TenantRoot(root_, tenant), sync_);
+        !s.ok()) {
+      return s;
+    }
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      return absl::ErrnoToStatus(
+          errno, absl::StrCat("cannot rename ", from, " to ", to));
+    }
+    for (const std::string& dir : {TenantRoot(root_, tenant), root_}) {
+      if (absl::Status s = SyncDirectory(dir, sync_); !s.ok()) return s;
+    }
+    ++moved;
+  }
+  if (absl::Status s = RemoveFile(path); !s.ok()) return s;
+  if (absl::Status s = SyncDirectory(root_, sync_); !s.ok()) return s;
+  return moved;
 }
 
 }  // namespace depot

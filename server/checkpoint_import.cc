@@ -35,7 +35,9 @@ absl::StatusOr<CheckpointForShard> ReadCheckpointForShard(
   std::map<uint32_t, OldShard> old_shards;
   uint32_t old_num_servers = 0;
   for (const std::string& root : checkpoint_dirs) {
-    const std::string step_dir = CheckpointStepDirectory(root, name, step);
+    // The importing job's tenant's checkpoints only (JobKey).
+    const std::string step_dir =
+        CheckpointStepDirectory(root, shape.key(), step);
     step_dirs.push_back(step_dir);
     for (const std::string& file : ManifestsIn(step_dir)) {
       absl::StatusOr<CheckpointManifest> manifest =

@@ -30,7 +30,9 @@ struct CheckpointForShard {
 };
 
 // Reads the checkpoint of `step` of `shape`'s job, written by any number of
-// servers into `checkpoint_dirs`, for `shape`'s shard. First every manifest
+// servers into `checkpoint_dirs`, for `shape`'s shard. The job is looked for
+// by its key (its tenant's directory there, and its name), so a tenant
+// imports only its own tenant's checkpoints. First every manifest
 // of the step in every directory is read and checked (LoadManifest), and the
 // step must be complete: one manifest for each old server with a non-empty
 // shard, all of one server count, each with the job's fingerprint. Only then

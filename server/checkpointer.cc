@@ -22,21 +22,20 @@ Checkpointer::~Checkpointer() { Stop(); }
 
 void Checkpointer::JobAdded(const std::shared_ptr<ShardState>& shard,
                             bool restored) {
-  const std::string name = shard->shape().config().name;
+  const JobKey key = shard->shape().key();
   if (!restored) {
     // Checkpoints of this name that were not restored belong to another
     // job (or failed to verify): keep them apart from this job's.
-    Enqueue([this, name] {
-      absl::StatusOr<std::string> aside = directory_->SetAside(name);
+    Enqueue([this, key] {
+      absl::StatusOr<std::string> aside = directory_->SetAside(key);
       if (!aside.ok()) {
-        log_(absl::StrFormat(
-            "cannot set aside old checkpoints of job \"%s\": %s", name,
-            aside.status().ToString()));
+        log_(absl::StrFormat("cannot set aside old checkpoints of %s: %s",
+                             Describe(key), aside.status().ToString()));
       } else if (!aside->empty()) {
         log_(absl::StrFormat(
-            "job \"%s\" was created afresh; its earlier checkpoints, which "
+            "%s was created afresh; its earlier checkpoints, which "
             "were not restored, were moved to %s",
-            name, *aside));
+            Describe(key), *aside));
       }
     });
   }
@@ -56,35 +55,36 @@ void Checkpointer::JobAdded(const std::shared_ptr<ShardState>& shard,
         std::make_shared<std::unique_ptr<ShardCheckpoint>>(std::move(capture));
     Enqueue([this, job, held] { Write(job, std::move(*held)).IgnoreError(); });
   };
-  hooks.on_skipped = [this, name](uint64_t step) {
+  hooks.on_skipped = [this, key](uint64_t step) {
     metrics_->checkpoints_skipped.Increment();
     log_(absl::StrFormat(
-        "checkpoint of job \"%s\" at step %d skipped: the previous one is "
+        "checkpoint of %s at step %d skipped: the previous one is "
         "still being written",
-        name, step));
+        Describe(key), step));
   };
   shard->EnableCaptures(std::move(hooks));
 }
 
 void Checkpointer::JobDeleted(const std::shared_ptr<ShardState>& shard) {
-  RemoveCheckpoints(shard->shape().config().name, "deleted job");
+  RemoveCheckpoints(shard->shape().key(), "deleted job");
 }
 
 void Checkpointer::JobStateReplaced(const std::shared_ptr<ShardState>& shard) {
-  RemoveCheckpoints(shard->shape().config().name,
+  RemoveCheckpoints(shard->shape().key(),
                     "job whose state was replaced by ImportState:");
 }
 
-void Checkpointer::RemoveCheckpoints(const std::string& name,
+void Checkpointer::RemoveCheckpoints(const JobKey& key,
                                      const std::string& why) {
   // Queued after any write of the job's last capture, so it removes that
   // one too.
-  Enqueue([this, name, why] {
-    if (absl::Status s = directory_->RemoveJob(name); !s.ok()) {
-      log_(absl::StrFormat("cannot remove the checkpoints of %s \"%s\": %s",
-                           why, name, s.ToString()));
+  Enqueue([this, key, why] {
+    if (absl::Status s = directory_->RemoveJob(key); !s.ok()) {
+      log_(absl::StrFormat("cannot remove the checkpoints of %s %s: %s", why,
+                           Describe(key), s.ToString()));
     } else {
-      log_(absl::StrFormat("removed the checkpoints of %s \"%s\"", why, name));
+      log_(absl::StrFormat("removed the checkpoints of %s %s", why,
+                           Describe(key)));
     }
   });
 }
@@ -107,22 +107,22 @@ absl::Status Checkpointer::RunOnWriter(Task task) {
 }
 
 absl::StatusOr<std::vector<uint64_t>> Checkpointer::CompleteSteps(
-    const std::string& name) {
+    const JobKey& key) {
   std::vector<uint64_t> steps;
   if (absl::Status s = RunOnWriter(
-          [this, &name, &steps] { steps = directory_->CompleteSteps(name); });
+          [this, &key, &steps] { steps = directory_->CompleteSteps(key); });
       !s.ok()) {
     return s;
   }
   return steps;
 }
 
-absl::StatusOr<ShardCheckpoint> Checkpointer::Load(const std::string& name,
+absl::StatusOr<ShardCheckpoint> Checkpointer::Load(const JobKey& key,
                                                    uint64_t step) {
   absl::StatusOr<ShardCheckpoint> loaded =
       absl::UnavailableError("not read");
-  if (absl::Status s = RunOnWriter([this, &name, step, &loaded] {
-        loaded = directory_->Load(name, step);
+  if (absl::Status s = RunOnWriter([this, &key, step, &loaded] {
+        loaded = directory_->Load(key, step);
       });
       !s.ok()) {
     return s;
@@ -130,13 +130,13 @@ absl::StatusOr<ShardCheckpoint> Checkpointer::Load(const std::string& name,
   return loaded;
 }
 
-void Checkpointer::RemoveStepsAfter(const std::string& name, uint64_t step) {
-  Enqueue([this, name, step] {
-    if (absl::Status s = directory_->RemoveStepsAfter(name, step); !s.ok()) {
+void Checkpointer::RemoveStepsAfter(const JobKey& key, uint64_t step) {
+  Enqueue([this, key, step] {
+    if (absl::Status s = directory_->RemoveStepsAfter(key, step); !s.ok()) {
       log_(absl::StrFormat(
-          "cannot remove the checkpoints of \"%s\" after step %d, which it "
+          "cannot remove the checkpoints of %s after step %d, which it "
           "was rolled back to: %s",
-          name, step, s.ToString()));
+          Describe(key), step, s.ToString()));
     }
   });
 }
@@ -253,7 +253,7 @@ absl::Status Checkpointer::Write(const std::weak_ptr<ShardState>& job,
     return absl::AbortedError("the job was deleted before its checkpoint "
                               "was written");
   }
-  const std::string& name = capture->config.name;
+  const JobKey key{capture->tenant, capture->config.name};
   const uint64_t step = capture->step;
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<uint64_t> bytes =
@@ -264,9 +264,9 @@ absl::Status Checkpointer::Write(const std::weak_ptr<ShardState>& job,
   if (!bytes.ok() && Abandoned()) {
     // Not a failure of the disk: no alert, and the message says why.
     log_(absl::StrFormat(
-        "checkpoint of job \"%s\" at step %d not written: the server is "
+        "checkpoint of %s at step %d not written: the server is "
         "shutting down and its grace period is over (%s)",
-        name, step, bytes.status().message()));
+        Describe(key), step, bytes.status().message()));
     shard->ReleaseCapture(std::move(capture));
     return absl::UnavailableError(absl::StrFormat(
         "server is shutting down: the checkpoint of step %d was not written",
@@ -275,9 +275,9 @@ absl::Status Checkpointer::Write(const std::weak_ptr<ShardState>& job,
   if (!bytes.ok()) {
     metrics_->checkpoint_failures.Increment();
     log_(absl::StrFormat(
-        "CHECKPOINT FAILED: job \"%s\" step %d was not checkpointed: %s (the "
+        "CHECKPOINT FAILED: %s step %d was not checkpointed: %s (the "
         "next checkpoint step writes a new file)",
-        name, step, bytes.status().ToString()));
+        Describe(key), step, bytes.status().ToString()));
     shard->ReleaseCapture(std::move(capture));
     return bytes.status();
   } else {
@@ -285,13 +285,14 @@ absl::Status Checkpointer::Write(const std::weak_ptr<ShardState>& job,
     metrics_->checkpoint_bytes.Increment(static_cast<double>(*bytes));
     metrics_->checkpoint_write_seconds.Observe(seconds);
     metrics_->checkpoint_last_success.Set(absl::ToUnixSeconds(absl::Now()));
-    log_(absl::StrFormat(
-        "checkpoint of job \"%s\" at step %d written to %s "
-        "(%d bytes, %.3f s)",
-        name, step, directory_->StepDirectory(name, step), *bytes, seconds));
-    if (absl::Status s = directory_->Prune(name, policy_.keep); !s.ok()) {
-      log_(absl::StrFormat("cannot prune old checkpoints of job \"%s\": %s",
-                           name, s.ToString()));
+    log_(
+        absl::StrFormat("checkpoint of %s at step %d written to %s "
+                        "(%d bytes, %.3f s)",
+                        Describe(key), step,
+                        directory_->StepDirectory(key, step), *bytes, seconds));
+    if (absl::Status s = directory_->Prune(key, policy_.keep); !s.ok()) {
+      log_(absl::StrFormat("cannot prune old checkpoints of %s: %s",
+                           Describe(key), s.ToString()));
     }
   }
   shard->ReleaseCapture(std::move(capture));
@@ -302,17 +303,17 @@ int RestoreJobs(const CheckpointDirectory& directory, JobStore& jobs,
                 ServerMetrics& metrics,
                 const std::function<void(const std::string&)>& log) {
   int restored = 0;
-  for (const std::string& name : directory.JobNames()) {
+  for (const JobKey& key : directory.Jobs()) {
     absl::StatusOr<ShardCheckpoint> checkpoint =
-        directory.LoadNewest(name, [&](uint64_t step, const absl::Status& why) {
+        directory.LoadNewest(key, [&](uint64_t step, const absl::Status& why) {
           log(absl::StrFormat(
-              "checkpoint of job \"%s\" at step %d cannot be used, trying "
+              "checkpoint of %s at step %d cannot be used, trying "
               "an older one: %s",
-              name, step, why.ToString()));
+              Describe(key), step, why.ToString()));
         });
     if (!checkpoint.ok()) {
       metrics.job_restore_failures.Increment();
-      log(absl::StrFormat("job \"%s\" NOT restored: %s", name,
+      log(absl::StrFormat("%s NOT restored: %s", Describe(key),
                           checkpoint.status().ToString()));
       continue;
     }
@@ -322,17 +323,16 @@ int RestoreJobs(const CheckpointDirectory& directory, JobStore& jobs,
         jobs.Restore(*std::move(checkpoint));
     if (!shard.ok()) {
       metrics.job_restore_failures.Increment();
-      log(absl::StrFormat("job \"%s\" NOT restored from step %d: %s", name,
+      log(absl::StrFormat("%s NOT restored from step %d: %s", Describe(key),
                           step, shard.status().ToString()));
       continue;
     }
     metrics.jobs_restored.Increment();
     ++restored;
-    log(absl::StrFormat(
-        "restored job %d \"%s\" (server %d of %d) at step %d from %s",
-        (*shard)->job_id(), name, server,
-        (*shard)->shape().config().num_servers, step,
-        directory.StepDirectory(name, step)));
+    log(absl::StrFormat("restored %s (server %d of %d) at step %d from %s",
+                        Describe(key, (*shard)->job_id()), server,
+                        (*shard)->shape().config().num_servers, step,
+                        directory.StepDirectory(key, step)));
   }
   return restored;
 }

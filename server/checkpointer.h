@@ -81,14 +81,14 @@ class Checkpointer : public JobListener {
 
   // Rolling back (the RollBack RPC), on the writer thread after everything
   // queued so far. The job's complete steps, newest first.
-  absl::StatusOr<std::vector<uint64_t>> CompleteSteps(const std::string& name);
+  absl::StatusOr<std::vector<uint64_t>> CompleteSteps(const JobKey& key);
   // Reads and verifies the job's checkpoint of `step` on this server
   // (CheckpointDirectory::Load: NOT_FOUND, DATA_LOSS naming the file).
-  absl::StatusOr<ShardCheckpoint> Load(const std::string& name, uint64_t step);
+  absl::StatusOr<ShardCheckpoint> Load(const JobKey& key, uint64_t step);
   // Queues the removal of the job's checkpoints after `step`: the job was
   // rolled back to `step`, and a restart must not bring back the steps it
   // left.
-  void RemoveStepsAfter(const std::string& name, uint64_t step);
+  void RemoveStepsAfter(const JobKey& key, uint64_t step);
 
   // Waits until everything queued so far has been done.
   void Flush();
@@ -114,9 +114,9 @@ class Checkpointer : public JobListener {
   // Queues `task` and waits until the writer thread has run it; UNAVAILABLE
   // (without running it) once the checkpointer is stopping.
   absl::Status RunOnWriter(Task task);
-  // Queues the removal of every checkpoint of job `name`; `why` says whose
+  // Queues the removal of every checkpoint of job `key`; `why` says whose
   // they are in the log line.
-  void RemoveCheckpoints(const std::string& name, const std::string& why);
+  void RemoveCheckpoints(const JobKey& key, const std::string& why);
   void RunWriter();
   // Writes and gives the capture back; the write's status.
   absl::Status Write(const std::weak_ptr<ShardState>& job,

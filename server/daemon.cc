@@ -20,8 +20,6 @@ namespace depot {
 namespace {
 
 constexpr int kMaxMessageBytes = 64 << 20;
-// In --checkpoint_dir: the tenant of each job (job_owners.h).
-constexpr const char* kTenantsFileName = "tenants";
 // The name clients ask the health service about (besides "", the whole server).
 constexpr const char* kServiceName = "depot.v1.Depot";
 // After the grace period: how long the handlers that were just failed get to
@@ -153,6 +151,20 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
         std::make_unique<Checkpointer>(daemon->checkpoint_dir_.get(), policy,
                                        daemon->metrics_.get(), &LogLine);
     daemon->jobs_->SetListener(daemon->checkpointer_.get(), policy.every_steps);
+    // Checkpoints of tenants' jobs written before job names were per tenant:
+    // into their tenants' directories, so that they restore as theirs.
+    if (absl::StatusOr<int> adopted =
+            daemon->checkpoint_dir_->AdoptTenantsFile();
+        !adopted.ok()) {
+      LogLine(
+          absl::StrCat("the tenants file of an older server was not "
+                       "applied: ",
+                       adopted.status().ToString()));
+    } else if (*adopted > 0) {
+      LogLine(absl::StrCat("moved ", *adopted,
+                           " tenants' jobs into their tenants' directories "
+                           "(the tenants file of an older server)"));
+    }
     // Before serving: a client that finds the server up finds its jobs.
     RestoreJobs(*daemon->checkpoint_dir_, *daemon->jobs_, *daemon->metrics_,
                 &LogLine);
@@ -181,12 +193,7 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
   }
   daemon->service_ = std::make_unique<DepotService>(
       daemon->jobs_.get(), daemon->metrics_.get(), daemon->checkpointer_.get(),
-      daemon->auth_.get(),
-      // Only with tenants to remember: without authentication every job is
-      // the implicit tenant's.
-      daemon->auth_->enabled() && !options.checkpoint_dir.empty()
-          ? absl::StrCat(options.checkpoint_dir, "/", kTenantsFileName)
-          : std::string());
+      daemon->auth_.get());
   DepotService::AdminHooks admin;
   admin.admin_tenants = options.admin_tenants;
   admin.request_shutdown = options.request_shutdown;

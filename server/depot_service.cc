@@ -70,20 +70,8 @@ size_t MaxRequestBytes(Rpc rpc) {
 }  // namespace
 
 DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
-                           Checkpointer* checkpointer, const TenantAuth* auth,
-                           const std::string& tenants_file)
-    : jobs_(jobs),
-      metrics_(metrics),
-      checkpointer_(checkpointer),
-      auth_(auth),
-      owners_(tenants_file) {
-  std::vector<std::pair<std::string, uint64_t>> restored;
-  for (const std::shared_ptr<ShardState>& shard : jobs_->Jobs()) {
-    restored.emplace_back(shard->shape().config().name, shard->job_id());
-  }
-  if (absl::Status s = owners_.AddRestored(restored); !s.ok()) {
-    Log(absl::StrCat("the tenants of restored jobs: ", s.ToString()));
-  }
+                           Checkpointer* checkpointer, const TenantAuth* auth)
+    : jobs_(jobs), metrics_(metrics), checkpointer_(checkpointer), auth_(auth) {
   RegisterRawMethods();
 }
 
@@ -273,19 +261,24 @@ absl::Status UnknownJob(uint64_t job_id) {
 
 absl::StatusOr<std::shared_ptr<ShardState>> DepotService::FindOwned(
     Caller& caller, uint64_t job_id) const {
-  if (!owners_.Owns(caller.tenant, job_id)) return UnknownJob(job_id);
   absl::StatusOr<std::shared_ptr<ShardState>> shard = jobs_->Find(job_id);
-  if (shard.ok()) NoteJob(&caller.job, **shard);
+  if (!shard.ok() || (*shard)->shape().tenant() != caller.tenant) {
+    return UnknownJob(job_id);
+  }
+  NoteJob(&caller.job, **shard);
   return shard;
 }
 
 absl::StatusOr<std::shared_ptr<ShardState>> DepotService::FindOwned(
     Caller& caller, uint64_t job_id, uint64_t fingerprint) const {
-  if (!owners_.Owns(caller.tenant, job_id)) return UnknownJob(job_id);
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Find(job_id, fingerprint);
-  if (shard.ok()) NoteJob(&caller.job, **shard);
-  return shard;
+  // The owner first: another tenant's job must not tell its fingerprint
+  // apart.
+  if (absl::StatusOr<std::shared_ptr<ShardState>> owned =
+          FindOwned(caller, job_id);
+      !owned.ok()) {
+    return owned;
+  }
+  return jobs_->Find(job_id, fingerprint);
 }
 
 absl::Status DepotService::ExceptionStatus(const std::exception& e) {
@@ -360,12 +353,12 @@ absl::Status DepotService::DoCreateJob(Caller& caller,
                                        v1::CreateJobResponse* response) {
   absl::StatusOr<JobConfig> config = JobConfigFromProto(request.spec());
   if (!config.ok()) return config.status();
-  const std::string name = config->name;
   if (draining()) {
     // A drained server takes no new job; the jobs it holds go on.
+    const JobKey key{caller.tenant, config->name};
     bool held = false;
     for (const std::shared_ptr<ShardState>& shard : jobs_->Jobs()) {
-      held = held || shard->shape().config().name == name;
+      held = held || shard->shape().key() == key;
     }
     if (!held) {
       return absl::UnavailableError(
@@ -374,23 +367,9 @@ absl::Status DepotService::DoCreateJob(Caller& caller,
           "`depotctl drain --resume`");
     }
   }
-  if (absl::Status s = owners_.ClaimName(caller.tenant, name); !s.ok()) {
-    return s;
-  }
-  absl::StatusOr<OpenedJob> opened =
-      jobs_->CreateOrAttach(*std::move(config), request.server_index());
-  if (!opened.ok()) {
-    owners_.Abandoned(name);
-    return opened.status();
-  }
-  if (absl::Status s =
-          owners_.Established(caller.tenant, name, opened->shard->job_id());
-      !s.ok()) {
-    Log(absl::StrCat("job \"", name,
-                     "\" is not in the tenants file (a restart "
-                     "would give it to no tenant): ",
-                     s.ToString()));
-  }
+  absl::StatusOr<OpenedJob> opened = jobs_->CreateOrAttach(
+      *std::move(config), request.server_index(), caller.tenant);
+  if (!opened.ok()) return opened.status();
   const ShardState& shard = *opened->shard;
   NoteJob(&caller.job, shard);
   const JobShape& shape = shard.shape();
@@ -402,10 +381,11 @@ absl::Status DepotService::DoCreateJob(Caller& caller,
   response->set_first_chunk(shape.shard().first_chunk);
   response->set_end_chunk(shape.shard().end_chunk);
   response->set_state_bytes(shape.state_bytes());
-  Log(absl::StrFormat("%s job %d \"%s\" (server %d of %d, %d bytes of state)",
+  Log(absl::StrFormat("%s %s (server %d of %d, %d bytes of state)",
                       opened->created ? "created" : "attached to",
-                      shard.job_id(), shape.config().name, shape.server_index(),
-                      shape.config().num_servers, shape.state_bytes()));
+                      Describe(shape.key(), shard.job_id()),
+                      shape.server_index(), shape.config().num_servers,
+                      shape.state_bytes()));
   return absl::OkStatus();
 }
 
@@ -520,17 +500,11 @@ absl::Status DepotService::DoDeleteJob(Caller& caller,
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
       jobs_->Delete(request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
-  if (absl::Status s =
-          owners_.Removed((*shard)->shape().config().name, request.job_id());
-      !s.ok()) {
-    Log(absl::StrCat("the tenants file still names deleted job ",
-                     request.job_id(), ": ", s.ToString()));
-  }
   FailStreamsOf(request.job_id(),
                 absl::AbortedError(
                     absl::StrCat("job ", request.job_id(), " was deleted")));
-  Log(absl::StrFormat("deleted job %d \"%s\"", request.job_id(),
-                      (*shard)->shape().config().name));
+  Log(absl::StrCat("deleted ",
+                   Describe((*shard)->shape().key(), request.job_id())));
   return absl::OkStatus();
 }
 
@@ -600,7 +574,7 @@ absl::Status DepotService::DoListCheckpoints(
   // Without a --checkpoint_dir there are none: the list is empty.
   if (checkpointer_ == nullptr) return absl::OkStatus();
   absl::StatusOr<std::vector<uint64_t>> steps =
-      checkpointer_->CompleteSteps((*shard)->shape().config().name);
+      checkpointer_->CompleteSteps((*shard)->shape().key());
   if (!steps.ok()) return steps.status();
   for (const uint64_t step : *steps) response->add_steps(step);
   if (request.verify()) return VerifyCheckpoints(**shard, *steps, response);
@@ -622,7 +596,7 @@ absl::Status DepotService::DoRollBack(Caller& caller,
       FindOwned(caller, request.job_id(), request.fingerprint());
   if (!found.ok()) return found.status();
   ShardState& shard = **found;
-  const std::string& name = shard.shape().config().name;
+  const JobKey key = shard.shape().key();
   const uint64_t step = request.step();
   // Checked before anything changes: a step the shard has not reached, or
   // one it has left without a checkpoint to go back to.
@@ -641,7 +615,7 @@ absl::Status DepotService::DoRollBack(Caller& caller,
           " and this server has no --checkpoint_dir to restore from"));
     }
     absl::StatusOr<std::vector<uint64_t>> steps =
-        checkpointer_->CompleteSteps(name);
+        checkpointer_->CompleteSteps(key);
     if (!steps.ok()) return steps.status();
     if (std::find(steps->begin(), steps->end(), step) == steps->end()) {
       return absl::NotFoundError(absl::StrCat(
@@ -676,7 +650,7 @@ absl::Status DepotService::DoRollBack(Caller& caller,
                   " bytes, ", jobs_->budget()->used(),
                   " in use) has no room to read the checkpoint's ",
                   shard.shape().state_bytes(), " bytes of state"))
-            : checkpointer_->Load(name, step);
+            : checkpointer_->Load(key, step);
     if (loaded.ok() && (loaded->fingerprint != shard.shape().fingerprint() ||
                         loaded->server_index != shard.shape().server_index() ||
                         loaded->chunks.size() != shard.shape().shard().num_chunks())) {
@@ -693,18 +667,18 @@ absl::Status DepotService::DoRollBack(Caller& caller,
       static_cast<double>(dropped));
   if (!status.ok()) {
     Log(absl::StrFormat(
-        "job %d \"%s\" NOT rolled back to step %d (it stays at step %d; %d "
+        "%s NOT rolled back to step %d (it stays at step %d; %d "
         "contributions in flight were dropped): %s",
-        request.job_id(), name, step, shard.completed_step(), dropped,
+        Describe(key, request.job_id()), step, shard.completed_step(), dropped,
         status.ToString()));
     return status;
   }
-  if (checkpointer_ != nullptr) checkpointer_->RemoveStepsAfter(name, step);
+  if (checkpointer_ != nullptr) checkpointer_->RemoveStepsAfter(key, step);
   metrics_->rollbacks.Increment();
   Log(absl::StrFormat(
-      "job %d \"%s\" rolled back to step %d (%s; %d contributions in flight "
+      "%s rolled back to step %d (%s; %d contributions in flight "
       "dropped)",
-      request.job_id(), name, step,
+      Describe(key, request.job_id()), step,
       restored ? "restored from its checkpoint" : "it was at that step",
       dropped));
   response->set_step(step);

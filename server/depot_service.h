@@ -19,8 +19,8 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
@@ -30,7 +30,6 @@
 #include "depot/v1/depot.grpc.pb.h"
 #include "server/checkpointer.h"
 #include "server/import_roots.h"
-#include "server/job_owners.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/raw_stream.h"
@@ -54,14 +53,11 @@ class DepotService final
  public:
   // `jobs`, `metrics`, `checkpointer` (null: the server has no
   // --checkpoint_dir) and `auth` (null: every caller is the implicit tenant)
-  // must outlive the service. `tenants_file` (empty: none) keeps the tenant
-  // of each job across restarts; the jobs `jobs` holds already (restored
-  // from checkpoints) are the tenants' it names, else the implicit tenant's
-  // (job_owners.h).
+  // must outlive the service. A job belongs to the tenant that created it
+  // (JobShape::tenant); job names are per tenant (JobKey).
   DepotService(JobStore* jobs, ServerMetrics* metrics,
                Checkpointer* checkpointer = nullptr,
-               const TenantAuth* auth = nullptr,
-               const std::string& tenants_file = "");
+               const TenantAuth* auth = nullptr);
 
   grpc::Status CreateJob(grpc::ServerContext* context,
                          const v1::CreateJobRequest* request,
@@ -275,7 +271,6 @@ class DepotService final
   ServerMetrics* const metrics_;
   Checkpointer* const checkpointer_;
   const TenantAuth* const auth_;
-  JobOwners owners_;
   AdminHooks admin_;
   std::atomic<bool> draining_{false};
   ImportRoots import_roots_;

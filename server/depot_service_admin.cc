@@ -87,8 +87,9 @@ absl::Status DepotService::DoServerStatus(const Caller& caller,
       static_cast<uint32_t>(metrics_->active_streams.Value()));
   const bool admin = IsAdmin(caller);
   response->set_all_tenants(admin);
+  response->set_caller_tenant(caller.tenant);
   for (const std::shared_ptr<ShardState>& shard : jobs_->Jobs()) {
-    const std::string tenant = owners_.OwnerOf(shard->job_id());
+    const std::string& tenant = shard->shape().tenant();
     if (!admin && tenant != caller.tenant) continue;
     const JobShape& shape = shard->shape();
     v1::JobSummary* job = response->add_jobs();
@@ -116,7 +117,7 @@ absl::Status DepotService::DoServerStatus(const Caller& caller,
     job->set_state_bytes(shape.state_bytes());
     if (checkpointer_ != nullptr) {
       absl::StatusOr<std::vector<uint64_t>> steps =
-          checkpointer_->CompleteSteps(shape.config().name);
+          checkpointer_->CompleteSteps(shape.key());
       // Newest first; an unreadable directory shows as none.
       if (steps.ok() && !steps->empty()) {
         job->set_newest_checkpoint_step(steps->front());
@@ -176,6 +177,7 @@ absl::Status DepotService::DoDrain(const Caller& caller,
       v1::DrainedJob* drained = response->add_checkpoints();
       drained->set_job_id(shard->job_id());
       drained->set_name(shard->shape().config().name);
+      drained->set_tenant(shard->shape().tenant());
       absl::StatusOr<uint64_t> step = checkpointer_->CheckpointNow(shard);
       if (step.ok()) {
         drained->set_step(*step);
@@ -215,7 +217,7 @@ absl::Status DepotService::VerifyCheckpoints(
     v1::CheckpointVerification* verified = response->add_verified();
     verified->set_step(step);
     absl::StatusOr<ShardCheckpoint> loaded =
-        checkpointer_->Load(shape.config().name, step);
+        checkpointer_->Load(shape.key(), step);
     if (!loaded.ok()) {
       verified->set_error(loaded.status().ToString());
     } else if (loaded->fingerprint != shape.fingerprint() ||

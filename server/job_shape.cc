@@ -21,7 +21,8 @@ uint64_t StateBytes(uint64_t shard_elems, uint64_t per_elem) {
 }  // namespace
 
 absl::StatusOr<JobShape> JobShape::Create(JobConfig config,
-                                          uint32_t server_index) {
+                                          uint32_t server_index,
+                                          std::string tenant) {
   absl::StatusOr<JobGeometry> geometry = MakeJobGeometry(config);
   if (!geometry.ok()) return geometry.status();
   if (server_index >= config.num_servers) {
@@ -30,12 +31,13 @@ absl::StatusOr<JobShape> JobShape::Create(JobConfig config,
         config.num_servers, " servers"));
   }
   return JobShape(std::move(config), std::move(geometry->layout),
-                  std::move(geometry->plan), server_index);
+                  std::move(geometry->plan), server_index, std::move(tenant));
 }
 
 JobShape::JobShape(JobConfig config, Layout layout, ShardPlan plan,
-                   uint32_t server_index)
+                   uint32_t server_index, std::string tenant)
     : config_(std::move(config)),
+      tenant_(std::move(tenant)),
       layout_(std::move(layout)),
       plan_(std::move(plan)),
       fingerprint_(Fingerprint(config_)),

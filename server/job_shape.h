@@ -2,27 +2,35 @@
 // any state: the layout, the shard plan, which shard this server holds, the
 // fingerprint and the bytes of state the shard needs. A pure function of
 // (config, server index), so the memory budget can be checked before anything
-// is allocated.
+// is allocated; it also carries the job's owner (JobKey), which the
+// fingerprint does not cover.
 #ifndef DEPOT_SERVER_JOB_SHAPE_H_
 #define DEPOT_SERVER_JOB_SHAPE_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "depot/job_config.h"
 #include "depot/layout.h"
 #include "depot/shard_plan.h"
+#include "server/job_key.h"
 
 namespace depot {
 
 class JobShape {
  public:
   // INVALID_ARGUMENT when the config is invalid (ValidateJobConfig) or
-  // server_index >= config.num_servers.
+  // server_index >= config.num_servers. `tenant` owns the job (JobKey).
   static absl::StatusOr<JobShape> Create(JobConfig config,
-                                         uint32_t server_index);
+                                         uint32_t server_index,
+                                         std::string tenant = "");
 
   const JobConfig& config() const { return config_; }
+  // The tenant that owns the job ("": the implicit tenant).
+  const std::string& tenant() const { return tenant_; }
+  // The job's identity on this server: its tenant and its name.
+  JobKey key() const { return JobKey{tenant_, config_.name}; }
   const Layout& layout() const { return layout_; }
   const ShardPlan& plan() const { return plan_; }
   uint64_t fingerprint() const { return fingerprint_; }
@@ -44,9 +52,10 @@ class JobShape {
 
  private:
   JobShape(JobConfig config, Layout layout, ShardPlan plan,
-           uint32_t server_index);
+           uint32_t server_index, std::string tenant);
 
   JobConfig config_;
+  std::string tenant_;
   Layout layout_;
   ShardPlan plan_;
   uint64_t fingerprint_;

@@ -28,20 +28,22 @@ JobStore::JobStore(uint64_t memory_limit_bytes, ThreadPool* pool,
       bench_noop_update_(bench_noop_update) {}
 
 absl::StatusOr<OpenedJob> JobStore::CreateOrAttach(JobConfig config,
-                                                   uint32_t server_index) {
+                                                   uint32_t server_index,
+                                                   std::string tenant) {
   absl::StatusOr<JobShape> shape =
-      JobShape::Create(std::move(config), server_index);
+      JobShape::Create(std::move(config), server_index, std::move(tenant));
   if (!shape.ok()) return shape.status();
-  const std::string name = shape->config().name;
+  const JobKey key = shape->key();
+  const std::string& name = key.name;
 
   absl::MutexLock lock(&mu_);
-  // A job of this name being created by another request: wait for it, then
-  // attach to it (or, if that creation failed, create it here).
+  // The tenant's job of this name being created by another request: wait
+  // for it, then attach to it (or, if that creation failed, create it here).
   auto not_creating = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return creating_.count(name) == 0;
+    return creating_.count(key) == 0;
   };
   mu_.Await(absl::Condition(&not_creating));
-  if (auto it = ids_by_name_.find(name); it != ids_by_name_.end()) {
+  if (auto it = ids_by_key_.find(key); it != ids_by_key_.end()) {
     std::shared_ptr<ShardState> existing = jobs_.at(it->second);
     const JobShape& have = existing->shape();
     if (have.fingerprint() != shape->fingerprint()) {
@@ -113,14 +115,14 @@ uint64_t JobStore::ChargedBytes(const JobShape& shape) const {
 
 absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Restore(
     ShardCheckpoint checkpoint) {
-  absl::StatusOr<JobShape> shape =
-      JobShape::Create(checkpoint.config, checkpoint.server_index);
+  absl::StatusOr<JobShape> shape = JobShape::Create(
+      checkpoint.config, checkpoint.server_index, checkpoint.tenant);
   if (!shape.ok()) return shape.status();
-  const std::string name = shape->config().name;
+  const JobKey key = shape->key();
   absl::MutexLock lock(&mu_);
-  if (ids_by_name_.count(name) != 0 || creating_.count(name) != 0) {
+  if (ids_by_key_.count(key) != 0 || creating_.count(key) != 0) {
     return absl::AlreadyExistsError(
-        absl::StrFormat("job \"%s\" already exists on this server", name));
+        absl::StrCat(Describe(key), " already exists on this server"));
   }
   return CreateLocked(*std::move(shape), /*restored=*/true,
                       [&](ShardState& shard) {
@@ -131,7 +133,8 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Restore(
 absl::StatusOr<std::shared_ptr<ShardState>> JobStore::CreateLocked(
     JobShape shape, bool restored,
     const std::function<absl::Status(ShardState&)>& prepare) {
-  const std::string name = shape.config().name;
+  const JobKey key = shape.key();
+  const std::string& name = key.name;
   if (listener_ == nullptr && shape.config().checkpoint_every_steps > 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "job \"%s\" asks for a checkpoint every %d steps, but this server "
@@ -164,7 +167,7 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::CreateLocked(
   // GB): other jobs' RPCs, which look their jobs up here, must not wait for
   // it, so it runs unlocked with the name and the budget reserved.
   const uint64_t id = next_id_++;
-  creating_.insert(name);
+  creating_.insert(key);
   mu_.Unlock();
   // Nothing may throw past here with mu_ released or the name reserved: the
   // caller's lock would be released twice, and the name would stay
@@ -184,11 +187,11 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::CreateLocked(
     shard = CreationFailed(name, e);
   }
   mu_.Lock();
-  creating_.erase(name);
+  creating_.erase(key);
   if (shard.ok()) {
     try {
       jobs_.emplace(id, *shard);
-      ids_by_name_.emplace(name, id);
+      ids_by_key_.emplace(key, id);
     } catch (const std::exception& e) {
       jobs_.erase(id);
       shard = CreationFailed(name, e);
@@ -257,7 +260,7 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::Delete(
     if (!shard.ok()) return shard.status();
     (*shard)->MarkDeleted();
     jobs_.erase(job_id);
-    ids_by_name_.erase((*shard)->shape().config().name);
+    ids_by_key_.erase((*shard)->shape().key());
     state_bytes_ -= ChargedBytes((*shard)->shape());
     budget_->Release(ChargedBytes((*shard)->shape()));
     UpdateGaugesLocked();

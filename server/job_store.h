@@ -1,7 +1,8 @@
-// JobStore: the jobs this server holds, by id and by name, within a memory
-// budget. CreateOrAttach is idempotent for a job with the same name, config and
-// server index, so every worker may call it; ids are assigned 1, 2, 3, ... and
-// never reused.
+// JobStore: the jobs this server holds, by id and by key (tenant and name,
+// JobKey), within a memory budget. CreateOrAttach is idempotent for a job
+// with the same tenant, name, config and server index, so every worker may
+// call it; two tenants' jobs of one name are two jobs. Ids are assigned 1, 2,
+// 3, ... across tenants and never reused.
 //
 // Thread safety: all methods may be called concurrently.
 #ifndef DEPOT_SERVER_JOB_STORE_H_
@@ -20,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "depot/job_config.h"
+#include "server/job_key.h"
 #include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/payload_pool.h"
@@ -83,22 +85,25 @@ class JobStore {
   // refused. REQUIRES: called before any job exists.
   void SetListener(JobListener* listener, uint64_t default_every_steps);
 
-  // Creates the job, or attaches to the job of the same name when its
-  // fingerprint and server index match. INVALID_ARGUMENT: invalid config or
-  // server index. FAILED_PRECONDITION: a job of that name exists with another
+  // Creates `tenant`'s job, or attaches to the tenant's job of the same name
+  // when its fingerprint and server index match; another tenant's jobs play
+  // no part. INVALID_ARGUMENT: invalid config or server index.
+  // FAILED_PRECONDITION: the tenant's job of that name exists with another
   // fingerprint or server index. RESOURCE_EXHAUSTED: the budget (or the system)
   // cannot hold the new job's state; nothing is allocated then. The state is
   // allocated without holding the store's lock, so other jobs' RPCs go on
-  // meanwhile; a concurrent request for the same name waits for that
+  // meanwhile; a concurrent request for the same job waits for that
   // creation and attaches to its job.
   absl::StatusOr<OpenedJob> CreateOrAttach(JobConfig config,
-                                           uint32_t server_index);
+                                           uint32_t server_index,
+                                           std::string tenant = "");
 
-  // Adds the job of `checkpoint` with its state (ShardState::ImportChunks),
-  // as a restart restores it; later CreateOrAttach calls with the same
-  // config and server index attach to it. ALREADY_EXISTS: a job of that name
-  // exists. RESOURCE_EXHAUSTED as CreateOrAttach. INVALID_ARGUMENT (config,
-  // or state that does not fit it): nothing is added.
+  // Adds the job of `checkpoint` (its tenant's) with its state
+  // (ShardState::ImportChunks), as a restart restores it; later
+  // CreateOrAttach calls of that tenant with the same config and server
+  // index attach to it. ALREADY_EXISTS: the tenant's job of that name exists.
+  // RESOURCE_EXHAUSTED as CreateOrAttach. INVALID_ARGUMENT (config, or state
+  // that does not fit it): nothing is added.
   absl::StatusOr<std::shared_ptr<ShardState>> Restore(
       ShardCheckpoint checkpoint);
 
@@ -139,7 +144,7 @@ class JobStore {
   uint64_t ChargedBytes(const JobShape& shape) const;
   // Checks the budget, allocates the job's state with the name and budget
   // reserved (mu_ released meanwhile), runs `prepare` on it, tells the
-  // listener and adds the job. REQUIRES: no job of that name exists or is
+  // listener and adds the job. REQUIRES: no job of that key exists or is
   // being created.
   absl::StatusOr<std::shared_ptr<ShardState>> CreateLocked(
       JobShape shape, bool restored,
@@ -162,12 +167,12 @@ class JobStore {
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<ShardState>> jobs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, uint64_t> ids_by_name_ ABSL_GUARDED_BY(mu_);
+  std::map<JobKey, uint64_t> ids_by_key_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t state_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Jobs being created (their state allocated outside mu_; their bytes
   // reserved in budget_ until they are in jobs_ or have failed).
-  std::set<std::string> creating_ ABSL_GUARDED_BY(mu_);
+  std::set<JobKey> creating_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace depot

@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<ShardCheckpoint>> ShardState::CaptureNow() {
   }
   const ShardRange& shard = shape_.shard();
   capture->config = shape_.config();
+  capture->tenant = shape_.tenant();
   capture->fingerprint = shape_.fingerprint();
   capture->server_index = shape_.server_index();
   capture->chunks.resize(shard.num_chunks());
@@ -121,6 +122,7 @@ void ShardState::CaptureChunk(uint64_t chunk_index, uint64_t step,
                        ? std::move(capture_spare_)
                        : std::make_unique<ShardCheckpoint>();
         capture_->config = shape_.config();
+        capture_->tenant = shape_.tenant();
         capture_->fingerprint = shape_.fingerprint();
         capture_->server_index = shape_.server_index();
         capture_->step = step;

@@ -129,6 +129,10 @@ struct ChunkSnapshot {
 // (server/checkpoint_format.h) and what a capture copies (EnableCaptures).
 struct ShardCheckpoint {
   JobConfig config;
+  // The tenant that owns the job (JobShape::tenant). Not in the files, whose
+  // format predates tenants: a checkpoint's directory says whose it is
+  // (CheckpointDirectory).
+  std::string tenant;
   uint64_t fingerprint = 0;
   uint32_t server_index = 0;
   uint64_t step = 0;

@@ -162,17 +162,16 @@ std::string StatusEndpoint::StatusJson() const {
                                             pending.since)
                   .count();
     jobs.push_back(absl::StrCat(
-        "{\"id\":", shard->job_id(), ",\"name\":", JsonString(shape.config().name),
-        ",\"server_index\":", shape.server_index(),
-        ",\"num_servers\":", shape.config().num_servers,
-        ",\"num_workers\":", shape.config().num_workers,
-        ",\"step\":", shard->completed_step(),
+        "{\"id\":", shard->job_id(),
+        ",\"name\":", JsonString(shape.config().name), ",\"tenant\":",
+        JsonString(shape.tenant()), ",\"server_index\":", shape.server_index(),
+        ",\"num_servers\":", shape.config().num_servers, ",\"num_workers\":",
+        shape.config().num_workers, ",\"step\":", shard->completed_step(),
         ",\"newest_step\":", shard->newest_step(),
         ",\"pending_step\":", pending.step, ",\"missing_workers\":[",
         absl::StrJoin(pending.missing_workers, ","), "]",
-        ",\"waiting_seconds\":", JsonNumber(waiting),
-        ",\"shard_params\":", shape.shard().size(),
-        ",\"state_bytes\":", shape.state_bytes(), "}"));
+        ",\"waiting_seconds\":", JsonNumber(waiting), ",\"shard_params\":",
+        shape.shard().size(), ",\"state_bytes\":", shape.state_bytes(), "}"));
   }
   absl::StrAppend(&out, ",\"jobs\":[", absl::StrJoin(jobs, ","), "]}");
   return out;

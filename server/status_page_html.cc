@@ -167,7 +167,9 @@ function update(status) {
     const row = document.createElement("tr");
     const missing = j.missing_workers.length
         ? "<span class=\"missing\">" + j.missing_workers.join(", ") + "</span>" : "";
-    const cells = [j.name, j.id, (j.server_index + 1) + " of " + j.num_servers,
+    // Job names are per tenant: a tenant's job shows as "tenant / name".
+    const name = j.tenant ? j.tenant + " / " + j.name : j.name;
+    const cells = [name, j.id, (j.server_index + 1) + " of " + j.num_servers,
       j.step + (j.newest_step !== j.step ? " (" + j.newest_step + " in part)" : ""),
       (j.num_workers - j.missing_workers.length) + " of " + j.num_workers,
       missing, j.pending_step ? j.waiting_seconds.toFixed(1) : "",

@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/tests/checkpoint_test_util.h"
@@ -55,11 +57,12 @@ class CheckpointDirectoryTest : public ::testing::Test {
   }
 
   std::string ShardFile(const CheckpointDirectory& dir, uint64_t step) const {
-    return dir.StepDirectory("ckpt-job", step) + "/shard-1-of-2.ckpt";
+    return dir.StepDirectory(JobKey{"", "ckpt-job"}, step) +
+           "/shard-1-of-2.ckpt";
   }
   std::string ManifestFile(const CheckpointDirectory& dir,
                            uint64_t step) const {
-    return dir.StepDirectory("ckpt-job", step) + "/manifest-1-of-2";
+    return dir.StepDirectory(JobKey{"", "ckpt-job"}, step) + "/manifest-1-of-2";
   }
 
   TempDir temp_;
@@ -71,9 +74,10 @@ TEST_F(CheckpointDirectoryTest, WrittenCheckpointLoadsBack) {
   Write(*dir, checkpoint);
   EXPECT_TRUE(fs::exists(ShardFile(*dir, 10)));
   EXPECT_TRUE(fs::exists(ManifestFile(*dir, 10)));
-  EXPECT_THAT(dir->JobNames(), ElementsAre("ckpt-job"));
-  EXPECT_THAT(dir->CompleteSteps("ckpt-job"), ElementsAre(10u));
-  absl::StatusOr<ShardCheckpoint> loaded = dir->Load("ckpt-job", 10);
+  EXPECT_THAT(dir->Jobs(), ElementsAre(JobKey{"", "ckpt-job"}));
+  EXPECT_THAT(dir->CompleteSteps(JobKey{"", "ckpt-job"}), ElementsAre(10u));
+  absl::StatusOr<ShardCheckpoint> loaded =
+      dir->Load(JobKey{"", "ckpt-job"}, 10);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ExpectSameCheckpoint(*loaded, checkpoint);
 }
@@ -93,13 +97,14 @@ TEST_F(CheckpointDirectoryTest, AbandonedRewriteOfAStepLeavesItComplete) {
         return absl::OkStatus();
       });
   ASSERT_FALSE(again.ok());
-  EXPECT_THAT(dir->CompleteSteps("ckpt-job"), ElementsAre(10u));
-  absl::StatusOr<ShardCheckpoint> loaded = dir->Load("ckpt-job", 10);
+  EXPECT_THAT(dir->CompleteSteps(JobKey{"", "ckpt-job"}), ElementsAre(10u));
+  absl::StatusOr<ShardCheckpoint> loaded =
+      dir->Load(JobKey{"", "ckpt-job"}, 10);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->step, 10u);
   // And a rewrite that finishes leaves it complete too.
   Write(*dir, checkpoint);
-  EXPECT_THAT(dir->CompleteSteps("ckpt-job"), ElementsAre(10u));
+  EXPECT_THAT(dir->CompleteSteps(JobKey{"", "ckpt-job"}), ElementsAre(10u));
 }
 
 TEST_F(CheckpointDirectoryTest, NoTemporaryFilesAreLeft) {
@@ -107,7 +112,7 @@ TEST_F(CheckpointDirectoryTest, NoTemporaryFilesAreLeft) {
   Write(*dir, At(10));
   std::vector<std::string> names;
   for (const auto& entry :
-       fs::directory_iterator(dir->StepDirectory("ckpt-job", 10))) {
+       fs::directory_iterator(dir->StepDirectory(JobKey{"", "ckpt-job"}, 10))) {
     names.push_back(entry.path().filename());
   }
   std::sort(names.begin(), names.end());
@@ -119,11 +124,11 @@ TEST_F(CheckpointDirectoryTest, StepWithoutManifestIsIncomplete) {
   Write(*dir, At(10));
   Write(*dir, At(20));
   fs::remove(ManifestFile(*dir, 20));  // a crash before the manifest
-  EXPECT_THAT(dir->CompleteSteps("ckpt-job"), ElementsAre(10u));
-  EXPECT_EQ(dir->Load("ckpt-job", 20).status().code(),
+  EXPECT_THAT(dir->CompleteSteps(JobKey{"", "ckpt-job"}), ElementsAre(10u));
+  EXPECT_EQ(dir->Load(JobKey{"", "ckpt-job"}, 20).status().code(),
             absl::StatusCode::kNotFound);
-  absl::StatusOr<ShardCheckpoint> newest =
-      dir->LoadNewest("ckpt-job", [](uint64_t, const absl::Status&) {
+  absl::StatusOr<ShardCheckpoint> newest = dir->LoadNewest(
+      JobKey{"", "ckpt-job"}, [](uint64_t, const absl::Status&) {
         ADD_FAILURE() << "no complete step should be skipped";
       });
   ASSERT_TRUE(newest.ok()) << newest.status();
@@ -163,7 +168,7 @@ TEST_F(CheckpointDirectoryTest, DamagedNewestFallsBackToPreviousComplete) {
 
     std::vector<std::pair<uint64_t, absl::Status>> skipped;
     absl::StatusOr<ShardCheckpoint> newest = dir->LoadNewest(
-        "ckpt-job", [&](uint64_t step, const absl::Status& why) {
+        JobKey{"", "ckpt-job"}, [&](uint64_t step, const absl::Status& why) {
           skipped.emplace_back(step, why);
         });
     ASSERT_TRUE(newest.ok()) << newest.status();
@@ -184,8 +189,9 @@ TEST_F(CheckpointDirectoryTest, DamagedManifestFallsBackToPreviousComplete) {
   manifest[manifest.size() - 3] ^= 0x01;
   WriteFileBytes(ManifestFile(*dir, 20), manifest);
   absl::Status why;
-  absl::StatusOr<ShardCheckpoint> newest = dir->LoadNewest(
-      "ckpt-job", [&](uint64_t, const absl::Status& s) { why = s; });
+  absl::StatusOr<ShardCheckpoint> newest =
+      dir->LoadNewest(JobKey{"", "ckpt-job"},
+                      [&](uint64_t, const absl::Status& s) { why = s; });
   ASSERT_TRUE(newest.ok()) << newest.status();
   EXPECT_EQ(newest->step, 10u);
   EXPECT_EQ(why.code(), absl::StatusCode::kDataLoss);
@@ -197,14 +203,15 @@ TEST_F(CheckpointDirectoryTest, NothingLoadableIsNotFound) {
   Write(*dir, At(10));
   fs::remove(ShardFile(*dir, 10));
   int skipped = 0;
-  EXPECT_EQ(dir->LoadNewest("ckpt-job",
+  EXPECT_EQ(dir->LoadNewest(JobKey{"", "ckpt-job"},
                             [&](uint64_t, const absl::Status&) { ++skipped; })
                 .status()
                 .code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(skipped, 1);
-  EXPECT_EQ(dir->LoadNewest("never-written", nullptr).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(
+      dir->LoadNewest(JobKey{"", "never-written"}, nullptr).status().code(),
+      absl::StatusCode::kNotFound);
 }
 
 TEST_F(CheckpointDirectoryTest, PruneKeepsTheLastKCompleteSteps) {
@@ -212,21 +219,23 @@ TEST_F(CheckpointDirectoryTest, PruneKeepsTheLastKCompleteSteps) {
   for (uint64_t step = 5; step <= 30; step += 5) Write(*dir, At(step));
   // An incomplete leftover among them, and one newer than all.
   fs::remove(ManifestFile(*dir, 25));
-  fs::create_directories(dir->StepDirectory("ckpt-job", 35));
-  WriteFileBytes(dir->StepDirectory("ckpt-job", 35) + "/shard-1-of-2.ckpt",
-                 "partial");
+  fs::create_directories(dir->StepDirectory(JobKey{"", "ckpt-job"}, 35));
+  WriteFileBytes(
+      dir->StepDirectory(JobKey{"", "ckpt-job"}, 35) + "/shard-1-of-2.ckpt",
+      "partial");
 
-  ASSERT_TRUE(dir->Prune("ckpt-job", 3).ok());
-  EXPECT_THAT(dir->CompleteSteps("ckpt-job"), ElementsAre(30u, 20u, 15u));
-  EXPECT_FALSE(fs::exists(dir->StepDirectory("ckpt-job", 35)));
-  EXPECT_FALSE(fs::exists(dir->StepDirectory("ckpt-job", 25)));
-  EXPECT_FALSE(fs::exists(dir->StepDirectory("ckpt-job", 10)));
-  EXPECT_FALSE(fs::exists(dir->StepDirectory("ckpt-job", 5)));
+  ASSERT_TRUE(dir->Prune(JobKey{"", "ckpt-job"}, 3).ok());
+  EXPECT_THAT(dir->CompleteSteps(JobKey{"", "ckpt-job"}),
+              ElementsAre(30u, 20u, 15u));
+  EXPECT_FALSE(fs::exists(dir->StepDirectory(JobKey{"", "ckpt-job"}, 35)));
+  EXPECT_FALSE(fs::exists(dir->StepDirectory(JobKey{"", "ckpt-job"}, 25)));
+  EXPECT_FALSE(fs::exists(dir->StepDirectory(JobKey{"", "ckpt-job"}, 10)));
+  EXPECT_FALSE(fs::exists(dir->StepDirectory(JobKey{"", "ckpt-job"}, 5)));
   for (uint64_t step : {15u, 20u, 30u}) {
-    EXPECT_TRUE(dir->Load("ckpt-job", step).ok()) << step;
+    EXPECT_TRUE(dir->Load(JobKey{"", "ckpt-job"}, step).ok()) << step;
   }
-  ASSERT_TRUE(dir->Prune("ckpt-job", 1).ok());
-  EXPECT_THAT(dir->CompleteSteps("ckpt-job"), ElementsAre(30u));
+  ASSERT_TRUE(dir->Prune(JobKey{"", "ckpt-job"}, 1).ok());
+  EXPECT_THAT(dir->CompleteSteps(JobKey{"", "ckpt-job"}), ElementsAre(30u));
 }
 
 // fsync(2) that fails with EIO, once, for the first file or directory whose
@@ -265,15 +274,15 @@ TEST_F(CheckpointDirectoryTest, FailedFsyncFailsTheCheckpointAndIsNotRetried) {
   EXPECT_THAT(written.status().message(), HasSubstr("fsync failed"));
   EXPECT_THAT(written.status().message(), HasSubstr(sync->failed_path));
   EXPECT_EQ(sync->matching_calls, 1) << "nothing may retry a failed fsync";
-  EXPECT_THAT(dir->CompleteSteps("ckpt-job"), IsEmpty());
+  EXPECT_THAT(dir->CompleteSteps(JobKey{"", "ckpt-job"}), IsEmpty());
   EXPECT_FALSE(fs::exists(ShardFile(*dir, 10)));
   // No temporary file is left to be fsynced again later.
-  EXPECT_TRUE(fs::is_empty(dir->StepDirectory("ckpt-job", 10)));
+  EXPECT_TRUE(fs::is_empty(dir->StepDirectory(JobKey{"", "ckpt-job"}, 10)));
 
   // The next checkpoint writes new files and succeeds.
   Write(*dir, At(20));
   EXPECT_EQ(sync->matching_calls, 2);
-  EXPECT_THAT(dir->CompleteSteps("ckpt-job"), ElementsAre(20u));
+  EXPECT_THAT(dir->CompleteSteps(JobKey{"", "ckpt-job"}), ElementsAre(20u));
 }
 
 TEST_F(CheckpointDirectoryTest, FailedManifestFsyncLeavesTheStepIncomplete) {
@@ -282,7 +291,7 @@ TEST_F(CheckpointDirectoryTest, FailedManifestFsyncLeavesTheStepIncomplete) {
   absl::StatusOr<uint64_t> written = dir->Write(At(10));
   ASSERT_FALSE(written.ok());
   EXPECT_THAT(written.status().message(), HasSubstr("manifest-1-of-2"));
-  EXPECT_THAT(dir->CompleteSteps("ckpt-job"), IsEmpty());
+  EXPECT_THAT(dir->CompleteSteps(JobKey{"", "ckpt-job"}), IsEmpty());
 }
 
 TEST_F(CheckpointDirectoryTest, FailedDirectoryFsyncLeavesTheStepIncomplete) {
@@ -293,7 +302,7 @@ TEST_F(CheckpointDirectoryTest, FailedDirectoryFsyncLeavesTheStepIncomplete) {
   absl::StatusOr<uint64_t> written = dir->Write(At(10));
   ASSERT_FALSE(written.ok());
   EXPECT_THAT(written.status().message(), HasSubstr("directory"));
-  EXPECT_THAT(dir->CompleteSteps("ckpt-job"), IsEmpty());
+  EXPECT_THAT(dir->CompleteSteps(JobKey{"", "ckpt-job"}), IsEmpty());
 }
 
 // A write stopped by its gate (a shutdown abandoning it) at any piece,
@@ -310,7 +319,7 @@ TEST_F(CheckpointDirectoryTest, WriteStoppedByItsGateLeavesNothingComplete) {
                          })
                   .ok());
   ASSERT_GT(pieces, 3);
-  fs::remove_all(dir->StepDirectory("ckpt-job", 20));
+  fs::remove_all(dir->StepDirectory(JobKey{"", "ckpt-job"}, 20));
   for (int stop_at : {1, 2, pieces / 2, pieces - 1, pieces}) {
     int calls = 0;
     absl::StatusOr<uint64_t> written =
@@ -320,9 +329,9 @@ TEST_F(CheckpointDirectoryTest, WriteStoppedByItsGateLeavesNothingComplete) {
         });
     ASSERT_FALSE(written.ok()) << "stopped at call " << stop_at;
     EXPECT_EQ(written.status().code(), absl::StatusCode::kUnavailable);
-    EXPECT_THAT(dir->CompleteSteps("ckpt-job"), ElementsAre(10u));
+    EXPECT_THAT(dir->CompleteSteps(JobKey{"", "ckpt-job"}), ElementsAre(10u));
     EXPECT_FALSE(fs::exists(ManifestFile(*dir, 20)));
-    const std::string step_dir = dir->StepDirectory("ckpt-job", 20);
+    const std::string step_dir = dir->StepDirectory(JobKey{"", "ckpt-job"}, 20);
     if (fs::exists(step_dir)) {
       for (const auto& entry : fs::directory_iterator(step_dir)) {
         EXPECT_THAT(entry.path().filename().string(),
@@ -331,8 +340,8 @@ TEST_F(CheckpointDirectoryTest, WriteStoppedByItsGateLeavesNothingComplete) {
       }
     }
   }
-  absl::StatusOr<ShardCheckpoint> newest =
-      dir->LoadNewest("ckpt-job", [](uint64_t, const absl::Status&) {});
+  absl::StatusOr<ShardCheckpoint> newest = dir->LoadNewest(
+      JobKey{"", "ckpt-job"}, [](uint64_t, const absl::Status&) {});
   ASSERT_TRUE(newest.ok()) << newest.status();
   EXPECT_EQ(newest->step, 10u);
 }
@@ -361,11 +370,16 @@ TEST_F(CheckpointDirectoryTest, JobNamesWithAnyBytesRoundTrip) {
     c.config.name = name;
     c.fingerprint = Fingerprint(c.config);
     Write(*dir, c);
-    ASSERT_TRUE(dir->Load(name, 4).ok()) << name;
+    ASSERT_TRUE(dir->Load(JobKey{"", name}, 4).ok()) << name;
   }
   std::vector<std::string> sorted = names;
   std::sort(sorted.begin(), sorted.end());
-  EXPECT_EQ(dir->JobNames(), sorted);
+  std::vector<std::string> found;
+  for (const JobKey& job : dir->Jobs()) {
+    EXPECT_EQ(job.tenant, "");
+    found.push_back(job.name);
+  }
+  EXPECT_EQ(found, sorted);
   for (const auto& entry : fs::directory_iterator(dir->root())) {
     EXPECT_EQ(entry.path().parent_path(), fs::path(dir->root()));
   }
@@ -375,23 +389,115 @@ TEST_F(CheckpointDirectoryTest, RemoveJobRemovesEverything) {
   auto dir = Open();
   Write(*dir, At(10));
   Write(*dir, At(20));
-  ASSERT_TRUE(dir->RemoveJob("ckpt-job").ok());
-  EXPECT_FALSE(fs::exists(dir->JobDirectory("ckpt-job")));
-  EXPECT_THAT(dir->JobNames(), IsEmpty());
-  EXPECT_TRUE(dir->RemoveJob("ckpt-job").ok());
+  ASSERT_TRUE(dir->RemoveJob(JobKey{"", "ckpt-job"}).ok());
+  EXPECT_FALSE(fs::exists(dir->JobDirectory(JobKey{"", "ckpt-job"})));
+  EXPECT_THAT(dir->Jobs(), IsEmpty());
+  EXPECT_TRUE(dir->RemoveJob(JobKey{"", "ckpt-job"}).ok());
 }
 
 TEST_F(CheckpointDirectoryTest, SetAsideHidesTheJobFromRestores) {
   auto dir = Open();
-  absl::StatusOr<std::string> none = dir->SetAside("ckpt-job");
+  absl::StatusOr<std::string> none = dir->SetAside(JobKey{"", "ckpt-job"});
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(*none, "");
   Write(*dir, At(10));
-  absl::StatusOr<std::string> aside = dir->SetAside("ckpt-job");
+  absl::StatusOr<std::string> aside = dir->SetAside(JobKey{"", "ckpt-job"});
   ASSERT_TRUE(aside.ok()) << aside.status();
   EXPECT_THAT(*aside, HasSubstr("unrestored-ckpt-job-"));
   EXPECT_TRUE(fs::exists(*aside + "/step-00000000000000000010"));
-  EXPECT_THAT(dir->JobNames(), IsEmpty());
+  EXPECT_THAT(dir->Jobs(), IsEmpty());
+}
+
+// Job names are per tenant: three jobs "ckpt-job" (the implicit tenant's,
+// alpha's and beta's) are three directories, and each is read, set aside and
+// removed on its own.
+TEST_F(CheckpointDirectoryTest, EachTenantsJobsLieInADirectoryOfItsOwn) {
+  auto dir = Open();
+  const JobKey plain{"", "ckpt-job"};
+  const JobKey alpha{"alpha", "ckpt-job"};
+  const JobKey beta{"beta", "ckpt-job"};
+  for (const auto& [job, step] :
+       {std::pair{plain, 10}, std::pair{alpha, 20}, std::pair{beta, 30}}) {
+    ShardCheckpoint c = At(step);
+    c.tenant = job.tenant;
+    Write(*dir, c);
+  }
+  EXPECT_THAT(dir->Jobs(), ElementsAre(plain, alpha, beta));
+  EXPECT_EQ(dir->JobDirectory(alpha),
+            dir->root() + "/tenant-alpha/job-ckpt-job");
+  EXPECT_EQ(dir->JobDirectory(plain), dir->root() + "/job-ckpt-job");
+  EXPECT_THAT(dir->CompleteSteps(alpha), ElementsAre(20u));
+  absl::StatusOr<ShardCheckpoint> loaded = dir->Load(beta, 30);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->tenant, "beta");
+  EXPECT_EQ(dir->Load(beta, 20).status().code(), absl::StatusCode::kNotFound);
+
+  absl::StatusOr<std::string> aside = dir->SetAside(alpha);
+  ASSERT_TRUE(aside.ok()) << aside.status();
+  EXPECT_THAT(*aside, HasSubstr("/tenant-alpha/unrestored-ckpt-job-"));
+  ASSERT_TRUE(dir->RemoveJob(beta).ok());
+  EXPECT_THAT(dir->Jobs(), ElementsAre(plain));
+  EXPECT_THAT(dir->CompleteSteps(plain), ElementsAre(10u));
+}
+
+// A tenant name that is not a plain word (a client certificate's common name
+// may hold any byte) is escaped like a job name.
+TEST_F(CheckpointDirectoryTest, TenantNamesWithAnyBytesRoundTrip) {
+  auto dir = Open();
+  const JobKey job{"CN=a/b c", "ckpt-job"};
+  ShardCheckpoint c = At(4);
+  c.tenant = job.tenant;
+  Write(*dir, c);
+  EXPECT_THAT(dir->Jobs(), ElementsAre(job));
+  EXPECT_EQ(fs::path(dir->JobDirectory(job)).parent_path().parent_path(),
+            fs::path(dir->root()));
+  EXPECT_TRUE(dir->Load(job, 4).ok());
+}
+
+// The tenants file of a server from before per-tenant names: the jobs it
+// names move into their tenants' directories (and only those), the file
+// goes, and doing it again changes nothing.
+TEST_F(CheckpointDirectoryTest, AdoptsTheTenantsFileOfAnOlderServer) {
+  auto dir = Open();
+  for (const std::string name : {"alpha-run", "plain-run", "beta-run"}) {
+    ShardCheckpoint c = At(10);
+    c.config.name = name;
+    c.fingerprint = Fingerprint(c.config);
+    Write(*dir, c);
+  }
+  const std::string file = dir->root() + "/tenants";
+  WriteFileBytes(file,
+                 "# depot-server: the tenant of each job\n"
+                 "alpha " +
+                     absl::BytesToHexString("alpha-run") + "\n" + "beta " +
+                     absl::BytesToHexString("beta-run") + "\n" + "beta " +
+                     absl::BytesToHexString("deleted-run") + "\n");
+  absl::StatusOr<int> moved = dir->AdoptTenantsFile();
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(*moved, 2);
+  EXPECT_THAT(dir->Jobs(),
+              ElementsAre(JobKey{"", "plain-run"}, JobKey{"alpha", "alpha-run"},
+                          JobKey{"beta", "beta-run"}));
+  absl::StatusOr<ShardCheckpoint> loaded =
+      dir->Load(JobKey{"alpha", "alpha-run"}, 10);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->tenant, "alpha");
+  EXPECT_FALSE(fs::exists(file));
+  moved = dir->AdoptTenantsFile();
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(*moved, 0);
+}
+
+TEST_F(CheckpointDirectoryTest, ADamagedTenantsFileMovesNothingAndStays) {
+  auto dir = Open();
+  Write(*dir, At(10));
+  const std::string file = dir->root() + "/tenants";
+  WriteFileBytes(file, "alpha not-hex\n");
+  absl::StatusOr<int> moved = dir->AdoptTenantsFile();
+  EXPECT_EQ(moved.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(moved.status().message(), HasSubstr("line 1"));
+  EXPECT_TRUE(fs::exists(file));
+  EXPECT_THAT(dir->Jobs(), ElementsAre(JobKey{"", "ckpt-job"}));
 }
 
 }  // namespace

@@ -62,7 +62,8 @@ class CheckpointImportTest : public ::testing::Test {
     return {OldDir(2), OldDir(0), OldDir(1)};  // any order
   }
   std::string StepDir(uint32_t server) const {
-    return CheckpointStepDirectory(OldDir(server), "ckpt-job", kStep);
+    return CheckpointStepDirectory(OldDir(server), JobKey{"", "ckpt-job"},
+                                   kStep);
   }
 
   TempDir temp_;

@@ -290,8 +290,8 @@ TEST_F(CheckpointerTest, WritesEachCaptureStepAndKeepsTheLastK) {
     RunStep(*shard, step, 0.125f * static_cast<float>(step));
     checkpointer_->Flush();
   }
-  EXPECT_THAT(dir_->CompleteSteps("job"), ElementsAre(6u, 4u));
-  absl::StatusOr<ShardCheckpoint> loaded = dir_->Load("job", 6);
+  EXPECT_THAT(dir_->CompleteSteps(JobKey{"", "job"}), ElementsAre(6u, 4u));
+  absl::StatusOr<ShardCheckpoint> loaded = dir_->Load(JobKey{"", "job"}, 6);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ExpectSameCheckpoint(*loaded, ExportAt(*shard, 6));
   EXPECT_EQ(metrics_.checkpoints_written.Value(), 3.0);
@@ -313,7 +313,7 @@ TEST_F(CheckpointerTest, AbandonStopsAPacedWriteAndKeepsTheOlderCheckpoint) {
   RunStep(*shard, 1, 0.5f);
   RunStep(*shard, 2, 0.25f);
   checkpointer_->Flush();
-  ASSERT_THAT(dir_->CompleteSteps("job"), ElementsAre(2u));
+  ASSERT_THAT(dir_->CompleteSteps(JobKey{"", "job"}), ElementsAre(2u));
   RunStep(*shard, 3, 0.125f);
 
   absl::StatusOr<uint64_t> taken;
@@ -328,7 +328,7 @@ TEST_F(CheckpointerTest, AbandonStopsAPacedWriteAndKeepsTheOlderCheckpoint) {
   EXPECT_THAT(taken.status().message(), HasSubstr("shutting down"));
   RunStep(*shard, 4, 0.0625f);  // a capture step after the abandonment
   checkpointer_->Flush();
-  EXPECT_THAT(dir_->CompleteSteps("job"), ElementsAre(2u));
+  EXPECT_THAT(dir_->CompleteSteps(JobKey{"", "job"}), ElementsAre(2u));
   EXPECT_EQ(metrics_.checkpoint_failures.Value(), 0.0)
       << "an abandoned write is not the disk's failure";
   EXPECT_THAT(Log(), HasSubstr("at step 3 not written: the server is "
@@ -369,7 +369,7 @@ TEST_F(CheckpointerTest, ChecksumOfRestoredJobEqualsTheCheckpointedOne) {
   RunStep(*jobs[0], 5, 0.1f);
   RunStep(*jobs[0], 6, 0.1f);  // the restored job's capture step 4 is over
   checkpointer_->Flush();
-  EXPECT_THAT(dir_->CompleteSteps("job"), ElementsAre(6u, 4u));
+  EXPECT_THAT(dir_->CompleteSteps(JobKey{"", "job"}), ElementsAre(6u, 4u));
 }
 
 TEST_F(CheckpointerTest, RestoreSkipsDamagedNewestCheckpoint) {
@@ -381,7 +381,8 @@ TEST_F(CheckpointerTest, RestoreSkipsDamagedNewestCheckpoint) {
     if (step == 2) checksum_at_2 = shard->Checksum();
   }
   checkpointer_->Flush();
-  const std::string file = dir_->StepDirectory("job", 4) + "/shard-0-of-1.ckpt";
+  const std::string file =
+      dir_->StepDirectory(JobKey{"", "job"}, 4) + "/shard-0-of-1.ckpt";
   std::string bytes = testing::ReadFileBytes(file);
   bytes[bytes.size() - 10] ^= 0x08;
   testing::WriteFileBytes(file, bytes);
@@ -402,7 +403,7 @@ TEST_F(CheckpointerTest, UnrestorableJobIsCountedAndLogged) {
   RunStep(*shard, 1, 0.3f);
   RunStep(*shard, 2, 0.3f);
   checkpointer_->Flush();
-  fs::remove(dir_->StepDirectory("job", 2) + "/shard-0-of-1.ckpt");
+  fs::remove(dir_->StepDirectory(JobKey{"", "job"}, 2) + "/shard-0-of-1.ckpt");
   shard.reset();
   std::vector<std::string> lines;
   EXPECT_EQ(RestartAndRestore(&lines), 0);
@@ -414,7 +415,7 @@ TEST_F(CheckpointerTest, UnrestorableJobIsCountedAndLogged) {
   // A job of that name created afresh moves the leftovers aside.
   Create();
   checkpointer_->Flush();
-  EXPECT_THAT(dir_->JobNames(), IsEmpty());
+  EXPECT_THAT(dir_->Jobs(), IsEmpty());
   EXPECT_THAT(Log(), HasSubstr("were moved to"));
 }
 
@@ -423,11 +424,11 @@ TEST_F(CheckpointerTest, DeletingAJobRemovesItsCheckpoints) {
   RunStep(*shard, 1, 0.3f);
   RunStep(*shard, 2, 0.3f);
   checkpointer_->Flush();
-  ASSERT_THAT(dir_->CompleteSteps("job"), ElementsAre(2u));
+  ASSERT_THAT(dir_->CompleteSteps(JobKey{"", "job"}), ElementsAre(2u));
   ASSERT_TRUE(
       store_->Delete(shard->job_id(), shard->shape().fingerprint()).ok());
   checkpointer_->Flush();
-  EXPECT_FALSE(fs::exists(dir_->JobDirectory("job")));
+  EXPECT_FALSE(fs::exists(dir_->JobDirectory(JobKey{"", "job"})));
 }
 
 // After ImportState the job's checkpoints describe a history it has left: a
@@ -439,7 +440,7 @@ TEST_F(CheckpointerTest, ReplacedStateRemovesTheCheckpoints) {
     RunStep(*shard, step, 0.3f);
     checkpointer_->Flush();
   }
-  ASSERT_THAT(dir_->CompleteSteps("job"), ElementsAre(4u, 2u));
+  ASSERT_THAT(dir_->CompleteSteps(JobKey{"", "job"}), ElementsAre(4u, 2u));
   std::vector<ChunkSnapshot> earlier = ExportAt(*shard, 4).chunks;
   for (ChunkSnapshot& chunk : earlier) chunk.applied_step = 1;
   for (ChunkSnapshot& chunk : earlier) {
@@ -448,13 +449,14 @@ TEST_F(CheckpointerTest, ReplacedStateRemovesTheCheckpoints) {
   ASSERT_TRUE(shard->ImportChunks(std::move(earlier)).ok());
   store_->NoteStateReplaced(shard);
   checkpointer_->Flush();
-  EXPECT_THAT(dir_->CompleteSteps("job"), IsEmpty());
+  EXPECT_THAT(dir_->CompleteSteps(JobKey{"", "job"}), IsEmpty());
   EXPECT_THAT(Log(), HasSubstr("replaced by ImportState"));
 
   RunStep(*shard, 2, 0.3f);
   checkpointer_->Flush();
-  EXPECT_THAT(dir_->CompleteSteps("job"), ElementsAre(2u));
-  ExpectSameCheckpoint(dir_->Load("job", 2).value(), ExportAt(*shard, 2));
+  EXPECT_THAT(dir_->CompleteSteps(JobKey{"", "job"}), ElementsAre(2u));
+  ExpectSameCheckpoint(dir_->Load(JobKey{"", "job"}, 2).value(),
+                       ExportAt(*shard, 2));
 }
 
 TEST_F(CheckpointerTest,
@@ -478,13 +480,13 @@ TEST_F(CheckpointerTest,
   EXPECT_EQ(metrics_.checkpoint_failures.Value(), 1.0);
   EXPECT_THAT(Log(), HasSubstr("CHECKPOINT FAILED: job \"job\" step 2"));
   EXPECT_THAT(Log(), HasSubstr("fsync failed"));
-  EXPECT_THAT(dir_->CompleteSteps("job"), IsEmpty());
+  EXPECT_THAT(dir_->CompleteSteps(JobKey{"", "job"}), IsEmpty());
 
   RunStep(*shard, 3, 0.3f);
   RunStep(*shard, 4, 0.3f);
   checkpointer_->Flush();
   EXPECT_EQ(shard_file_syncs, 2);
-  EXPECT_THAT(dir_->CompleteSteps("job"), ElementsAre(4u));
+  EXPECT_THAT(dir_->CompleteSteps(JobKey{"", "job"}), ElementsAre(4u));
   EXPECT_EQ(metrics_.checkpoints_written.Value(), 1.0);
 }
 
@@ -535,8 +537,8 @@ TEST_F(CheckpointerTest, AJobsOwnIntervalOverridesTheServers) {
     RunStep(*plain, step, 0.125f * static_cast<float>(step));
     checkpointer_->Flush();
   }
-  EXPECT_THAT(dir_->CompleteSteps("own"), ElementsAre(6u, 3u));
-  EXPECT_THAT(dir_->CompleteSteps("plain"), IsEmpty());
+  EXPECT_THAT(dir_->CompleteSteps(JobKey{"", "own"}), ElementsAre(6u, 3u));
+  EXPECT_THAT(dir_->CompleteSteps(JobKey{"", "plain"}), IsEmpty());
   // Attaching with another interval attaches (not part of the identity).
   JobConfig other = config;
   other.checkpoint_every_steps = 5;

@@ -91,6 +91,37 @@ TEST_F(JobStoreTest, ConcurrentRequestsForOneNameCreateItOnce) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// Job names are per tenant: two tenants' jobs of one name are two jobs,
+// whatever their configs and server indexes, and each tenant attaches to its
+// own.
+TEST_F(JobStoreTest, TwoTenantsJobsOfOneNameAreTwoJobs) {
+  auto alpha = store_.CreateOrAttach(AdamConfig("run"), 0, "alpha");
+  ASSERT_TRUE(alpha.ok()) << alpha.status();
+  JobConfig other = AdamConfig("run");
+  other.optimizer.lr = 0.1;
+  auto beta = store_.CreateOrAttach(other, 1, "beta");
+  ASSERT_TRUE(beta.ok()) << beta.status();
+  EXPECT_TRUE(beta->created);
+  EXPECT_NE(beta->shard, alpha->shard);
+  EXPECT_EQ(beta->shard->shape().tenant(), "beta");
+  EXPECT_EQ(beta->shard->shape().key(), (JobKey{"beta", "run"}));
+  auto again = store_.CreateOrAttach(AdamConfig("run"), 0, "alpha");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(again->shard, alpha->shard);
+  // The implicit tenant's "run" would be a third job: the budget (two
+  // shards) says so, not a clash of names.
+  EXPECT_EQ(store_.CreateOrAttach(AdamConfig("run"), 0).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(
+      store_.Delete(beta->shard->job_id(), beta->shard->shape().fingerprint())
+          .ok());
+  EXPECT_TRUE(store_.Find(alpha->shard->job_id()).ok());
+  auto fresh = store_.CreateOrAttach(AdamConfig("run"), 0, "beta");
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_TRUE(fresh->created);
+}
+
 TEST_F(JobStoreTest, SameNameWithOtherConfigIsFailedPrecondition) {
   ASSERT_TRUE(store_.CreateOrAttach(AdamConfig("run"), 0).ok());
   JobConfig other = AdamConfig("run");

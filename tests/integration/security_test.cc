@@ -196,10 +196,12 @@ v1::JobSpec Spec(const std::string& name) {
 }
 
 grpc::Status CreateJob(v1::Depot::Stub& stub, const std::string& token,
-                       const std::string& name,
-                       v1::CreateJobResponse* response) {
+                       const std::string& name, v1::CreateJobResponse* response,
+                       double lr = 0) {
   v1::CreateJobRequest request;
   *request.mutable_spec() = Spec(name);
+  // Another config of the same name (another fingerprint).
+  if (lr != 0) request.mutable_spec()->mutable_optimizer()->set_lr(lr);
   return stub.CreateJob(Context(token).get(), request, response);
 }
 
@@ -366,51 +368,77 @@ TEST_F(SecurityTest, WithoutAValidTokenEveryRpcButHealthIsUnauthenticated) {
               HasSubstr("audit: CreateJob tenant=(unauthenticated) peer="));
 }
 
+// Job names are per tenant, in the checkpoint directory too: alpha's and
+// beta's jobs "kept-run" (two configs) are checkpointed apart and restored
+// to their tenants, each invisible to the other.
 TEST_F(SecurityTest, RestoredJobsGoBackToTheirTenants) {
   const std::string checkpoint_dir = pki->path("checkpoints");
   std::filesystem::create_directories(checkpoint_dir);
   std::vector<std::string> flags = TlsFlags();
   flags.push_back("--auth_token_file=" + pki->path("tokens"));
   flags.push_back("--checkpoint_dir=" + checkpoint_dir);
-  v1::CreateJobResponse alpha_job;
+  constexpr double kBetaLr = 0.25;
+  v1::CreateJobResponse alpha_job, beta_job;
   {
     absl::StatusOr<std::unique_ptr<ServerProcess>> server =
         ServerProcess::StartTls(flags, pki->path("ca.pem"));
     ASSERT_TRUE(server.ok()) << server.status();
     auto stub = v1::Depot::NewStub(TlsChannel(**server));
     ASSERT_TRUE(CreateJob(*stub, kAlphaToken, "kept-run", &alpha_job).ok());
-    v1::CheckpointRequest request;
-    request.set_job_id(alpha_job.job_id());
-    request.set_fingerprint(alpha_job.fingerprint());
-    v1::CheckpointResponse response;
-    const grpc::Status saved =
-        stub->Checkpoint(Context(kAlphaToken).get(), request, &response);
-    ASSERT_TRUE(saved.ok()) << saved.error_message();
+    ASSERT_TRUE(
+        CreateJob(*stub, kBetaToken, "kept-run", &beta_job, kBetaLr).ok());
+    ASSERT_TRUE(beta_job.created());
+    ASSERT_NE(beta_job.job_id(), alpha_job.job_id());
+    ASSERT_NE(beta_job.fingerprint(), alpha_job.fingerprint());
+    for (const auto& [token, job] : {std::pair{kAlphaToken, &alpha_job},
+                                     std::pair{kBetaToken, &beta_job}}) {
+      v1::CheckpointRequest request;
+      request.set_job_id(job->job_id());
+      request.set_fingerprint(job->fingerprint());
+      v1::CheckpointResponse response;
+      const grpc::Status saved =
+          stub->Checkpoint(Context(token).get(), request, &response);
+      ASSERT_TRUE(saved.ok()) << saved.error_message();
+    }
     ASSERT_TRUE((*server)->Signal(SIGTERM).ok());
     ASSERT_TRUE((*server)->Wait(absl::Seconds(60)).ok());
   }
+  EXPECT_FALSE(std::filesystem::exists(checkpoint_dir + "/job-kept-run"));
+  EXPECT_TRUE(std::filesystem::is_directory(checkpoint_dir +
+                                            "/tenant-alpha/job-kept-run"));
+  EXPECT_TRUE(std::filesystem::is_directory(checkpoint_dir +
+                                            "/tenant-beta/job-kept-run"));
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
       ServerProcess::StartTls(flags, pki->path("ca.pem"));
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = v1::Depot::NewStub(TlsChannel(**server));
+  // Each tenant attaches to its own restored job (the config tells them
+  // apart), and finds the other's id unknown.
+  v1::CreateJobResponse alpha_again, beta_again;
+  ASSERT_TRUE(CreateJob(*stub, kAlphaToken, "kept-run", &alpha_again).ok())
+      << (*server)->Log();
+  ASSERT_TRUE(
+      CreateJob(*stub, kBetaToken, "kept-run", &beta_again, kBetaLr).ok());
+  EXPECT_FALSE(alpha_again.created());
+  EXPECT_FALSE(beta_again.created());
+  EXPECT_EQ(alpha_again.fingerprint(), alpha_job.fingerprint());
+  EXPECT_EQ(beta_again.fingerprint(), beta_job.fingerprint());
+  EXPECT_NE(alpha_again.job_id(), beta_again.job_id());
+  for (const auto& [token, other_id] :
+       {std::pair{kAlphaToken, beta_again.job_id()},
+        std::pair{kBetaToken, alpha_again.job_id()}}) {
+    v1::GetJobRequest request;
+    request.set_job_id(other_id);
+    v1::JobStatus status;
+    EXPECT_EQ(stub->GetJob(Context(token).get(), request, &status).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
   v1::GetJobRequest request;
-  request.set_job_id(1);  // the first job restored
+  request.set_job_id(alpha_again.job_id());
   v1::JobStatus status;
-  const grpc::Status alpha =
-      stub->GetJob(Context(kAlphaToken).get(), request, &status);
-  ASSERT_TRUE(alpha.ok()) << alpha.error_message() << (*server)->Log();
+  ASSERT_TRUE(stub->GetJob(Context(kAlphaToken).get(), request, &status).ok());
   EXPECT_EQ(status.spec().name(), "kept-run");
-  EXPECT_EQ(
-      stub->GetJob(Context(kBetaToken).get(), request, &status).error_code(),
-      grpc::StatusCode::NOT_FOUND);
-  v1::CreateJobResponse taken;
-  EXPECT_EQ(CreateJob(*stub, kBetaToken, "kept-run", &taken).error_code(),
-            grpc::StatusCode::ALREADY_EXISTS);
-  // Alpha attaches to its restored job.
-  v1::CreateJobResponse attached;
-  ASSERT_TRUE(CreateJob(*stub, kAlphaToken, "kept-run", &attached).ok());
-  EXPECT_FALSE(attached.created());
-  EXPECT_EQ(attached.job_id(), 1u);
+  EXPECT_NE(status.spec().optimizer().lr(), kBetaLr);
 }
 
 TEST_F(SecurityTest, PlaintextCallsToATlsServerFail) {
@@ -469,10 +497,17 @@ TEST_F(SecurityTest, AnotherTenantsJobsAreNotFound) {
                   .error_code(),
               grpc::StatusCode::NOT_FOUND);
   }
-  // A name alpha holds is refused to beta, alpha's job untouched.
-  v1::CreateJobResponse taken;
-  EXPECT_EQ(CreateJob(*stub, kBetaToken, "alpha-run", &taken).error_code(),
-            grpc::StatusCode::ALREADY_EXISTS);
+  // Job names are per tenant: beta's "alpha-run" is a job of its own, which
+  // says nothing of alpha's (not even that it exists), and alpha's job is
+  // untouched.
+  v1::CreateJobResponse own;
+  ASSERT_TRUE(CreateJob(*stub, kBetaToken, "alpha-run", &own, 0.5).ok());
+  EXPECT_TRUE(own.created());
+  EXPECT_NE(own.job_id(), alpha_job.job_id());
+  v1::CreateJobResponse attached;
+  ASSERT_TRUE(CreateJob(*stub, kAlphaToken, "alpha-run", &attached).ok());
+  EXPECT_FALSE(attached.created());
+  EXPECT_EQ(attached.job_id(), alpha_job.job_id());
 
   v1::JobStatus after;
   {
@@ -520,15 +555,31 @@ TEST_F(SecurityTest, ClientTrainsOverTlsWithATokenFile) {
   EXPECT_THAT(server->Log(),
               HasSubstr("audit: InitWeights tenant=\"alpha\" peer="));
 
-  // Beta's client does not see alpha's job: its OpenJob of the same name is
-  // refused, and its Pull of alpha's job id is NOT_FOUND.
+  // Beta's client does not see alpha's job: its OpenJob of the same name
+  // opens a job of beta's own, which starts from its own weights.
   options.auth_token_file.clear();
   options.auth_token = kBetaToken;
   absl::StatusOr<std::unique_ptr<Client>> beta = Client::Connect(options);
   ASSERT_TRUE(beta.ok()) << beta.status();
-  EXPECT_EQ(
-      (*beta)->OpenJob(SmallJobConfig("trained", 1, 1), 0).status().code(),
-      absl::StatusCode::kAlreadyExists);
+  absl::StatusOr<std::unique_ptr<Job>> beta_job =
+      (*beta)->OpenJob(SmallJobConfig("trained", 1, 1), 0);
+  ASSERT_TRUE(beta_job.ok()) << beta_job.status();
+  const std::string beta_initial =
+      MakeInitialWeights(layout, DType::kFloat32, 8);
+  ASSERT_TRUE(
+      (*beta_job)->InitWeights(beta_initial.data(), DType::kFloat32).ok());
+  std::string beta_weights(beta_initial.size(), '\0');
+  ASSERT_TRUE((*beta_job)
+                  ->Step(1,
+                         MakeGradients(layout, DType::kFloat32, 8, 1, 0).data(),
+                         beta_weights.data(), nullptr)
+                  .ok());
+  // Alpha's job goes on from step 2, its weights its own.
+  std::string next(initial.size(), '\0');
+  const std::string grads = MakeGradients(layout, DType::kFloat32, 7, 3, 0);
+  ASSERT_TRUE((*job)->Step(3, grads.data(), next.data(), nullptr).ok());
+  EXPECT_NE(next, weights);
+  EXPECT_NE(beta_weights, weights);
 }
 
 TEST_F(SecurityTest, ClientWithoutTokenIsUnauthenticated) {

@@ -267,6 +267,20 @@ def test_tenants_see_their_own_jobs_and_only_admins_drain(pki):  # noqa: F811
             seen = depotctl_json(*flags, "jobs", env=as_beta)["jobs"]
             assert [(j["name"], j["tenant"]) for j in seen] == [
                 ("ctl-alpha", "alpha")]
+            # Job names are per tenant: beta's own "ctl-alpha" is another
+            # job, listed apart, and the one beta's commands act on.
+            with depot.Client([server.address], tls_ca=ca,
+                              token=BETA_TOKEN) as beta:
+                beta.open_job("ctl-alpha", TENSORS, optimizer="adamw")
+            seen = depotctl_json(*flags, "jobs", env=as_beta)["jobs"]
+            assert [(j["name"], j["tenant"]) for j in seen] == [
+                ("ctl-alpha", "alpha"), ("ctl-alpha", "beta")]
+            assert len({j["shards"][0]["job_id"] for j in seen}) == 2
+            deleted = depotctl_json(*flags, "delete", "ctl-alpha", "--yes",
+                                    env=as_beta)
+            seen = depotctl_json(*flags, "jobs", env=as_beta)["jobs"]
+            assert [(j["name"], j["tenant"]) for j in seen] == [
+                ("ctl-alpha", "alpha")], deleted
             code, _, err = depotctl(*flags, "drain", server.address,
                                     env=as_alpha)
             assert code == 1 and "PERMISSION_DENIED" in err

@@ -74,10 +74,18 @@ def test_a_tenant_trains_and_another_cannot_see_its_job(pki, secured_server):
         assert not np.array_equal(out, weights)
         with depot.Client([secured_server.address], tls_ca=ca,
                           token_file=str(pki / "beta.token")) as beta:
-            with pytest.raises(depot.AlreadyExistsError):
-                beta.open_job("py-secure", TENSORS, optimizer="sgd")
-            other = beta.open_job("py-secure-beta", TENSORS, optimizer="sgd")
+            # Job names are per tenant: beta's "py-secure" is its own job,
+            # and alpha's goes on untouched.
+            other = beta.open_job("py-secure", TENSORS, optimizer="sgd")
+            assert other.status()[0].job_id != job.status()[0].job_id
+            other.init_weights(np.zeros(n, dtype=np.float32))
+            theirs = np.empty(n, dtype=np.float32)
+            other.step(1, np.full(n, 0.5, dtype=np.float32), theirs)
+            assert not np.array_equal(theirs, out)
             other.delete()
+            again = np.empty(n, dtype=np.float32)
+            job.step(2, np.full(n, 0.5, dtype=np.float32), again)
+            assert not np.array_equal(again, out)
         job.delete()
     log = secured_server.log()
     assert 'audit: DeleteJob tenant="alpha"' in log

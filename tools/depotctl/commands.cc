@@ -156,7 +156,8 @@ std::string ServerJson(const ServerReading& reading, const Rates& rates) {
       ",\"received_bytes\":", s.received_bytes(),
       ",\"sent_bytes\":", s.sent_bytes(), ",\"rollbacks\":", s.rollbacks(),
       ",\"jobs_restored\":", s.jobs_restored(),
-      ",\"all_tenants\":", s.all_tenants() ? "true" : "false");
+      ",\"all_tenants\":", s.all_tenants() ? "true" : "false",
+      ",\"caller_tenant\":", JsonString(s.caller_tenant()));
   if (rates.valid) {
     absl::StrAppend(&out, ",\"rates\":{\"steps_per_second\":",
                     JsonNumber(rates.steps), ",\"chunks_per_second\":",
@@ -182,6 +183,12 @@ int CountUnreachable(const std::vector<ServerReading>& readings) {
     }
   }
   return unreachable;
+}
+
+// " of tenant T", or "" for the implicit tenant: job names are per tenant.
+std::string OfTenant(const std::string& tenant) {
+  return tenant.empty() ? std::string()
+                        : absl::StrCat(" of tenant \"", tenant, "\"");
 }
 
 // Reads the fleet's status and finds `name` in it; prints why not.
@@ -382,7 +389,7 @@ int Jobs(const Fleet& fleet, const CommandOptions& options) {
     // The newest step every server holds a checkpoint of is at most the
     // smallest newest; 0 when one holds none.
     if (!complete) checkpoint = 0;
-    const std::string& tenant = job.shards.front().job.tenant();
+    const std::string& tenant = job.tenant;
     json.push_back(absl::StrCat(
         "{\"name\":", JsonString(job.name), ",\"tenant\":", JsonString(tenant),
         ",\"num_servers\":", job.num_servers,
@@ -483,7 +490,7 @@ int ListCheckpoints(const Fleet& fleet, const std::string& name, bool verify,
   const int unreachable = CountUnreachable(readings);
   std::vector<FleetJob> jobs;
   if (name.empty()) {
-    jobs = GroupJobs(readings);
+    jobs = GroupJobs(readings, /*own_only=*/true);
   } else {
     absl::StatusOr<FleetJob> job = FindJob(readings, name);
     if (!job.ok()) return NotFound(job.status());
@@ -796,13 +803,14 @@ int Drain(const Fleet& fleet, bool shutdown, bool resume,
     failed = failed || !job.error().empty();
     json.push_back(absl::StrCat(
         "{\"job_id\":", job.job_id(), ",\"name\":", JsonString(job.name()),
+        ",\"tenant\":", JsonString(job.tenant()),
         ",\"step\":", job.error().empty() ? absl::StrCat(job.step()) : "null",
         ",\"error\":", job.error().empty() ? "null" : JsonString(job.error()),
         "}"));
     if (!job.error().empty()) {
-      std::fprintf(stderr, "depotctl: %s: job \"%s\" not checkpointed: %s\n",
+      std::fprintf(stderr, "depotctl: %s: job \"%s\"%s not checkpointed: %s\n",
                    fleet.address(0).c_str(), job.name().c_str(),
-                   job.error().c_str());
+                   OfTenant(job.tenant()).c_str(), job.error().c_str());
     }
   }
   if (options.json) {
@@ -819,8 +827,8 @@ int Drain(const Fleet& fleet, bool shutdown, bool resume,
   } else {
     for (const v1::DrainedJob& job : response.checkpoints()) {
       if (job.error().empty()) {
-        std::printf("checkpointed job \"%s\" at step %llu\n",
-                    job.name().c_str(),
+        std::printf("checkpointed job \"%s\"%s at step %llu\n",
+                    job.name().c_str(), OfTenant(job.tenant()).c_str(),
                     static_cast<unsigned long long>(job.step()));
       }
     }

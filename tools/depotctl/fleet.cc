@@ -60,13 +60,22 @@ std::vector<ServerReading> ReadStatus(const Fleet& fleet) {
   return readings;
 }
 
-std::vector<FleetJob> GroupJobs(const std::vector<ServerReading>& readings) {
-  std::map<std::string, FleetJob> jobs;
+std::vector<FleetJob> GroupJobs(const std::vector<ServerReading>& readings,
+                                bool own_only) {
+  std::map<std::pair<std::string, std::string>, FleetJob> jobs;
   for (size_t i = 0; i < readings.size(); ++i) {
     if (!readings[i].status.ok()) continue;
-    for (const v1::JobSummary& job : readings[i].response.jobs()) {
-      FleetJob& grouped = jobs[job.name()];
+    const v1::ServerStatusResponse& response = readings[i].response;
+    for (const v1::JobSummary& job : response.jobs()) {
+      // An admin sees every tenant's jobs, each with its tenant; anyone
+      // else only its own, without one.
+      const bool own =
+          !response.all_tenants() || job.tenant() == response.caller_tenant();
+      if (own_only && !own) continue;
+      FleetJob& grouped = jobs[{job.name(), job.tenant()}];
       grouped.name = job.name();
+      grouped.tenant = job.tenant();
+      grouped.own = own;
       grouped.num_servers = job.num_servers();
       grouped.shards.push_back({i, job});
     }
@@ -84,7 +93,7 @@ std::vector<FleetJob> GroupJobs(const std::vector<ServerReading>& readings) {
 
 absl::StatusOr<FleetJob> FindJob(const std::vector<ServerReading>& readings,
                                  const std::string& name) {
-  for (FleetJob& job : GroupJobs(readings)) {
+  for (FleetJob& job : GroupJobs(readings, /*own_only=*/true)) {
     if (job.name == name) return std::move(job);
   }
   return absl::NotFoundError(absl::StrCat(

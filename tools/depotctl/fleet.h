@@ -58,6 +58,11 @@ std::vector<ServerReading> ReadStatus(const Fleet& fleet);
 // fleet) with the job there.
 struct FleetJob {
   std::string name;
+  // The owner, as ServerStatus tells an admin caller (else ""): job names
+  // are per tenant, so two tenants' jobs of one name are two FleetJobs.
+  std::string tenant;
+  // The caller's own job (the only kind it can act on).
+  bool own = true;
   struct Shard {
     size_t server = 0;
     v1::JobSummary job;
@@ -66,11 +71,13 @@ struct FleetJob {
   uint32_t num_servers = 0;   // as the job's config says
 };
 
-// Every job the readings hold, by name, names sorted.
-std::vector<FleetJob> GroupJobs(const std::vector<ServerReading>& readings);
+// Every job the readings hold (only the caller's own with `own_only`), by
+// name and tenant, sorted.
+std::vector<FleetJob> GroupJobs(const std::vector<ServerReading>& readings,
+                                bool own_only = false);
 
-// The job named `name` in `readings`. NOT_FOUND when no server that answered
-// holds it.
+// The caller's own job named `name` in `readings`. NOT_FOUND when no server
+// that answered holds it.
 absl::StatusOr<FleetJob> FindJob(const std::vector<ServerReading>& readings,
                                  const std::string& name);
 
