@@ -86,9 +86,10 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "Directory of this server's job checkpoints, one directory per "
           "server (a second server on it fails to start). At start-up every "
           "job found there is restored from its newest complete checkpoint "
-          "that verifies, and CreateJob with the same name and config "
-          "attaches to it. DeleteJob removes the job's checkpoints. Empty: "
-          "no checkpoints. See docs/checkpoints.md.");
+          "that verifies, and CreateJob of its tenant with the same name and "
+          "config attaches to it (a tenant's jobs lie in tenant-<tenant>/). "
+          "DeleteJob removes the job's checkpoints. Empty: no checkpoints. "
+          "See docs/checkpoints.md.");
 ABSL_FLAG(std::vector<std::string>, import_roots, {},
           "Comma-separated directories whose checkpoints ImportCheckpoint may "
           "read: a directory it names must be one of them or lie under one, "
@@ -152,8 +153,8 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "line per token, '#' starts a comment. Every Depot RPC must then "
           "carry \"authorization: Bearer <token>\" with a listed token and "
           "acts as its tenant: a job belongs to the tenant that created it, "
-          "and other tenants get NOT_FOUND for it. Needs --tls_cert. Read at "
-          "start-up only.");
+          "and other tenants get NOT_FOUND for it; job names are per tenant. "
+          "Needs --tls_cert. Read at start-up only.");
 ABSL_FLAG(std::vector<std::string>, admin_tenants, {},
           "Comma-separated tenants that may administer the server: drain it "
           "(depotctl drain) and see every tenant's jobs in depotctl status "
