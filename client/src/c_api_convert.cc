@@ -67,33 +67,16 @@ absl::StatusOr<OptimizerConfig> FromC(const depot_optimizer_config_t& c) {
       DTypeField(c.exp_avg_sq_dtype, "optimizer.exp_avg_sq_dtype");
   if (!exp_avg_sq.ok()) return exp_avg_sq.status();
   config.kind = static_cast<OptimizerKind>(*kind);
-  config.lr = c.lr;
-  config.min_lr = c.min_lr;
-  config.weight_decay = c.weight_decay;
-  config.adam_beta1 = c.adam_beta1;
-  config.adam_beta2 = c.adam_beta2;
-  config.adam_eps = c.adam_eps;
-  config.sgd_momentum = c.sgd_momentum;
-  config.sgd_dampening = c.sgd_dampening;
-  config.sgd_nesterov = c.sgd_nesterov != 0;
-  config.adagrad_lr_decay = c.adagrad_lr_decay;
-  config.adagrad_initial_accumulator_value =
-      c.adagrad_initial_accumulator_value;
-  config.adagrad_eps = c.adagrad_eps;
-  config.lion_beta1 = c.lion_beta1;
-  config.lion_beta2 = c.lion_beta2;
   config.exp_avg_dtype = *exp_avg;
   config.exp_avg_sq_dtype = *exp_avg_sq;
-  config.clip_grad = c.clip_grad;
   config.clip_grad_norm_type = static_cast<GradNormType>(*norm);
-  config.grad_norm_skip_threshold = c.grad_norm_skip_threshold;
-  config.loss_scale = c.loss_scale;
-  config.initial_loss_scale = c.initial_loss_scale;
-  config.min_loss_scale = c.min_loss_scale;
-  config.loss_scale_window = c.loss_scale_window;
-  config.hysteresis = c.hysteresis;
-  config.amsgrad = c.amsgrad != 0;
-  config.maximize = c.maximize != 0;
+#define DEPOT_NUMBER_FROM_C(member) config.member = c.member;
+#define DEPOT_FLAG_FROM_C(member) config.member = c.member != 0;
+#define DEPOT_ENUM(member)
+  DEPOT_OPTIMIZER_FIELDS(DEPOT_NUMBER_FROM_C, DEPOT_FLAG_FROM_C, DEPOT_ENUM)
+#undef DEPOT_NUMBER_FROM_C
+#undef DEPOT_FLAG_FROM_C
+#undef DEPOT_ENUM
   return config;
 }
 
@@ -155,33 +138,16 @@ absl::StatusOr<DType> DTypeField(int32_t value, const char* field) {
 depot_optimizer_config_t ToC(const OptimizerConfig& config) {
   depot_optimizer_config_t c;
   c.kind = static_cast<int32_t>(config.kind);
-  c.lr = config.lr;
-  c.min_lr = config.min_lr;
-  c.weight_decay = config.weight_decay;
-  c.adam_beta1 = config.adam_beta1;
-  c.adam_beta2 = config.adam_beta2;
-  c.adam_eps = config.adam_eps;
-  c.sgd_momentum = config.sgd_momentum;
-  c.sgd_dampening = config.sgd_dampening;
-  c.sgd_nesterov = config.sgd_nesterov ? 1 : 0;
-  c.adagrad_lr_decay = config.adagrad_lr_decay;
-  c.adagrad_initial_accumulator_value =
-      config.adagrad_initial_accumulator_value;
-  c.adagrad_eps = config.adagrad_eps;
-  c.lion_beta1 = config.lion_beta1;
-  c.lion_beta2 = config.lion_beta2;
   c.exp_avg_dtype = static_cast<int32_t>(config.exp_avg_dtype);
   c.exp_avg_sq_dtype = static_cast<int32_t>(config.exp_avg_sq_dtype);
-  c.clip_grad = config.clip_grad;
   c.clip_grad_norm_type = static_cast<int32_t>(config.clip_grad_norm_type);
-  c.grad_norm_skip_threshold = config.grad_norm_skip_threshold;
-  c.loss_scale = config.loss_scale;
-  c.initial_loss_scale = config.initial_loss_scale;
-  c.min_loss_scale = config.min_loss_scale;
-  c.loss_scale_window = config.loss_scale_window;
-  c.hysteresis = config.hysteresis;
-  c.amsgrad = config.amsgrad ? 1 : 0;
-  c.maximize = config.maximize ? 1 : 0;
+#define DEPOT_NUMBER_TO_C(member) c.member = config.member;
+#define DEPOT_FLAG_TO_C(member) c.member = config.member ? 1 : 0;
+#define DEPOT_ENUM(member)
+  DEPOT_OPTIMIZER_FIELDS(DEPOT_NUMBER_TO_C, DEPOT_FLAG_TO_C, DEPOT_ENUM)
+#undef DEPOT_NUMBER_TO_C
+#undef DEPOT_FLAG_TO_C
+#undef DEPOT_ENUM
   return c;
 }
 

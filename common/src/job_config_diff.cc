@@ -126,37 +126,13 @@ constexpr FieldRule<Struct> ValueField(const char* name) {
 #define DEPOT_VALUE_FIELD(Struct, member) \
   ValueField<Struct, &Struct::member>(#member)
 
-// Every field of OptimizerConfig, in declaration order. A new field is one
-// line here (with a FormatValue overload if its type is new).
+// Every field of OptimizerConfig, in declaration order (job_config.h's
+// DEPOT_OPTIMIZER_FIELDS; a new type needs a FormatValue overload).
+#define DEPOT_OPTIMIZER_ROW(member) DEPOT_VALUE_FIELD(OptimizerConfig, member),
 constexpr FieldRule<OptimizerConfig> kOptimizerFields[] = {
-    DEPOT_VALUE_FIELD(OptimizerConfig, kind),
-    DEPOT_VALUE_FIELD(OptimizerConfig, lr),
-    DEPOT_VALUE_FIELD(OptimizerConfig, min_lr),
-    DEPOT_VALUE_FIELD(OptimizerConfig, weight_decay),
-    DEPOT_VALUE_FIELD(OptimizerConfig, adam_beta1),
-    DEPOT_VALUE_FIELD(OptimizerConfig, adam_beta2),
-    DEPOT_VALUE_FIELD(OptimizerConfig, adam_eps),
-    DEPOT_VALUE_FIELD(OptimizerConfig, sgd_momentum),
-    DEPOT_VALUE_FIELD(OptimizerConfig, sgd_dampening),
-    DEPOT_VALUE_FIELD(OptimizerConfig, sgd_nesterov),
-    DEPOT_VALUE_FIELD(OptimizerConfig, adagrad_lr_decay),
-    DEPOT_VALUE_FIELD(OptimizerConfig, adagrad_initial_accumulator_value),
-    DEPOT_VALUE_FIELD(OptimizerConfig, adagrad_eps),
-    DEPOT_VALUE_FIELD(OptimizerConfig, lion_beta1),
-    DEPOT_VALUE_FIELD(OptimizerConfig, lion_beta2),
-    DEPOT_VALUE_FIELD(OptimizerConfig, exp_avg_dtype),
-    DEPOT_VALUE_FIELD(OptimizerConfig, exp_avg_sq_dtype),
-    DEPOT_VALUE_FIELD(OptimizerConfig, clip_grad),
-    DEPOT_VALUE_FIELD(OptimizerConfig, clip_grad_norm_type),
-    DEPOT_VALUE_FIELD(OptimizerConfig, grad_norm_skip_threshold),
-    DEPOT_VALUE_FIELD(OptimizerConfig, loss_scale),
-    DEPOT_VALUE_FIELD(OptimizerConfig, initial_loss_scale),
-    DEPOT_VALUE_FIELD(OptimizerConfig, min_loss_scale),
-    DEPOT_VALUE_FIELD(OptimizerConfig, loss_scale_window),
-    DEPOT_VALUE_FIELD(OptimizerConfig, hysteresis),
-    DEPOT_VALUE_FIELD(OptimizerConfig, amsgrad),
-    DEPOT_VALUE_FIELD(OptimizerConfig, maximize),
-};
+    DEPOT_OPTIMIZER_FIELDS(DEPOT_OPTIMIZER_ROW, DEPOT_OPTIMIZER_ROW,
+                           DEPOT_OPTIMIZER_ROW)};
+#undef DEPOT_OPTIMIZER_ROW
 
 template <typename Struct, size_t N>
 void AppendTableDifferences(const FieldRule<Struct> (&table)[N],

@@ -86,66 +86,28 @@ absl::StatusOr<OptimizerConfig> OptimizerConfigFromProto(
       GradNormTypeFromProto(opt.clip_grad_norm_type());
   if (!norm_type.ok()) return norm_type.status();
   config.kind = *kind;
-  config.lr = opt.lr();
-  config.min_lr = opt.min_lr();
-  config.weight_decay = opt.weight_decay();
-  config.adam_beta1 = opt.adam_beta1();
-  config.adam_beta2 = opt.adam_beta2();
-  config.adam_eps = opt.adam_eps();
-  config.sgd_momentum = opt.sgd_momentum();
-  config.sgd_dampening = opt.sgd_dampening();
-  config.sgd_nesterov = opt.sgd_nesterov();
-  config.adagrad_lr_decay = opt.adagrad_lr_decay();
-  config.adagrad_initial_accumulator_value =
-      opt.adagrad_initial_accumulator_value();
-  config.adagrad_eps = opt.adagrad_eps();
-  config.lion_beta1 = opt.lion_beta1();
-  config.lion_beta2 = opt.lion_beta2();
   config.exp_avg_dtype = *exp_avg;
   config.exp_avg_sq_dtype = *exp_avg_sq;
-  config.clip_grad = opt.clip_grad();
   config.clip_grad_norm_type = *norm_type;
-  config.grad_norm_skip_threshold = opt.grad_norm_skip_threshold();
-  config.loss_scale = opt.loss_scale();
-  config.initial_loss_scale = opt.initial_loss_scale();
-  config.min_loss_scale = opt.min_loss_scale();
-  config.loss_scale_window = opt.loss_scale_window();
-  config.hysteresis = opt.hysteresis();
-  config.amsgrad = opt.amsgrad();
-  config.maximize = opt.maximize();
+#define DEPOT_FROM_PROTO(member) config.member = opt.member();
+#define DEPOT_ENUM(member)
+  DEPOT_OPTIMIZER_FIELDS(DEPOT_FROM_PROTO, DEPOT_FROM_PROTO, DEPOT_ENUM)
+#undef DEPOT_FROM_PROTO
+#undef DEPOT_ENUM
   return config;
 }
 
 void OptimizerConfigToProto(const OptimizerConfig& o, v1::OptimizerConfig* opt) {
   opt->set_kind(static_cast<v1::OptimizerKind>(static_cast<int>(o.kind)));
-  opt->set_lr(o.lr);
-  opt->set_weight_decay(o.weight_decay);
-  opt->set_adam_beta1(o.adam_beta1);
-  opt->set_adam_beta2(o.adam_beta2);
-  opt->set_adam_eps(o.adam_eps);
-  opt->set_sgd_momentum(o.sgd_momentum);
-  opt->set_sgd_dampening(o.sgd_dampening);
-  opt->set_sgd_nesterov(o.sgd_nesterov);
-  opt->set_min_lr(o.min_lr);
-  opt->set_adagrad_lr_decay(o.adagrad_lr_decay);
-  opt->set_adagrad_initial_accumulator_value(
-      o.adagrad_initial_accumulator_value);
-  opt->set_adagrad_eps(o.adagrad_eps);
-  opt->set_lion_beta1(o.lion_beta1);
-  opt->set_lion_beta2(o.lion_beta2);
   opt->set_exp_avg_dtype(DTypeToProto(o.exp_avg_dtype));
   opt->set_exp_avg_sq_dtype(DTypeToProto(o.exp_avg_sq_dtype));
-  opt->set_clip_grad(o.clip_grad);
   opt->set_clip_grad_norm_type(
       static_cast<v1::GradNormType>(static_cast<int>(o.clip_grad_norm_type)));
-  opt->set_grad_norm_skip_threshold(o.grad_norm_skip_threshold);
-  opt->set_loss_scale(o.loss_scale);
-  opt->set_initial_loss_scale(o.initial_loss_scale);
-  opt->set_min_loss_scale(o.min_loss_scale);
-  opt->set_loss_scale_window(o.loss_scale_window);
-  opt->set_hysteresis(o.hysteresis);
-  opt->set_amsgrad(o.amsgrad);
-  opt->set_maximize(o.maximize);
+#define DEPOT_TO_PROTO(member) opt->set_##member(o.member);
+#define DEPOT_ENUM(member)
+  DEPOT_OPTIMIZER_FIELDS(DEPOT_TO_PROTO, DEPOT_TO_PROTO, DEPOT_ENUM)
+#undef DEPOT_TO_PROTO
+#undef DEPOT_ENUM
 }
 
 }  // namespace

@@ -95,6 +95,44 @@ struct OptimizerConfig {
   bool maximize = false;
 };
 
+// Every field of OptimizerConfig, in declaration order, once: the
+// conversions (the proto, the C API) and the field-by-field comparison
+// (job_config_diff.h) expand it, so that a new hyperparameter is one line
+// here plus its declaration above (and the proto, C and Python structs, whose
+// round trips tests/unit/wire_test.cc and c_api_convert_test.cc check).
+// NUMBER(f): a double or int, copied as it is; FLAG(f): a bool (an int32 in
+// C); ENUM(f): converted by hand where its type needs it. The fingerprint's
+// encoding is frozen (job_config.cc, HashOptimizer) and lists the fields
+// itself.
+#define DEPOT_OPTIMIZER_FIELDS(NUMBER, FLAG, ENUM) \
+  ENUM(kind)                                       \
+  NUMBER(lr)                                       \
+  NUMBER(min_lr)                                   \
+  NUMBER(weight_decay)                             \
+  NUMBER(adam_beta1)                               \
+  NUMBER(adam_beta2)                               \
+  NUMBER(adam_eps)                                 \
+  NUMBER(sgd_momentum)                             \
+  NUMBER(sgd_dampening)                            \
+  FLAG(sgd_nesterov)                               \
+  NUMBER(adagrad_lr_decay)                         \
+  NUMBER(adagrad_initial_accumulator_value)        \
+  NUMBER(adagrad_eps)                              \
+  NUMBER(lion_beta1)                               \
+  NUMBER(lion_beta2)                               \
+  ENUM(exp_avg_dtype)                              \
+  ENUM(exp_avg_sq_dtype)                           \
+  NUMBER(clip_grad)                                \
+  ENUM(clip_grad_norm_type)                        \
+  NUMBER(grad_norm_skip_threshold)                 \
+  NUMBER(loss_scale)                               \
+  NUMBER(initial_loss_scale)                       \
+  NUMBER(min_loss_scale)                           \
+  NUMBER(loss_scale_window)                        \
+  NUMBER(hysteresis)                               \
+  FLAG(amsgrad)                                    \
+  FLAG(maximize)
+
 // INVALID_ARGUMENT with the offending field named when: the kind is unknown;
 // amsgrad with a kind other than Adam/AdamW;
 // lr, min_lr, weight_decay, adagrad_lr_decay,
