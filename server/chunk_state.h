@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/shard_state.h"
-#include "server/weights_sink.h"
+#include "server/step_reply_sink.h"
 
 namespace depot {
 
@@ -32,7 +32,7 @@ struct ShardState::PendingStep {
         overrides(workers) {}
 
   std::vector<std::string> payloads;  // moved out by the sum
-  std::vector<std::weak_ptr<WeightsSink>> sinks;
+  std::vector<std::weak_ptr<StepReplySink>> sinks;
   std::vector<bool> present;
   // New master weights some workers sent for this step (WeightsOverride),
   // by worker rank; applied by the update before anything else.

@@ -238,9 +238,9 @@ uint64_t ShardState::BookkeepingBytes(const JobShape& shape) {
   bytes = SaturatingAdd(bytes, uint64_t{config.num_servers} * sizeof(ShardRange));
   // Per chunk: its state and its next step's PendingStep with a slot per
   // worker (payload, sink, presence, overrides).
-  const uint64_t per_worker_pending =
-      sizeof(std::string) + sizeof(std::weak_ptr<WeightsSink>) + 1 +
-      sizeof(std::vector<WeightsPiece>);
+  const uint64_t per_worker_pending = sizeof(std::string) +
+                                      sizeof(std::weak_ptr<StepReplySink>) + 1 +
+                                      sizeof(std::vector<WeightsPiece>);
   const uint64_t per_chunk =
       SaturatingAdd(sizeof(ChunkState) + sizeof(PendingStep),
                     SaturatingMul(workers, per_worker_pending));
@@ -343,7 +343,7 @@ absl::Status ShardState::InitChunk(uint64_t chunk_index, DType dtype,
 absl::Status ShardState::BeginStep(
     uint64_t step, uint32_t worker_rank,
     std::vector<GroupHyperParams> group_hparams, const StepNumerics& numerics,
-    const std::shared_ptr<WeightsSink>& stats_sink,
+    const std::shared_ptr<StepReplySink>& stats_sink,
     std::string no_grad_tensors, NodeShape node_shape) {
   if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
   const Accepting accepting(*this);
@@ -587,7 +587,7 @@ absl::Status ShardState::Contribute(Contribution contribution) {
       }
       PendingStep& pending = *chunk.pending;
       if (pending.present[worker]) {
-        std::shared_ptr<WeightsSink> previous = pending.sinks[worker].lock();
+        std::shared_ptr<StepReplySink> previous = pending.sinks[worker].lock();
         if (previous != nullptr && previous->IsOpen()) {
           return absl::AlreadyExistsError(
               absl::StrCat("duplicate contribution: worker ", worker,

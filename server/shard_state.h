@@ -73,10 +73,10 @@
 #include "server/optimizer/optimizer_kernel.h"
 #include "server/payload_pool.h"
 #include "server/step_numerics.h"
+#include "server/step_reply_sink.h"
 #include "server/tensor_update.h"
 #include "server/thread_pool.h"
 #include "server/two_phase_step.h"
-#include "server/weights_sink.h"
 
 namespace depot {
 
@@ -93,7 +93,7 @@ struct Contribution {
   // grad dtype, chunk elements * dtype size bytes; kept as received (moved in).
   std::string payload;
   // Receives the chunk's weights once updated (or at once for a replay).
-  std::shared_ptr<WeightsSink> sink;
+  std::shared_ptr<StepReplySink> sink;
   // The part of the worker that sent it (its stream's header): a node
   // worker's local rank may send only the chunks it owns.
   NodeSender sender;
@@ -269,7 +269,7 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   absl::Status BeginStep(uint64_t step, uint32_t worker_rank,
                          std::vector<GroupHyperParams> group_hparams,
                          const StepNumerics& numerics = {},
-                         const std::shared_ptr<WeightsSink>& stats_sink = {},
+                         const std::shared_ptr<StepReplySink>& stats_sink = {},
                          std::string no_grad_tensors = {},
                          NodeShape node_shape = {});
 
@@ -515,8 +515,9 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
                       std::vector<std::vector<WeightsPiece>>& overrides);
   // Returns the payloads' buffers to the payload pool and empties the vector.
   void GiveBack(std::vector<std::string>& payloads);
-  // What the step's first header fixed (defaults if no header was seen).
-  StepProgress StepSettings(uint64_t step) const;
+  // A copy of what this server knows of the step: what its first header
+  // fixed, and its progress (defaults if no header was seen).
+  StepProgress ProgressOf(uint64_t step) const;
   // The step's TwoPhaseStep; null in a one-phase (or unknown) step.
   std::shared_ptr<TwoPhaseStep> TwoPhaseOf(uint64_t step) const;
   void NoteChunkApplied(uint64_t step);

@@ -22,11 +22,11 @@
 namespace depot {
 namespace {
 
-std::vector<std::shared_ptr<WeightsSink>> LiveSinks(
-    const std::vector<std::weak_ptr<WeightsSink>>& sinks) {
-  std::vector<std::shared_ptr<WeightsSink>> live;
-  for (const std::weak_ptr<WeightsSink>& weak : sinks) {
-    if (std::shared_ptr<WeightsSink> sink = weak.lock()) live.push_back(sink);
+std::vector<std::shared_ptr<StepReplySink>> LiveSinks(
+    const std::vector<std::weak_ptr<StepReplySink>>& sinks) {
+  std::vector<std::shared_ptr<StepReplySink>> live;
+  for (const std::weak_ptr<StepReplySink>& weak : sinks) {
+    if (std::shared_ptr<StepReplySink> sink = weak.lock()) live.push_back(sink);
   }
   return live;
 }
@@ -41,7 +41,7 @@ void ShardState::GiveBack(std::vector<std::string>& payloads) {
   payloads.clear();
 }
 
-ShardState::StepProgress ShardState::StepSettings(uint64_t step) const {
+ShardState::StepProgress ShardState::ProgressOf(uint64_t step) const {
   absl::MutexLock lock(&steps_mu_);
   auto it = steps_.find(step);
   if (it == steps_.end()) return StepProgress();
@@ -58,7 +58,7 @@ std::shared_ptr<TwoPhaseStep> ShardState::TwoPhaseOf(uint64_t step) const {
 void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
   const ChunkRange range = shape_.plan().chunk(chunk_index);
   ChunkState& chunk = chunk_state(chunk_index);
-  const StepProgress settings = StepSettings(step);
+  const StepProgress settings = ProgressOf(step);
   std::vector<std::string> payloads;
   {
     absl::MutexLock lock(&chunk.mu);
@@ -80,14 +80,14 @@ void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
   GiveBack(payloads);
   const GradStats stats = ComputeGradStats(shape_.layout(), range, sum);
 
-  std::vector<std::shared_ptr<WeightsSink>> sinks;
+  std::vector<std::shared_ptr<StepReplySink>> sinks;
   {
     absl::MutexLock lock(&chunk.mu);
     chunk.pending->summed = std::move(summed);
     chunk.pending->summed_ready = true;
     sinks = LiveSinks(chunk.pending->sinks);
   }
-  for (const std::shared_ptr<WeightsSink>& sink : sinks) {
+  for (const std::shared_ptr<StepReplySink>& sink : sinks) {
     sink->DeliverAck(chunk_index);
   }
   // Contribute saw the step's TwoPhaseStep, which lives until the step is
@@ -132,7 +132,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   const JobConfig& config = shape_.config();
   const ChunkRange range = shape_.plan().chunk(chunk_index);
   ChunkState& chunk = chunk_state(chunk_index);
-  const StepProgress settings = StepSettings(step);
+  const StepProgress settings = ProgressOf(step);
   const CommitDecision commit = settings.two_phase != nullptr
                                     ? settings.two_phase->commit()
                                     : settings.numerics.commit;
@@ -234,7 +234,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
 
-  std::vector<std::shared_ptr<WeightsSink>> sinks;
+  std::vector<std::shared_ptr<StepReplySink>> sinks;
   {
     absl::MutexLock lock(&chunk.mu);
     chunk.applied_step = step;
@@ -256,7 +256,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   // Before delivering, so that a worker that has all its weights sees the step
   // completed in GetJob.
   NoteChunkApplied(step);
-  for (const std::shared_ptr<WeightsSink>& sink : sinks) {
+  for (const std::shared_ptr<StepReplySink>& sink : sinks) {
     sink->Deliver({chunk_index, weights, seconds, false});
   }
 }

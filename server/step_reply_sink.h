@@ -1,9 +1,10 @@
-// WeightsSink: where a chunk's updated weights go once its update is done, and,
-// in a two-phase step, the chunk's acknowledgement once summed and the shard's
-// gradient statistics. A Step stream is one; ShardState knows it only through
-// this interface, so the shard's logic is tested without gRPC.
-#ifndef DEPOT_SERVER_WEIGHTS_SINK_H_
-#define DEPOT_SERVER_WEIGHTS_SINK_H_
+// StepReplySink: where a step's replies to a worker go: each chunk's updated
+// weights once its update is done, and, in a two-phase step, the chunk's
+// acknowledgement once summed and the shard's gradient statistics. A Step
+// stream is one; ShardState knows it only through this interface, so the
+// shard's logic is tested without gRPC.
+#ifndef DEPOT_SERVER_STEP_REPLY_SINK_H_
+#define DEPOT_SERVER_STEP_REPLY_SINK_H_
 
 #include <cstdint>
 #include <memory>
@@ -24,9 +25,9 @@ struct ChunkWeights {
   bool replayed = false;
 };
 
-class WeightsSink {
+class StepReplySink {
  public:
-  virtual ~WeightsSink() = default;
+  virtual ~StepReplySink() = default;
 
   // Takes one chunk's weights. Called from an update thread, or from the caller
   // of ShardState::Contribute for a replay, with no ShardState lock held. Must
@@ -50,4 +51,4 @@ class WeightsSink {
 
 }  // namespace depot
 
-#endif  // DEPOT_SERVER_WEIGHTS_SINK_H_
+#endif  // DEPOT_SERVER_STEP_REPLY_SINK_H_

@@ -30,7 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "server/metrics.h"
-#include "server/weights_sink.h"
+#include "server/step_reply_sink.h"
 
 namespace depot {
 
@@ -52,7 +52,7 @@ class StepTransport {
   virtual void ResumeReading() {}
 };
 
-class StepStream final : public WeightsSink {
+class StepStream final : public StepReplySink {
  public:
   // `transport` must stay valid until Detach; `metrics` must outlive the
   // stream.
@@ -88,7 +88,7 @@ class StepStream final : public WeightsSink {
   // The worker has half-closed: finish once every expected chunk is written.
   void ReadsDone();
 
-  // WeightsSink: each queues its message to be written; dropped once the
+  // StepReplySink: each queues its message to be written; dropped once the
   // stream ends.
   void Deliver(ChunkWeights weights) override;
   void DeliverAck(uint64_t chunk_index) override;

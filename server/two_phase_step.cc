@@ -12,7 +12,7 @@ TwoPhaseStep::TwoPhaseStep(uint64_t step, uint64_t num_chunks)
   if (num_chunks == 0) totals_ = GradStats();
 }
 
-void TwoPhaseStep::Subscribe(const std::shared_ptr<WeightsSink>& sink) {
+void TwoPhaseStep::Subscribe(const std::shared_ptr<StepReplySink>& sink) {
   GradStats totals;
   {
     absl::MutexLock lock(&mu_);
@@ -27,7 +27,7 @@ void TwoPhaseStep::Subscribe(const std::shared_ptr<WeightsSink>& sink) {
 
 void TwoPhaseStep::AddChunk(uint64_t chunk_offset, const GradStats& stats) {
   GradStats totals;
-  std::vector<std::weak_ptr<WeightsSink>> subscribers;
+  std::vector<std::weak_ptr<StepReplySink>> subscribers;
   {
     absl::MutexLock lock(&mu_);
     chunks_[chunk_offset] = stats;
@@ -40,8 +40,8 @@ void TwoPhaseStep::AddChunk(uint64_t chunk_offset, const GradStats& stats) {
     subscribers = std::move(subscribers_);
     subscribers_.clear();
   }
-  for (const std::weak_ptr<WeightsSink>& weak : subscribers) {
-    if (std::shared_ptr<WeightsSink> sink = weak.lock()) {
+  for (const std::weak_ptr<StepReplySink>& weak : subscribers) {
+    if (std::shared_ptr<StepReplySink> sink = weak.lock()) {
       sink->DeliverGradStats(totals);
     }
   }

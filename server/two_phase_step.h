@@ -19,7 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/grad_stats.h"
 #include "server/step_numerics.h"
-#include "server/weights_sink.h"
+#include "server/step_reply_sink.h"
 
 namespace depot {
 
@@ -33,7 +33,7 @@ class TwoPhaseStep {
 
   // Sends the shard's statistics to `sink` once every chunk is summed: at once
   // (from this call) if they already are. Subscribers are held weakly.
-  void Subscribe(const std::shared_ptr<WeightsSink>& sink);
+  void Subscribe(const std::shared_ptr<StepReplySink>& sink);
 
   // Records the statistics of chunk `chunk_offset` (its index minus the
   // shard's first chunk). The call that completes the shard delivers the
@@ -58,7 +58,7 @@ class TwoPhaseStep {
   std::vector<std::optional<GradStats>> chunks_ ABSL_GUARDED_BY(mu_);
   uint64_t summed_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<GradStats> totals_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::weak_ptr<WeightsSink>> subscribers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::weak_ptr<StepReplySink>> subscribers_ ABSL_GUARDED_BY(mu_);
   std::optional<CommitDecision> commit_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -69,10 +69,13 @@ class LentSlices : public std::enable_shared_from_this<LentSlices> {
   int lent_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-class StepStream {
+// One Step RPC of the client: sends a stream's share of the chunks and reads
+// their weights back (the server's side of the call is server/step_stream.h's
+// StepStream).
+class StepCall {
  public:
-  StepStream(const StepChannel& channel, const StepStreamParams& params,
-             CallGroup& group, std::shared_ptr<LentSlices> lent)
+  StepCall(const StepChannel& channel, const StepStreamParams& params,
+           CallGroup& group, std::shared_ptr<LentSlices> lent)
       : params_(params),
         chunks_(params.feed != nullptr ? params.feed_chunks
                                        : params.end_chunk - params.first_chunk),
@@ -257,7 +260,7 @@ class StepStream {
   // reader has stopped: the stream is over and nothing more is worth sending.
   bool WaitForWindow(uint64_t index) {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &StepStream::MaySendOrStop));
+    mu_.Await(absl::Condition(this, &StepCall::MaySendOrStop));
     if (reader_done_) return false;
     ++sent_;
     sent_flags_[index - params_.first_chunk] = true;
@@ -272,7 +275,7 @@ class StepStream {
   // has stopped without them.
   std::optional<v1::GradStats> WaitForGradStats() {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &StepStream::HaveGradStatsOrStop));
+    mu_.Await(absl::Condition(this, &StepCall::HaveGradStatsOrStop));
     return grad_stats_;
   }
 
@@ -494,7 +497,7 @@ absl::StatusOr<StepStreamStats> RunStepStream(const StepChannel& channel,
   {
     // The call is released with the stream (its context): only then can
     // gRPC drop the slices still queued on a failed stream.
-    StepStream stream(channel, params, group, lent);
+    StepCall stream(channel, params, group, lent);
     stats = stream.Run();
   }
   lent->WaitUntilReleased();

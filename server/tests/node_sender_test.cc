@@ -119,7 +119,7 @@ class NodeShardTest : public ::depot::testing::ShardTest {
  protected:
   static Contribution NodeGrad(uint64_t step, uint32_t worker, uint64_t chunk,
                                float value, const NodeSender& sender,
-                               std::shared_ptr<WeightsSink> sink) {
+                               std::shared_ptr<StepReplySink> sink) {
     Contribution c =
         Grad(step, worker, chunk, std::vector<float>(4, value), std::move(sink));
     c.sender = sender;

@@ -30,7 +30,7 @@ class NoopUpdateTest : public ::testing::Test {
 
   static Contribution Grad(uint64_t step, uint32_t worker,
                            const std::vector<float>& values,
-                           std::shared_ptr<WeightsSink> sink) {
+                           std::shared_ptr<StepReplySink> sink) {
     Contribution c;
     c.step = step;
     c.worker_rank = worker;

@@ -37,7 +37,7 @@ class ShardStateTest : public ::depot::testing::ShardTest {
   // equal to `value`.
   static absl::Status Send(ShardState& shard, uint64_t step, uint32_t worker,
                            uint64_t chunk, float value,
-                           std::shared_ptr<WeightsSink> sink) {
+                           std::shared_ptr<StepReplySink> sink) {
     return shard.Contribute(Grad(
         step, worker, chunk, std::vector<float>(8, value), std::move(sink)));
   }

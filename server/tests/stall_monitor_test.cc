@@ -51,7 +51,7 @@ class StallMonitorTest : public ::testing::Test {
   // Worker `worker`'s header and gradient for `chunk` of `step`.
   static absl::Status Send(ShardState& shard, uint64_t step, uint32_t worker,
                            uint64_t chunk,
-                           const std::shared_ptr<WeightsSink>& sink,
+                           const std::shared_ptr<StepReplySink>& sink,
                            const StepNumerics& numerics = {}) {
     if (absl::Status s = shard.BeginStep(step, worker, {}, numerics, sink);
         !s.ok()) {

@@ -37,7 +37,7 @@ class TensorPresenceTest : public ::depot::testing::ShardTest {
   // Worker `worker`'s gradient of the job's one chunk.
   static absl::Status Send(ShardState& shard, uint64_t step, uint32_t worker,
                            const std::vector<float>& grad,
-                           std::shared_ptr<WeightsSink> sink) {
+                           std::shared_ptr<StepReplySink> sink) {
     return shard.Contribute(Grad(step, worker, 0, grad, std::move(sink)));
   }
 

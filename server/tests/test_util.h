@@ -1,6 +1,6 @@
 // Helpers shared by the server's unit tests: small job configs, fp32 payloads,
-// a WeightsSink that records what it receives, and a way to wait for the update
-// pool.
+// a StepReplySink that records what it receives, and a way to wait for the
+// update pool.
 #ifndef DEPOT_SERVER_TESTS_TEST_UTIL_H_
 #define DEPOT_SERVER_TESTS_TEST_UTIL_H_
 
@@ -19,8 +19,8 @@
 #include "server/metrics.h"
 #include "server/payload_pool.h"
 #include "server/shard_state.h"
+#include "server/step_reply_sink.h"
 #include "server/thread_pool.h"
-#include "server/weights_sink.h"
 
 namespace depot::testing {
 
@@ -60,7 +60,7 @@ inline std::vector<float> Fp32Values(const std::string& payload) {
 }
 
 // Records deliveries; its openness is set by the test.
-class RecordingSink : public WeightsSink {
+class RecordingSink : public StepReplySink {
  public:
   void Deliver(ChunkWeights weights) override {
     absl::MutexLock lock(&mu_);
@@ -155,7 +155,7 @@ class ShardTest : public ::testing::Test {
   // Worker `worker`'s gradient `values` for chunk `chunk` of step `step`.
   static Contribution Grad(uint64_t step, uint32_t worker, uint64_t chunk,
                            const std::vector<float>& values,
-                           std::shared_ptr<WeightsSink> sink) {
+                           std::shared_ptr<StepReplySink> sink) {
     Contribution c;
     c.step = step;
     c.worker_rank = worker;

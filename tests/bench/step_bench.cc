@@ -38,8 +38,8 @@
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/shard_state.h"
+#include "server/step_reply_sink.h"
 #include "server/thread_pool.h"
-#include "server/weights_sink.h"
 #include "server_process.h"
 #include "tests/bench/bench_output.h"
 #include "tests/bench/netns.h"
@@ -160,7 +160,7 @@ absl::StatusOr<Job*> OpenJob(Connection& connection, const JobConfig& config) {
 }
 
 // Takes the update path's weights and throws them away, counting chunks.
-class DiscardingSink : public WeightsSink {
+class DiscardingSink : public StepReplySink {
  public:
   void Deliver(ChunkWeights) override {
     absl::MutexLock lock(&mu_);

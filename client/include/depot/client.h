@@ -430,11 +430,13 @@ class DEPOT_API Client {
   // UNAVAILABLE (naming the server) if one does not.
   virtual absl::Status WaitForServers(absl::Duration timeout) = 0;
 
-  // Creates the job on every server, or attaches to it if one with the same name
-  // and identical config exists. config.num_servers is set from the server list.
-  // FAILED_PRECONDITION if a job of that name exists with a different config;
-  // RESOURCE_EXHAUSTED if a server's memory budget would be exceeded;
-  // INVALID_ARGUMENT for an invalid config or a worker_rank >= num_workers.
+  // Creates the job on every server, or attaches to it if one with the same
+  // name and identical config exists. Job names are per tenant: only the
+  // caller's own tenant's jobs count (docs/security.md). config.num_servers is
+  // set from the server list. FAILED_PRECONDITION if the tenant's job of that
+  // name exists with a different config; RESOURCE_EXHAUSTED if a server's
+  // memory budget would be exceeded; INVALID_ARGUMENT for an invalid config or
+  // a worker_rank >= num_workers.
   virtual absl::StatusOr<std::unique_ptr<Job>> OpenJob(JobConfig config,
                                                         uint32_t worker_rank) = 0;
 

@@ -230,7 +230,8 @@ typedef struct depot_job_config {
 DEPOT_API void depot_job_config_init(depot_job_config_t* config);
 
 /* Creates the job on every server of `client`, or attaches to it when a job
- * with the same name and an identical config exists, as worker `worker_rank`.
+ * with the same name and an identical config exists (of the client's tenant:
+ * job names are per tenant), as worker `worker_rank`.
  * On success *out is a job handle to free with depot_job_destroy.
  * INVALID_ARGUMENT: an invalid config (the field is named) or worker_rank >=
  * num_workers; FAILED_PRECONDITION: a job of that name exists with a
