@@ -1,8 +1,9 @@
 // A valid JobConfig and one change to each of its fields, for the tests of
 // everything that must notice any field: the fingerprint
 // (fingerprint_test.cc) and the field-by-field comparison
-// (job_config_diff_test.cc). A field added to JobConfig, OptimizerConfig or
-// TensorSpec gets a mutation here, and both tests then check it.
+// (job_config_diff_test.cc), and the conversions there and back (wire_test.cc,
+// c_api_convert_test.cc). A field added to JobConfig, OptimizerConfig or
+// TensorSpec gets a mutation here, and these tests then check it.
 #ifndef DEPOT_TESTS_UNIT_JOB_CONFIG_MUTATIONS_H_
 #define DEPOT_TESTS_UNIT_JOB_CONFIG_MUTATIONS_H_
 
@@ -12,7 +13,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "depot/job_config.h"
+#include "depot/job_config_diff.h"
+#include "gtest/gtest.h"
 
 namespace depot::testing {
 
@@ -115,6 +119,26 @@ inline std::vector<Mutation> SingleFieldMutations() {
       {"number of group_optimizers",
        [](JobConfig& c) { c.group_optimizers = {c.optimizer, c.optimizer}; }},
   };
+}
+
+// For the tests of a conversion there and back (the proto, the C API):
+// each field changed alone must come back as it went, by value and by
+// fingerprint. A field the conversion forgets comes back as its default, and
+// the failure names it.
+inline void ExpectEveryFieldSurvives(
+    const std::function<absl::StatusOr<JobConfig>(const JobConfig&)>&
+        there_and_back) {
+  const std::vector<Mutation> mutations = SingleFieldMutations();
+  ASSERT_GT(mutations.size(), 30u);
+  for (const Mutation& mutation : mutations) {
+    JobConfig config = BaseJob();
+    mutation.mutate(config);
+    absl::StatusOr<JobConfig> back = there_and_back(config);
+    ASSERT_TRUE(back.ok()) << mutation.field << ": " << back.status();
+    EXPECT_EQ(DescribeJobConfigDifferences(config, "given", *back, "read"), "")
+        << mutation.field;
+    EXPECT_EQ(Fingerprint(*back), Fingerprint(config)) << mutation.field;
+  }
 }
 
 }  // namespace depot::testing
