@@ -110,6 +110,10 @@ def parse():
     parser.add_argument("--trainer_cores", type=int, default=0,
                         help="keep the trainer on the first N cores and "
                              "the servers on the others (0: no pinning)")
+    parser.add_argument("--server_nice", type=int, default=0,
+                        help="raise the servers' niceness by N (every "
+                             "thread): their update threads then yield to "
+                             "the trainer's on a shared host (0: as is)")
     parser.add_argument("--accum", type=int, default=1,
                         help="micro-batches of --batch per optimizer step "
                              "(gradient accumulation; Depot's in no_sync)")
@@ -128,6 +132,16 @@ def parse():
                         help="fail unless the depot run's losses equal "
                              "torch's exactly (the CPU smoke check, fp32)")
     return parser.parse_args()
+
+
+def renice(pid, increment):
+    """Raises the niceness of every thread of process `pid` by `increment`.
+    Linux keeps a niceness per thread, and a thread started later inherits
+    its creator's, so the whole server runs at the new one."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        tid = int(tid)
+        os.setpriority(os.PRIO_PROCESS, tid,
+                       os.getpriority(os.PRIO_PROCESS, tid) + increment)
 
 
 def sync(device):
@@ -247,6 +261,8 @@ def main():
         for _ in range(args.servers):
             servers.append(server_process.start_server(
                 args.server, [f"--threads={args.server_threads}"]))
+            if args.server_nice:
+                renice(servers[-1].process.pid, args.server_nice)
         os.sched_setaffinity(0, trainer_cores)
         with depot.Client([s.address for s in servers],
                           **client_options) as client:
@@ -264,7 +280,7 @@ def main():
         seq=args.seq, batch=args.batch, accum=args.accum,
         tokens_per_step=args.batch * args.seq * args.accum,
         steps=args.steps, servers=args.servers,
-        trainer_cores=args.trainer_cores,
+        trainer_cores=args.trainer_cores, server_nice=args.server_nice,
         server_threads=args.server_threads,
         streams_per_server=args.streams_per_server, slots=args.slots,
         max_inflight_chunks=args.max_inflight_chunks,
