@@ -441,6 +441,57 @@ TEST_F(SecurityTest, RestoredJobsGoBackToTheirTenants) {
   EXPECT_NE(status.spec().optimizer().lr(), kBetaLr);
 }
 
+// A checkpoint directory of the previous release: every job at the root,
+// and the tenant of each in <dir>/tenants. The server moves alpha's job into
+// alpha's directory as it starts, and it restores as alpha's.
+TEST_F(SecurityTest, TheTenantsFileOfTheLastReleaseIsAdopted) {
+  const std::string checkpoint_dir = pki->path("legacy-checkpoints");
+  std::filesystem::create_directories(checkpoint_dir);
+  std::vector<std::string> flags = TlsFlags();
+  flags.push_back("--auth_token_file=" + pki->path("tokens"));
+  flags.push_back("--checkpoint_dir=" + checkpoint_dir);
+  v1::CreateJobResponse alpha_job;
+  {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::StartTls(flags, pki->path("ca.pem"));
+    ASSERT_TRUE(server.ok()) << server.status();
+    auto stub = v1::Depot::NewStub(TlsChannel(**server));
+    ASSERT_TRUE(CreateJob(*stub, kAlphaToken, "old-run", &alpha_job).ok());
+    v1::CheckpointRequest request;
+    request.set_job_id(alpha_job.job_id());
+    request.set_fingerprint(alpha_job.fingerprint());
+    v1::CheckpointResponse response;
+    ASSERT_TRUE(
+        stub->Checkpoint(Context(kAlphaToken).get(), request, &response).ok());
+    ASSERT_TRUE((*server)->Signal(SIGTERM).ok());
+    ASSERT_TRUE((*server)->Wait(absl::Seconds(60)).ok());
+  }
+  // As the previous release left it: "old-run" is 6f6c642d72756e in hex.
+  std::filesystem::rename(checkpoint_dir + "/tenant-alpha/job-old-run",
+                          checkpoint_dir + "/job-old-run");
+  std::ofstream(checkpoint_dir + "/tenants")
+      << "# depot-server: the tenant of each job\nalpha 6f6c642d72756e\n";
+
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::StartTls(flags, pki->path("ca.pem"));
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_THAT((*server)->Log(), HasSubstr("moved 1 tenants' jobs"));
+  EXPECT_FALSE(std::filesystem::exists(checkpoint_dir + "/tenants"));
+  EXPECT_TRUE(std::filesystem::is_directory(checkpoint_dir +
+                                            "/tenant-alpha/job-old-run"));
+  auto stub = v1::Depot::NewStub(TlsChannel(**server));
+  v1::CreateJobResponse attached;
+  ASSERT_TRUE(CreateJob(*stub, kAlphaToken, "old-run", &attached).ok());
+  EXPECT_FALSE(attached.created()) << (*server)->Log();
+  EXPECT_EQ(attached.fingerprint(), alpha_job.fingerprint());
+  v1::GetJobRequest request;
+  request.set_job_id(attached.job_id());
+  v1::JobStatus status;
+  EXPECT_EQ(
+      stub->GetJob(Context(kBetaToken).get(), request, &status).error_code(),
+      grpc::StatusCode::NOT_FOUND);
+}
+
 TEST_F(SecurityTest, PlaintextCallsToATlsServerFail) {
   std::unique_ptr<ServerProcess> server = StartTokenServer();
   ASSERT_NE(server, nullptr);
