@@ -38,9 +38,7 @@ absl::Status ValidateServerAddress(absl::string_view address) {
 }
 
 StepChannel::StepChannel(std::shared_ptr<grpc::Channel> channel_in)
-    : channel(std::move(channel_in)),
-      step_method("/depot.v1.Depot/Step",
-                  grpc::internal::RpcMethod::BIDI_STREAMING, channel) {}
+    : channel(std::move(channel_in)), step_stub(channel) {}
 
 void StepChannel::AwaitSettled(absl::Time deadline) const {
   grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);

@@ -16,7 +16,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
-#include "grpcpp/impl/rpc_method.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 
 namespace depot::client_internal {
@@ -35,9 +35,9 @@ inline constexpr char kDepotServiceName[] = "depot.v1.Depot";
 // connections only add threads and memory (docs/protocol.md, "Transport").
 inline constexpr int kMaxConnectionsPerServer = 16;
 
-// One TCP connection's channel and its Step method, called raw
-// (grpc::ByteBuffer both ways; step_stream.cc) so that chunk payloads are
-// never copied through protobuf.
+// One TCP connection's channel and a generic stub on it, for the Step method
+// called raw (grpc::ByteBuffer both ways; raw_bidi_call.h, step_stream.cc)
+// so that chunk payloads are never copied through protobuf.
 struct StepChannel {
   StepChannel(std::shared_ptr<grpc::Channel> channel_in);
 
@@ -48,8 +48,13 @@ struct StepChannel {
   void AwaitSettled(absl::Time deadline) const;
 
   std::shared_ptr<grpc::Channel> channel;
-  grpc::internal::RpcMethod step_method;
+  // Stateless besides the channel: calls may start from any thread, through
+  // a const StepChannel too.
+  mutable grpc::GenericStub step_stub;
 };
+
+// The Step method's full name, for the generic stub.
+inline constexpr char kStepMethod[] = "/depot.v1.Depot/Step";
 
 struct ServerConnection {
   std::string address;

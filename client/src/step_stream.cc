@@ -1,6 +1,6 @@
-#include <algorithm>
 #include "step_stream.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -13,15 +13,13 @@
 #include "depot/v1/depot.pb.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "grpcpp/support/sync_stream.h"
+#include "raw_bidi_call.h"
 #include "wire/byte_buffers.h"
 #include "wire/step_codec.h"
 #include "wire/wire.h"
 
 namespace depot::client_internal {
 namespace {
-
-using Stream = grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 void CommitToProto(const StepCommit& commit, v1::StepCommit* out) {
   out->set_clip_coef(commit.clip_coef);
@@ -84,11 +82,8 @@ class StepCall {
         two_phase_(params.barrier != nullptr),
         lent_(std::move(lent)),
         context_(group, params.deadline),
-        stream_(grpc::internal::ClientReaderWriterFactory<
-                grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel.channel
-                                                                .get(),
-                                                            channel.step_method,
-                                                            context_.get())) {
+        stream_(std::make_unique<RawBidiCall>(channel.step_stub, kStepMethod,
+                                              context_.get())) {
     seen_.assign(span_, false);
     answered_.assign(span_, false);
     sent_flags_.assign(span_, false);
@@ -464,7 +459,7 @@ class StepCall {
   const bool two_phase_;
   const std::shared_ptr<LentSlices> lent_;
   GroupContext context_;
-  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<RawBidiCall> stream_;
 
   mutable absl::Mutex mu_;
   uint64_t sent_ ABSL_GUARDED_BY(mu_) = 0;  // chunks counted by WaitForWindow
