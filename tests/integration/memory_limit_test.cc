@@ -308,6 +308,45 @@ bool WriteFile(const std::string& path, const std::string& text) {
   return static_cast<bool>(out);
 }
 
+// A depot-server started with `flags` in a new memory cgroup of `limit`
+// bytes, named `name`-<pid>, under this process's own. The server inherits
+// the cgroup of the process that starts it: this process joins the new one
+// for the start and leaves it again. `skip` says why the cgroup could not be
+// found, made, limited or joined (nothing was started then); otherwise the
+// caller removes `dir` once the server is gone.
+struct CgroupServer {
+  std::string dir;
+  std::string skip;
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      absl::UnavailableError("not started");
+};
+CgroupServer StartInCgroup(const OwnCgroup& own, const std::string& name,
+                           uint64_t limit,
+                           const std::vector<std::string>& flags) {
+  CgroupServer out;
+  if (own.dir.empty()) {
+    out.skip = "no memory cgroup in /proc/self/cgroup";
+    return out;
+  }
+  out.dir = absl::StrCat(own.dir, "/", name, "-", getpid());
+  if (mkdir(out.dir.c_str(), 0755) != 0) {
+    out.skip = absl::StrCat("cannot create a memory cgroup at ", out.dir, ": ",
+                            std::strerror(errno));
+    return out;
+  }
+  const bool joined =
+      WriteFile(out.dir + "/" + own.limit_file, std::to_string(limit)) &&
+      WriteFile(out.dir + "/cgroup.procs", std::to_string(getpid()));
+  if (joined) out.server = ServerProcess::Start(flags);
+  WriteFile(own.dir + "/cgroup.procs", std::to_string(getpid()));
+  if (!joined) {
+    rmdir(out.dir.c_str());
+    out.skip =
+        absl::StrCat("cannot set a limit on or join the cgroup ", out.dir);
+  }
+  return out;
+}
+
 // Issue 13: under a 1 GiB cgroup a server with the default budget (80% of
 // the machine's RAM) was OOM-killed. Its default budget is the cgroup's
 // limit less a margin now: a job beyond it is refused, the server lives on.
@@ -315,30 +354,12 @@ bool WriteFile(const std::string& path, const std::string& text) {
 // (skipped otherwise); the parsing itself is tested against fake cgroup
 // trees in server/tests/server_options_test.cc.
 TEST(MemoryLimitTest, DefaultBudgetFollowsTheServersCgroupLimit) {
-  const OwnCgroup own = FindOwnCgroup();
-  if (own.dir.empty()) GTEST_SKIP() << "no memory cgroup in /proc/self/cgroup";
-  const std::string dir = absl::StrCat(own.dir, "/depot-test-", getpid());
-  if (mkdir(dir.c_str(), 0755) != 0) {
-    GTEST_SKIP() << "cannot create a memory cgroup at " << dir << ": "
-                 << std::strerror(errno);
-  }
   constexpr uint64_t kLimit = uint64_t{1} << 30;
-  const bool limited =
-      WriteFile(dir + "/" + own.limit_file, std::to_string(kLimit));
-  // The server inherits the cgroup of the process that starts it: this one
-  // joins it for the start and leaves it again.
-  const bool joined =
-      limited && WriteFile(dir + "/cgroup.procs", std::to_string(getpid()));
-  absl::StatusOr<std::unique_ptr<ServerProcess>> started =
-      absl::UnavailableError("not started");
-  if (joined) started = ServerProcess::Start();
-  WriteFile(own.dir + "/cgroup.procs", std::to_string(getpid()));
-  if (!joined) {
-    rmdir(dir.c_str());
-    GTEST_SKIP() << "cannot set a limit on or join the cgroup " << dir;
-  }
-  ASSERT_TRUE(started.ok()) << started.status();
-  ServerProcess& server = **started;
+  CgroupServer started =
+      StartInCgroup(FindOwnCgroup(), "depot-test", kLimit, {});
+  if (!started.skip.empty()) GTEST_SKIP() << started.skip;
+  ASSERT_TRUE(started.server.ok()) << started.server.status();
+  ServerProcess& server = **started.server;
   const uint64_t budget = kLimit - 128 * kMiB;
   EXPECT_THAT(server.Log(),
               HasSubstr(absl::StrCat("memory budget ", budget,
@@ -357,7 +378,7 @@ TEST(MemoryLimitTest, DefaultBudgetFollowsTheServersCgroupLimit) {
   status = RawCreateJob(*stub, spec, 0, &created);
   EXPECT_TRUE(status.ok()) << status.error_message();
   ASSERT_TRUE(server.Kill().ok());
-  rmdir(dir.c_str());
+  rmdir(started.dir.c_str());
 }
 
 // A number from a cgroup file ("memory.max_usage_in_bytes"), or from its
@@ -381,30 +402,14 @@ int64_t CgroupNumber(const std::string& path, const std::string& key = "") {
 // otherwise, as DefaultBudgetFollowsTheServersCgroupLimit).
 TEST(MemoryLimitTest, WorkersIgnoringTheirWindowNeverGetTheServerOomKilled) {
   const OwnCgroup own = FindOwnCgroup();
-  if (own.dir.empty()) GTEST_SKIP() << "no memory cgroup in /proc/self/cgroup";
-  const std::string dir = absl::StrCat(own.dir, "/depot-oom-test-", getpid());
-  if (mkdir(dir.c_str(), 0755) != 0) {
-    GTEST_SKIP() << "cannot create a memory cgroup at " << dir << ": "
-                 << std::strerror(errno);
-  }
   const uint64_t limit = kWindowTestBudget + 128 * kMiB;
-  const bool limited =
-      WriteFile(dir + "/" + own.limit_file, std::to_string(limit));
-  const bool joined =
-      limited && WriteFile(dir + "/cgroup.procs", std::to_string(getpid()));
-  absl::StatusOr<std::unique_ptr<ServerProcess>> started =
-      absl::UnavailableError("not started");
-  if (joined) {
-    started = ServerProcess::Start(
-        {absl::StrCat("--memory_limit_bytes=", kWindowTestBudget)});
-  }
-  WriteFile(own.dir + "/cgroup.procs", std::to_string(getpid()));
-  if (!joined) {
-    rmdir(dir.c_str());
-    GTEST_SKIP() << "cannot set a limit on or join the cgroup " << dir;
-  }
-  ASSERT_TRUE(started.ok()) << started.status();
-  ServerProcess& server = **started;
+  CgroupServer started =
+      StartInCgroup(own, "depot-oom-test", limit,
+                    {absl::StrCat("--memory_limit_bytes=", kWindowTestBudget)});
+  if (!started.skip.empty()) GTEST_SKIP() << started.skip;
+  ASSERT_TRUE(started.server.ok()) << started.server.status();
+  ServerProcess& server = **started.server;
+  const std::string& dir = started.dir;
   const uint64_t peak = RunWorkersIgnoringTheirWindow(server);
   // cgroup v1 and v2 name the peak and the OOM kills differently.
   const bool v1 = own.limit_file == "memory.limit_in_bytes";

@@ -153,6 +153,16 @@ class SecurityTest : public ::testing::Test {
     return server.ok() ? *std::move(server) : nullptr;
   }
 
+  // The flags of a server with TLS, the token file and the checkpoint
+  // directory `dir`, which this creates.
+  std::vector<std::string> CheckpointingFlags(const std::string& dir) const {
+    std::filesystem::create_directories(dir);
+    std::vector<std::string> flags = TlsFlags();
+    flags.push_back("--auth_token_file=" + pki->path("tokens"));
+    flags.push_back("--checkpoint_dir=" + dir);
+    return flags;
+  }
+
   // A server with TLS that names tenants by client certificate.
   std::unique_ptr<ServerProcess> StartMutualTlsServer() {
     std::vector<std::string> flags = TlsFlags();
@@ -195,6 +205,16 @@ v1::JobSpec Spec(const std::string& name) {
   return spec;
 }
 
+// The Checkpoint RPC of job `job_id` as `token`.
+grpc::Status Checkpoint(v1::Depot::Stub& stub, const std::string& token,
+                        uint64_t job_id, uint64_t fingerprint) {
+  v1::CheckpointRequest request;
+  request.set_job_id(job_id);
+  request.set_fingerprint(fingerprint);
+  v1::CheckpointResponse response;
+  return stub.Checkpoint(Context(token).get(), request, &response);
+}
+
 grpc::Status CreateJob(v1::Depot::Stub& stub, const std::string& token,
                        const std::string& name, v1::CreateJobResponse* response,
                        double lr = 0) {
@@ -223,14 +243,8 @@ std::vector<std::pair<std::string, grpc::Status>> CallEveryRpc(
     results.emplace_back("GetJob",
                          stub.GetJob(Context(token).get(), request, &response));
   }
-  {
-    v1::CheckpointRequest request;
-    request.set_job_id(job_id);
-    request.set_fingerprint(fingerprint);
-    v1::CheckpointResponse response;
-    results.emplace_back("Checkpoint", stub.Checkpoint(Context(token).get(),
-                                                       request, &response));
-  }
+  results.emplace_back("Checkpoint",
+                       Checkpoint(stub, token, job_id, fingerprint));
   {
     v1::ListCheckpointsRequest request;
     request.set_job_id(job_id);
@@ -373,10 +387,7 @@ TEST_F(SecurityTest, WithoutAValidTokenEveryRpcButHealthIsUnauthenticated) {
 // to their tenants, each invisible to the other.
 TEST_F(SecurityTest, RestoredJobsGoBackToTheirTenants) {
   const std::string checkpoint_dir = pki->path("checkpoints");
-  std::filesystem::create_directories(checkpoint_dir);
-  std::vector<std::string> flags = TlsFlags();
-  flags.push_back("--auth_token_file=" + pki->path("tokens"));
-  flags.push_back("--checkpoint_dir=" + checkpoint_dir);
+  const std::vector<std::string> flags = CheckpointingFlags(checkpoint_dir);
   constexpr double kBetaLr = 0.25;
   v1::CreateJobResponse alpha_job, beta_job;
   {
@@ -392,12 +403,8 @@ TEST_F(SecurityTest, RestoredJobsGoBackToTheirTenants) {
     ASSERT_NE(beta_job.fingerprint(), alpha_job.fingerprint());
     for (const auto& [token, job] : {std::pair{kAlphaToken, &alpha_job},
                                      std::pair{kBetaToken, &beta_job}}) {
-      v1::CheckpointRequest request;
-      request.set_job_id(job->job_id());
-      request.set_fingerprint(job->fingerprint());
-      v1::CheckpointResponse response;
       const grpc::Status saved =
-          stub->Checkpoint(Context(token).get(), request, &response);
+          Checkpoint(*stub, token, job->job_id(), job->fingerprint());
       ASSERT_TRUE(saved.ok()) << saved.error_message();
     }
     ASSERT_TRUE((*server)->Signal(SIGTERM).ok());
@@ -446,10 +453,7 @@ TEST_F(SecurityTest, RestoredJobsGoBackToTheirTenants) {
 // alpha's directory as it starts, and it restores as alpha's.
 TEST_F(SecurityTest, TheTenantsFileOfTheLastReleaseIsAdopted) {
   const std::string checkpoint_dir = pki->path("legacy-checkpoints");
-  std::filesystem::create_directories(checkpoint_dir);
-  std::vector<std::string> flags = TlsFlags();
-  flags.push_back("--auth_token_file=" + pki->path("tokens"));
-  flags.push_back("--checkpoint_dir=" + checkpoint_dir);
+  const std::vector<std::string> flags = CheckpointingFlags(checkpoint_dir);
   v1::CreateJobResponse alpha_job;
   {
     absl::StatusOr<std::unique_ptr<ServerProcess>> server =
@@ -457,12 +461,9 @@ TEST_F(SecurityTest, TheTenantsFileOfTheLastReleaseIsAdopted) {
     ASSERT_TRUE(server.ok()) << server.status();
     auto stub = v1::Depot::NewStub(TlsChannel(**server));
     ASSERT_TRUE(CreateJob(*stub, kAlphaToken, "old-run", &alpha_job).ok());
-    v1::CheckpointRequest request;
-    request.set_job_id(alpha_job.job_id());
-    request.set_fingerprint(alpha_job.fingerprint());
-    v1::CheckpointResponse response;
-    ASSERT_TRUE(
-        stub->Checkpoint(Context(kAlphaToken).get(), request, &response).ok());
+    ASSERT_TRUE(Checkpoint(*stub, kAlphaToken, alpha_job.job_id(),
+                           alpha_job.fingerprint())
+                    .ok());
     ASSERT_TRUE((*server)->Signal(SIGTERM).ok());
     ASSERT_TRUE((*server)->Wait(absl::Seconds(60)).ok());
   }
