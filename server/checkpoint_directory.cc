@@ -157,7 +157,7 @@ absl::StatusOr<uint64_t> CheckpointDirectory::Write(
   };
   if (absl::Status s = pass(0); !s.ok()) return s;
   const std::string& name = checkpoint.config.name;
-  const JobKey job{checkpoint.tenant, name};
+  const JobKey job = checkpoint.key();
   const std::string step_dir = StepDirectory(job, checkpoint.step);
   for (const std::string& dir :
        {TenantRoot(root_, job.tenant), JobDirectory(job), step_dir}) {

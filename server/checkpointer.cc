@@ -253,7 +253,7 @@ absl::Status Checkpointer::Write(const std::weak_ptr<ShardState>& job,
     return absl::AbortedError("the job was deleted before its checkpoint "
                               "was written");
   }
-  const JobKey key{capture->tenant, capture->config.name};
+  const JobKey key = capture->key();
   const uint64_t step = capture->step;
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<uint64_t> bytes =

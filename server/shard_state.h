@@ -66,6 +66,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "server/aligned_buffer.h"
+#include "server/job_key.h"
 #include "server/job_shape.h"
 #include "server/memory_budget.h"
 #include "server/metrics.h"
@@ -133,6 +134,7 @@ struct ShardCheckpoint {
   // format predates tenants: a checkpoint's directory says whose it is
   // (CheckpointDirectory).
   std::string tenant;
+  JobKey key() const { return JobKey{tenant, config.name}; }
   uint64_t fingerprint = 0;
   uint32_t server_index = 0;
   uint64_t step = 0;
