@@ -16,7 +16,8 @@ PendingStepReport ShardState::OldestPendingStep() const {
   for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
     ChunkState& chunk = chunk_state(index);
     absl::MutexLock lock(&chunk.mu);
-    if (chunk.pending == nullptr) continue;
+    const PendingStep* pending = chunk.pending();
+    if (pending == nullptr) continue;
     // A chunk's contributions are always for the step after its applied one.
     const uint64_t step = chunk.applied_step + 1;
     if (report.step != 0 && step > report.step) continue;
@@ -25,7 +26,7 @@ PendingStepReport ShardState::OldestPendingStep() const {
       missing.assign(workers, false);
     }
     for (uint32_t rank = 0; rank < workers; ++rank) {
-      if (!chunk.pending->present[rank]) missing[rank] = true;
+      if (!pending->present[rank]) missing[rank] = true;
     }
   }
   if (report.step == 0) return report;

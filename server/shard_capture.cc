@@ -64,9 +64,9 @@ absl::StatusOr<std::unique_ptr<ShardCheckpoint>> ShardState::CaptureNow() {
   for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
     ChunkState& chunk = chunk_state(index);
     absl::MutexLock lock(&chunk.mu);
-    chunk.mu.Await(absl::Condition(&chunk, &ChunkState::Idle));
-    if (chunk.pending != nullptr &&
-        (chunk.pending->count > 0 || chunk.pending->complete)) {
+    chunk.mu.Await(absl::Condition(&chunk, &ChunkState::ArraysFree));
+    // Weights overrides alone belong to the next step and are not in it.
+    if (chunk.pending() != nullptr && chunk.pending()->count > 0) {
       status = absl::FailedPreconditionError(absl::StrCat(
           "step ", chunk.applied_step + 1, " is in flight (chunk ", index,
           " holds contributions): take a checkpoint between steps"));

@@ -91,7 +91,7 @@ absl::Status ShardState::ReadWeights(
     {
       ChunkState& chunk = chunk_state(index);
       absl::MutexLock lock(&chunk.mu);
-      chunk.mu.Await(absl::Condition(&chunk, &ChunkState::Idle));
+      chunk.mu.Await(absl::Condition(&chunk, &ChunkState::ArraysFree));
       payload = EncodeWeightsAt(index, pos, piece_end, dtype, at);
     }
     if (!payload.ok()) return payload.status();

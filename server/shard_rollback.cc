@@ -46,15 +46,9 @@ uint64_t ShardState::DropInFlight() {
     {
       absl::MutexLock lock(&chunk.mu);
       // An update owns the chunk until it is done, and a two-phase sum owns
-      // the payloads from the moment the chunk is complete until its sum is
-      // kept.
-      const auto settled = [&chunk]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(chunk.mu) {
-        return !chunk.updating &&
-               (chunk.pending == nullptr || !chunk.pending->complete ||
-                chunk.pending->summed_ready);
-      };
-      chunk.mu.Await(absl::Condition(&settled));
-      pending = std::move(chunk.pending);
+      // the payloads until its sum is kept (server/chunk_phase.h).
+      chunk.mu.Await(absl::Condition(&chunk, &ChunkState::NoTaskOwnsIt));
+      pending = chunk.Drop();
     }
     if (pending == nullptr) continue;
     dropped += pending->count;

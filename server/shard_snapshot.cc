@@ -19,7 +19,7 @@ absl::Status ShardState::ExportChunks(
     {
       ChunkState& chunk = chunk_state(index);
       absl::MutexLock lock(&chunk.mu);
-      chunk.mu.Await(absl::Condition(&chunk, &ChunkState::Idle));
+      chunk.mu.Await(absl::Condition(&chunk, &ChunkState::ArraysFree));
       CopyChunk(index, chunk.applied_step, chunk.tensor_steps, snapshot);
     }
     if (!emit(std::move(snapshot))) {
@@ -135,7 +135,7 @@ absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {
   absl::Status status;
   for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
     ChunkState& chunk = chunk_state(index);
-    if (chunk.updating || chunk.pending != nullptr) {
+    if (chunk.phase() != ChunkPhase::kIdle) {
       status = absl::FailedPreconditionError(
           absl::StrCat("chunk ", index, " has contributions for step ",
                        chunk.applied_step + 1,

@@ -323,7 +323,7 @@ absl::Status ShardState::InitChunk(uint64_t chunk_index, DType dtype,
   const ChunkRange range = shape_.plan().chunk(chunk_index);
   ChunkState& chunk = chunk_state(chunk_index);
   absl::MutexLock lock(&chunk.mu);
-  if (chunk.updating || chunk.pending != nullptr) {
+  if (chunk.phase() != ChunkPhase::kIdle) {
     return absl::FailedPreconditionError(
         absl::StrCat("chunk ", chunk_index,
                      " cannot be initialised: it has contributions for step ",
@@ -513,9 +513,8 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
                      " is out of order for chunk ", chunk_index,
                      ": its last applied step is ", applied));
   }
-  const bool created = chunk.pending == nullptr;
-  if (created) chunk.pending = std::make_unique<PendingStep>(workers);
-  PendingStep& pending = *chunk.pending;
+  bool created = false;
+  PendingStep& pending = chunk.Collect(workers, &created);
   if (pending.present[worker_rank]) {
     return absl::FailedPreconditionError(absl::StrCat(
         "weights override of chunk ", chunk_index, " in step ", step,
@@ -535,7 +534,7 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
         " (send each element once)"));
   }
   if (!TryHold(piece.payload.size())) {
-    if (created) chunk.pending.reset();  // no trace of the refused piece
+    if (created) chunk.ForgetNew();  // no trace of the refused piece
     return absl::ResourceExhaustedError(absl::StrCat(
         "weights override of chunk ", chunk_index, " in step ", step,
         ": the server's memory budget (", budget_->limit(), " bytes, ",
@@ -581,11 +580,8 @@ absl::Status ShardState::Contribute(Contribution contribution) {
     absl::MutexLock lock(&chunk.mu);
     const uint64_t applied = chunk.applied_step;
     if (step == applied + 1) {
-      const bool created = chunk.pending == nullptr;
-      if (created) {
-        chunk.pending = std::make_unique<PendingStep>(config.num_workers);
-      }
-      PendingStep& pending = *chunk.pending;
+      bool created = false;
+      PendingStep& pending = chunk.Collect(config.num_workers, &created);
       if (pending.present[worker]) {
         std::shared_ptr<StepReplySink> previous = pending.sinks[worker].lock();
         if (previous != nullptr && previous->IsOpen()) {
@@ -594,21 +590,23 @@ absl::Status ShardState::Contribute(Contribution contribution) {
                            " already sent chunk ", index, " of step ", step));
         }
         // The worker's earlier stream has ended and it is retrying: the retry
-        // takes that stream's place. Once the sum has started it owns the
-        // earlier payload, which a correct retry repeats anyway.
+        // takes that stream's place. Once the sum or the update has started
+        // it owns the earlier payload, which a correct retry repeats anyway.
         pending.sinks[worker] = contribution.sink;
-        if (!pending.complete) {
+        if (chunk.phase() == ChunkPhase::kCollecting) {
           pending.payloads[worker] = std::move(contribution.payload);
         }
-        // A summed chunk was acknowledged to the earlier stream only.
-        ack_retry = pending.summed_ready;
+        // A summed chunk was acknowledged to the earlier stream only (in a
+        // two-phase step an updating chunk was summed first).
+        ack_retry = two_phase && (chunk.phase() == ChunkPhase::kSummed ||
+                                  chunk.phase() == ChunkPhase::kUpdating);
       } else {
         // Charged to the server's budget while it waits for the other
         // workers (a retry above takes its earlier payload's place and
         // charge): a client that sends more than the budget holds is
         // refused, never allowed to grow the server's memory.
         if (!WithinHeldLimit(contribution.payload.size())) {
-          if (created) chunk.pending.reset();
+          if (created) chunk.ForgetNew();
           return HeldLimitError(contribution.payload.size(),
                                 absl::StrCat("chunk ", index, " of step ", step,
                                              " from worker ", worker));
@@ -616,7 +614,7 @@ absl::Status ShardState::Contribute(Contribution contribution) {
         if (!TryHold(contribution.payload.size())) {
           // Refused, it leaves no trace (an empty PendingStep would make the
           // chunk look busy to InitChunk).
-          if (created) chunk.pending.reset();
+          if (created) chunk.ForgetNew();
           return absl::ResourceExhaustedError(absl::StrCat(
               "chunk ", index, " of step ", step, " from worker ", worker,
               ": the server's memory budget (", budget_->limit(),
@@ -633,13 +631,12 @@ absl::Status ShardState::Contribute(Contribution contribution) {
         pending.payloads[worker] = std::move(contribution.payload);
         pending.sinks[worker] = contribution.sink;
         if (++pending.count == config.num_workers) {
-          pending.complete = true;
+          chunk.Complete(two_phase);
           if (two_phase) {
             ScheduleTask([self = shared_from_this(), index, step] {
               self->RunSum(index, step);
             });
           } else {
-            chunk.updating = true;
             ScheduleTask([self = shared_from_this(), index, step] {
               self->RunUpdate(index, step);
             });
@@ -647,7 +644,7 @@ absl::Status ShardState::Contribute(Contribution contribution) {
         }
       }
     } else if (step == applied && applied > 0) {
-      if (chunk.updating) {
+      if (!chunk.ArraysFree()) {
         return absl::AbortedError(
             absl::StrCat("step ", step, " can no longer be replayed for chunk ",
                          index, ": step ", step + 1, " is being applied"));
@@ -705,7 +702,7 @@ uint64_t ShardState::Checksum() const {
     const ChunkRange range = shape_.plan().chunk(index);
     ChunkState& chunk = chunk_state(index);
     absl::MutexLock lock(&chunk.mu);
-    chunk.mu.Await(absl::Condition(&chunk, &ChunkState::Idle));
+    chunk.mu.Await(absl::Condition(&chunk, &ChunkState::ArraysFree));
     hash.Update(master(range), range.size() * sizeof(float));
     for (int k = 0; k < shape_.slots(); ++k) {
       hash.Update(slot(k, range.begin), range.size() * slot_elem_bytes_[k]);

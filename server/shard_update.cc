@@ -62,7 +62,7 @@ void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
   std::vector<std::string> payloads;
   {
     absl::MutexLock lock(&chunk.mu);
-    payloads = std::move(chunk.pending->payloads);
+    payloads = std::move(chunk.pending()->payloads);
   }
   const std::vector<Segment> segments =
       shape_.layout().SegmentsIn(range.begin, range.end);
@@ -83,9 +83,8 @@ void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
   std::vector<std::shared_ptr<StepReplySink>> sinks;
   {
     absl::MutexLock lock(&chunk.mu);
-    chunk.pending->summed = std::move(summed);
-    chunk.pending->summed_ready = true;
-    sinks = LiveSinks(chunk.pending->sinks);
+    chunk.KeepSum(std::move(summed));
+    sinks = LiveSinks(chunk.pending()->sinks);
   }
   for (const std::shared_ptr<StepReplySink>& sink : sinks) {
     sink->DeliverAck(chunk_index);
@@ -115,11 +114,11 @@ absl::Status ShardState::Commit(uint64_t step, const CommitDecision& commit) {
     absl::MutexLock lock(&chunk.mu);
     // Every chunk is summed once the shard's statistics exist (Commit checked
     // that); the test only guards the bookkeeping.
-    if (chunk.pending == nullptr || !chunk.pending->summed_ready ||
-        chunk.updating || chunk.applied_step + 1 != step) {
+    if (chunk.phase() != ChunkPhase::kSummed ||
+        chunk.applied_step + 1 != step) {
       continue;
     }
-    chunk.updating = true;
+    chunk.StartUpdate();
     ScheduleTask([self = shared_from_this(), index, step] {
       self->RunUpdate(index, step);
     });
@@ -146,9 +145,10 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   {
     absl::MutexLock lock(&chunk.mu);
     tensor_steps = chunk.tensor_steps;
-    payloads = std::move(chunk.pending->payloads);
-    summed = std::move(chunk.pending->summed);
-    overrides = std::move(chunk.pending->overrides);
+    PendingStep& pending = *chunk.pending();
+    payloads = std::move(pending.payloads);
+    summed = std::move(pending.summed);
+    overrides = std::move(pending.overrides);
     apart = summed.size();
     for (const std::vector<WeightsPiece>& pieces : overrides) {
       for (const WeightsPiece& piece : pieces) apart += piece.payload.size();
@@ -237,11 +237,8 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   std::vector<std::shared_ptr<StepReplySink>> sinks;
   {
     absl::MutexLock lock(&chunk.mu);
-    chunk.applied_step = step;
     chunk.tensor_steps = std::move(tensor_steps);
-    chunk.updating = false;
-    sinks = LiveSinks(chunk.pending->sinks);
-    chunk.pending.reset();
+    sinks = LiveSinks(chunk.FinishUpdate(step)->sinks);
     if (!noop_update_) {
       // The buffer of two updates ago goes back to the pool once its last
       // reader (a stream still sending it) lets go.
