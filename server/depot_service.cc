@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <new>
@@ -15,7 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/descriptor.h"
-#include "grpcpp/support/method_handler.h"
+#include "server/blocking_call.h"
 #include "server/checkpoint_import.h"
 #include "wire/wire.h"
 
@@ -72,34 +73,58 @@ size_t MaxRequestBytes(Rpc rpc) {
 DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
                            Checkpointer* checkpointer, const TenantAuth* auth)
     : jobs_(jobs), metrics_(metrics), checkpointer_(checkpointer), auth_(auth) {
-  RegisterRawMethods();
+  AddMethods();
 }
 
-void DepotService::RegisterRaw(
-    const char* method, Rpc rpc,
-    std::function<grpc::Status(grpc::ServerContext*, RawStream*)> handler) {
+namespace {
+
+// A call answered with `status` before any message is read.
+class Refusal final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit Refusal(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerGenericBidiReactor* DepotService::CreateReactor(
+    grpc::GenericCallbackServerContext* context) {
+  if (context->method() == step_path_) return Step(context);
+  const auto found = methods_.find(context->method());
+  if (found == methods_.end()) {
+    return new Refusal(grpc::Status(
+        grpc::StatusCode::UNIMPLEMENTED,
+        absl::StrCat("depot-server has no method ", context->method())));
+  }
+  const Rpc rpc = found->second.rpc;
+  // The caller is authenticated before its first message is read: without
+  // a valid token or certificate every method is UNAUTHENTICATED, a request
+  // that does not parse too (Serve checks again, and audits). Refused here,
+  // on gRPC's thread: it takes no handler thread.
+  if (!TenantOf(*context).ok()) {
+    return new Refusal(
+        Serve(rpc, *context, [](Caller&) { return absl::OkStatus(); }));
+  }
+  return BlockingCall::Start(
+      handler_threads_,
+      [context, handler = &found->second.handler](RawStream& stream) {
+        return (*handler)(context, &stream);
+      });
+}
+
+void DepotService::AddMethod(const char* method, Rpc rpc, Handler handler) {
   const google::protobuf::ServiceDescriptor* service =
       google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
           "depot.v1.Depot");
-  const google::protobuf::MethodDescriptor* found =
-      service->FindMethodByName(method);
-  // Declared bidirectional to gRPC, which then leaves every message, the
-  // first included, to the handler; on the wire the method is unchanged.
-  // The caller is authenticated before its first message is read: without
-  // a valid token or certificate every method is UNAUTHENTICATED, a request
-  // that does not parse too (Serve checks again, and audits).
-  MarkMethodStreamed(
-      found->index(),
-      new grpc::internal::TemplatedBidiStreamingHandler<RawStream, false>(
-          [this, rpc, handler = std::move(handler)](
-              grpc::ServerContext* context, RawStream* stream) {
-            if (!TenantOf(*context).ok()) {
-              // Serve refuses it before its body, counted and audited.
-              return Serve(rpc, *context,
-                           [](Caller&) { return absl::OkStatus(); });
-            }
-            return handler(context, stream);
-          }));
+  if (service->FindMethodByName(method) == nullptr) {
+    std::fprintf(stderr,
+                 "depot-server: internal error: depot.proto has no "
+                 "method %s\n",
+                 method);
+    std::abort();
+  }
+  methods_[absl::StrCat("/", service->full_name(), "/", method)] =
+      Method{rpc, std::move(handler)};
 }
 
 absl::Status DepotService::ReadOneRequest(
@@ -125,74 +150,82 @@ absl::Status DepotService::ReadOneRequest(
 }
 
 template <typename Request, typename Response>
-void DepotService::RegisterRawUnary(
+void DepotService::AddUnary(
     const char* method, Rpc rpc,
-    grpc::Status (DepotService::*typed)(grpc::ServerContext*, const Request*,
-                                        Response*)) {
-  RegisterRaw(method, rpc, [this, rpc, typed](grpc::ServerContext* context,
-                                         RawStream* stream) {
-    Request request;
-    if (absl::Status s = ReadOneRequest(stream, rpc, &request); !s.ok()) {
-      return ToGrpcStatus(s);
-    }
-    Response response;
-    const grpc::Status status = (this->*typed)(context, &request, &response);
-    if (status.ok()) ResponseWriter<Response>(stream).Write(response);
-    return status;
-  });
+    grpc::Status (DepotService::*typed)(grpc::ServerContextBase*,
+                                        const Request*, Response*)) {
+  AddMethod(
+      method, rpc,
+      [this, rpc, typed](grpc::ServerContextBase* context, RawStream* stream) {
+        Request request;
+        if (absl::Status s = ReadOneRequest(stream, rpc, &request); !s.ok()) {
+          return ToGrpcStatus(s);
+        }
+        Response response;
+        const grpc::Status status =
+            (this->*typed)(context, &request, &response);
+        if (status.ok()) ResponseWriter<Response>(stream).Write(response);
+        return status;
+      });
 }
 
-void DepotService::RegisterRawMethods() {
-  RegisterRawUnary("CreateJob", Rpc::kCreateJob, &DepotService::CreateJob);
-  RegisterRawUnary("GetJob", Rpc::kGetJob, &DepotService::GetJob);
-  RegisterRawUnary("DeleteJob", Rpc::kDeleteJob, &DepotService::DeleteJob);
-  RegisterRawUnary("Checkpoint", Rpc::kCheckpoint, &DepotService::Checkpoint);
-  RegisterRawUnary("ListCheckpoints", Rpc::kListCheckpoints,
-                   &DepotService::ListCheckpoints);
-  RegisterRawUnary("RollBack", Rpc::kRollBack, &DepotService::RollBack);
-  RegisterRawUnary("ImportCheckpoint", Rpc::kImportCheckpoint,
-                   &DepotService::ImportCheckpoint);
-  RegisterRawUnary("ServerStatus", Rpc::kServerStatus,
-                   &DepotService::ServerStatus);
-  RegisterRawUnary("Drain", Rpc::kDrain, &DepotService::Drain);
-  RegisterRaw("PullWeights", Rpc::kPullWeights, [this](grpc::ServerContext* context,
-                                    RawStream* stream) {
-    v1::PullRequest request;
-    if (absl::Status s = ReadOneRequest(stream, Rpc::kPullWeights, &request);
-        !s.ok()) {
-      return ToGrpcStatus(s);
-    }
-    ResponseWriter<v1::PullResponse> writer(stream);
-    return PullWeights(context, &request, &writer);
-  });
-  RegisterRaw("ExportState", Rpc::kExportState, [this](grpc::ServerContext* context,
-                                    RawStream* stream) {
-    v1::ExportStateRequest request;
-    if (absl::Status s = ReadOneRequest(stream, Rpc::kExportState, &request);
-        !s.ok()) {
-      return ToGrpcStatus(s);
-    }
-    ResponseWriter<v1::StateChunk> writer(stream);
-    return ExportState(context, &request, &writer);
-  });
-  RegisterRaw("InitWeights", Rpc::kInitWeights, [this](grpc::ServerContext* context,
-                                    RawStream* stream) {
-    RequestReader<v1::InitWeightsRequest> reader(stream,
-                                                 "InitWeights request");
-    v1::InitWeightsResponse response;
-    const grpc::Status status = InitWeights(context, &reader, &response);
-    if (status.ok()) ResponseWriter<v1::InitWeightsResponse>(stream).Write(response);
-    return status;
-  });
-  RegisterRaw("ImportState", Rpc::kImportState, [this](grpc::ServerContext* context,
-                                    RawStream* stream) {
-    RequestReader<v1::ImportStateRequest> reader(stream,
-                                                 "ImportState request");
-    v1::ImportStateResponse response;
-    const grpc::Status status = ImportState(context, &reader, &response);
-    if (status.ok()) ResponseWriter<v1::ImportStateResponse>(stream).Write(response);
-    return status;
-  });
+void DepotService::AddMethods() {
+  step_path_ = "/depot.v1.Depot/Step";
+  AddUnary("CreateJob", Rpc::kCreateJob, &DepotService::CreateJob);
+  AddUnary("GetJob", Rpc::kGetJob, &DepotService::GetJob);
+  AddUnary("DeleteJob", Rpc::kDeleteJob, &DepotService::DeleteJob);
+  AddUnary("Checkpoint", Rpc::kCheckpoint, &DepotService::Checkpoint);
+  AddUnary("ListCheckpoints", Rpc::kListCheckpoints,
+           &DepotService::ListCheckpoints);
+  AddUnary("RollBack", Rpc::kRollBack, &DepotService::RollBack);
+  AddUnary("ImportCheckpoint", Rpc::kImportCheckpoint,
+           &DepotService::ImportCheckpoint);
+  AddUnary("ServerStatus", Rpc::kServerStatus, &DepotService::ServerStatus);
+  AddUnary("Drain", Rpc::kDrain, &DepotService::Drain);
+  AddMethod("PullWeights", Rpc::kPullWeights,
+            [this](grpc::ServerContextBase* context, RawStream* stream) {
+              v1::PullRequest request;
+              if (absl::Status s =
+                      ReadOneRequest(stream, Rpc::kPullWeights, &request);
+                  !s.ok()) {
+                return ToGrpcStatus(s);
+              }
+              ResponseWriter<v1::PullResponse> writer(stream);
+              return PullWeights(context, &request, &writer);
+            });
+  AddMethod("ExportState", Rpc::kExportState,
+            [this](grpc::ServerContextBase* context, RawStream* stream) {
+              v1::ExportStateRequest request;
+              if (absl::Status s =
+                      ReadOneRequest(stream, Rpc::kExportState, &request);
+                  !s.ok()) {
+                return ToGrpcStatus(s);
+              }
+              ResponseWriter<v1::StateChunk> writer(stream);
+              return ExportState(context, &request, &writer);
+            });
+  AddMethod("InitWeights", Rpc::kInitWeights,
+            [this](grpc::ServerContextBase* context, RawStream* stream) {
+              RequestReader<v1::InitWeightsRequest> reader(
+                  stream, "InitWeights request");
+              v1::InitWeightsResponse response;
+              const grpc::Status status =
+                  InitWeights(context, &reader, &response);
+              if (status.ok())
+                ResponseWriter<v1::InitWeightsResponse>(stream).Write(response);
+              return status;
+            });
+  AddMethod("ImportState", Rpc::kImportState,
+            [this](grpc::ServerContextBase* context, RawStream* stream) {
+              RequestReader<v1::ImportStateRequest> reader(
+                  stream, "ImportState request");
+              v1::ImportStateResponse response;
+              const grpc::Status status =
+                  ImportState(context, &reader, &response);
+              if (status.ok())
+                ResponseWriter<v1::ImportStateResponse>(stream).Write(response);
+              return status;
+            });
 }
 
 absl::StatusOr<std::string> DepotService::TenantOf(
@@ -308,7 +341,7 @@ void DepotService::RecordFailure(Rpc rpc, const absl::Status& status) {
                    " failed: ", status.ToString()));
 }
 
-grpc::Status DepotService::CreateJob(grpc::ServerContext* context,
+grpc::Status DepotService::CreateJob(grpc::ServerContextBase* context,
                                      const v1::CreateJobRequest* request,
                                      v1::CreateJobResponse* response) {
   return Serve(Rpc::kCreateJob, *context, [&](Caller& caller) {
@@ -317,7 +350,7 @@ grpc::Status DepotService::CreateJob(grpc::ServerContext* context,
 }
 
 grpc::Status DepotService::InitWeights(
-    grpc::ServerContext* context,
+    grpc::ServerContextBase* context,
     RequestReader<v1::InitWeightsRequest>* reader,
     v1::InitWeightsResponse* response) {
   return Serve(Rpc::kInitWeights, *context, [&](Caller& caller) {
@@ -326,14 +359,14 @@ grpc::Status DepotService::InitWeights(
 }
 
 grpc::Status DepotService::PullWeights(
-    grpc::ServerContext* context, const v1::PullRequest* request,
+    grpc::ServerContextBase* context, const v1::PullRequest* request,
     ResponseWriter<v1::PullResponse>* writer) {
   return Serve(Rpc::kPullWeights, *context, [&](Caller& caller) {
     return DoPullWeights(caller, *request, writer);
   });
 }
 
-grpc::Status DepotService::GetJob(grpc::ServerContext* context,
+grpc::Status DepotService::GetJob(grpc::ServerContextBase* context,
                                   const v1::GetJobRequest* request,
                                   v1::JobStatus* response) {
   return Serve(Rpc::kGetJob, *context, [&](Caller& caller) {
@@ -341,7 +374,7 @@ grpc::Status DepotService::GetJob(grpc::ServerContext* context,
   });
 }
 
-grpc::Status DepotService::DeleteJob(grpc::ServerContext* context,
+grpc::Status DepotService::DeleteJob(grpc::ServerContextBase* context,
                                      const v1::DeleteJobRequest* request,
                                      v1::DeleteJobResponse*) {
   return Serve(Rpc::kDeleteJob, *context,
@@ -508,16 +541,16 @@ absl::Status DepotService::DoDeleteJob(Caller& caller,
   return absl::OkStatus();
 }
 
-grpc::Status DepotService::ExportState(
-    grpc::ServerContext* context, const v1::ExportStateRequest* request,
-    ResponseWriter<v1::StateChunk>* writer) {
+grpc::Status DepotService::ExportState(grpc::ServerContextBase* context,
+                                       const v1::ExportStateRequest* request,
+                                       ResponseWriter<v1::StateChunk>* writer) {
   return Serve(Rpc::kExportState, *context, [&](Caller& caller) {
     return DoExportState(caller, *request, writer);
   });
 }
 
 grpc::Status DepotService::ImportState(
-    grpc::ServerContext* context,
+    grpc::ServerContextBase* context,
     RequestReader<v1::ImportStateRequest>* reader,
     v1::ImportStateResponse* response) {
   return Serve(Rpc::kImportState, *context, [&](Caller& caller) {
@@ -525,7 +558,7 @@ grpc::Status DepotService::ImportState(
   });
 }
 
-grpc::Status DepotService::Checkpoint(grpc::ServerContext* context,
+grpc::Status DepotService::Checkpoint(grpc::ServerContextBase* context,
                                       const v1::CheckpointRequest* request,
                                       v1::CheckpointResponse* response) {
   return Serve(Rpc::kCheckpoint, *context, [&](Caller& caller) {
@@ -556,7 +589,7 @@ void DepotService::FailStreamsOf(uint64_t job_id, const absl::Status& status) {
 }
 
 grpc::Status DepotService::ListCheckpoints(
-    grpc::ServerContext* context, const v1::ListCheckpointsRequest* request,
+    grpc::ServerContextBase* context, const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
   return Serve(Rpc::kListCheckpoints, *context, [&](Caller& caller) {
     return DoListCheckpoints(caller, *request, response);
@@ -581,7 +614,7 @@ absl::Status DepotService::DoListCheckpoints(
   return absl::OkStatus();
 }
 
-grpc::Status DepotService::RollBack(grpc::ServerContext* context,
+grpc::Status DepotService::RollBack(grpc::ServerContextBase* context,
                                     const v1::RollBackRequest* request,
                                     v1::RollBackResponse* response) {
   return Serve(Rpc::kRollBack, *context, [&](Caller& caller) {
@@ -688,7 +721,8 @@ absl::Status DepotService::DoRollBack(Caller& caller,
 }
 
 grpc::Status DepotService::ImportCheckpoint(
-    grpc::ServerContext* context, const v1::ImportCheckpointRequest* request,
+    grpc::ServerContextBase* context,
+    const v1::ImportCheckpointRequest* request,
     v1::ImportCheckpointResponse* response) {
   return Serve(Rpc::kImportCheckpoint, *context, [&](Caller& caller) {
     return DoImportCheckpoint(caller, *request, response);

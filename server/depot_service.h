@@ -28,7 +28,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "depot/v1/depot.grpc.pb.h"
+#include "grpcpp/generic/async_generic_service.h"
 #include "server/checkpointer.h"
+#include "server/handler_threads.h"
 #include "server/import_roots.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
@@ -43,13 +45,19 @@ namespace depot {
 // one is RESOURCE_EXHAUSTED before it is parsed.
 inline constexpr size_t kMaxFixedFieldRequestBytes = 64 << 10;
 
-// Step is a raw callback method (step_reactor.cc): its chunks bypass protobuf
-// `bytes` in both directions. Every other method is registered raw too, as a
-// sync stream of ByteBuffers whose messages the service parses itself
-// (raw_stream.h): a malformed request is INVALID_ARGUMENT, never gRPC's
-// INTERNAL, and a malformed message in a client stream fails the stream.
-class DepotService final
-    : public v1::Depot::WithRawCallbackMethod_Step<v1::Depot::Service> {
+// The service is a generic callback service of gRPC's public API (register it
+// with ServerBuilder::RegisterCallbackGenericService): every method of
+// depot.v1.Depot reaches CreateReactor as a bidi stream of raw ByteBuffers,
+// whatever its shape in the proto; the wire is unchanged.
+// - Step runs on a reactor (step_reactor.cc): its chunks bypass protobuf
+//   `bytes` in both directions, and it never blocks.
+// - Every other method runs a blocking handler on a thread of its own
+//   (BlockingCall, HandlerThreads), which parses its messages itself
+//   (raw_stream.h): a malformed request is INVALID_ARGUMENT, never gRPC's
+//   INTERNAL, and a malformed message in a client stream fails the stream.
+// - A caller that does not authenticate is refused before its first message
+//   is read, and a method the service lacks is UNIMPLEMENTED.
+class DepotService final : public grpc::CallbackGenericService {
  public:
   // `jobs`, `metrics`, `checkpointer` (null: the server has no
   // --checkpoint_dir) and `auth` (null: every caller is the implicit tenant)
@@ -59,51 +67,56 @@ class DepotService final
                Checkpointer* checkpointer = nullptr,
                const TenantAuth* auth = nullptr);
 
-  grpc::Status CreateJob(grpc::ServerContext* context,
+  // Every call of the service: Step's reactor, a BlockingCall running the
+  // method's handler, or a refusal (an unauthenticated caller, an unknown
+  // method, a server that no longer accepts RPCs).
+  grpc::ServerGenericBidiReactor* CreateReactor(
+      grpc::GenericCallbackServerContext* context) override;
+
+  // The methods, called with their messages parsed (server-streaming and
+  // client-streaming ones with a reader or writer of them).
+  grpc::Status CreateJob(grpc::ServerContextBase* context,
                          const v1::CreateJobRequest* request,
-                         v1::CreateJobResponse* response) override;
-  // The client-streaming and server-streaming methods, called by their raw
-  // handlers with the messages parsed (not overrides: gRPC never calls the
-  // generated ones).
-  grpc::Status InitWeights(grpc::ServerContext* context,
+                         v1::CreateJobResponse* response);
+  grpc::Status InitWeights(grpc::ServerContextBase* context,
                            RequestReader<v1::InitWeightsRequest>* reader,
                            v1::InitWeightsResponse* response);
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Step(
-      grpc::CallbackServerContext* context) override;
-  grpc::Status PullWeights(grpc::ServerContext* context,
+      grpc::CallbackServerContext* context);
+  grpc::Status PullWeights(grpc::ServerContextBase* context,
                            const v1::PullRequest* request,
                            ResponseWriter<v1::PullResponse>* writer);
-  grpc::Status GetJob(grpc::ServerContext* context,
+  grpc::Status GetJob(grpc::ServerContextBase* context,
                       const v1::GetJobRequest* request,
-                      v1::JobStatus* response) override;
-  grpc::Status DeleteJob(grpc::ServerContext* context,
+                      v1::JobStatus* response);
+  grpc::Status DeleteJob(grpc::ServerContextBase* context,
                          const v1::DeleteJobRequest* request,
-                         v1::DeleteJobResponse* response) override;
-  grpc::Status ExportState(grpc::ServerContext* context,
+                         v1::DeleteJobResponse* response);
+  grpc::Status ExportState(grpc::ServerContextBase* context,
                            const v1::ExportStateRequest* request,
                            ResponseWriter<v1::StateChunk>* writer);
-  grpc::Status ImportState(grpc::ServerContext* context,
+  grpc::Status ImportState(grpc::ServerContextBase* context,
                            RequestReader<v1::ImportStateRequest>* reader,
                            v1::ImportStateResponse* response);
-  grpc::Status Checkpoint(grpc::ServerContext* context,
+  grpc::Status Checkpoint(grpc::ServerContextBase* context,
                           const v1::CheckpointRequest* request,
-                          v1::CheckpointResponse* response) override;
-  grpc::Status ListCheckpoints(grpc::ServerContext* context,
+                          v1::CheckpointResponse* response);
+  grpc::Status ListCheckpoints(grpc::ServerContextBase* context,
                                const v1::ListCheckpointsRequest* request,
-                               v1::ListCheckpointsResponse* response) override;
-  grpc::Status RollBack(grpc::ServerContext* context,
+                               v1::ListCheckpointsResponse* response);
+  grpc::Status RollBack(grpc::ServerContextBase* context,
                         const v1::RollBackRequest* request,
-                        v1::RollBackResponse* response) override;
-  grpc::Status ImportCheckpoint(
-      grpc::ServerContext* context, const v1::ImportCheckpointRequest* request,
-      v1::ImportCheckpointResponse* response) override;
+                        v1::RollBackResponse* response);
+  grpc::Status ImportCheckpoint(grpc::ServerContextBase* context,
+                                const v1::ImportCheckpointRequest* request,
+                                v1::ImportCheckpointResponse* response);
   // The operator's RPCs (depot_service_admin.cc, depotctl).
-  grpc::Status ServerStatus(grpc::ServerContext* context,
+  grpc::Status ServerStatus(grpc::ServerContextBase* context,
                             const v1::ServerStatusRequest* request,
-                            v1::ServerStatusResponse* response) override;
-  grpc::Status Drain(grpc::ServerContext* context,
+                            v1::ServerStatusResponse* response);
+  grpc::Status Drain(grpc::ServerContextBase* context,
                      const v1::DrainRequest* request,
-                     v1::DrainResponse* response) override;
+                     v1::DrainResponse* response);
 
   // What the operator's RPCs need from the daemon around the service.
   struct AdminHooks {
@@ -153,21 +166,26 @@ class DepotService final
   // One Step stream's reactor (step_reactor.cc).
   class StepReactor;
 
-  // Registers every method but Step raw (raw_stream.h), each handler parsing
-  // its requests and calling the method above.
-  void RegisterRawMethods();
-  // Registers `method` (its name in the service) with `handler`.
-  // A caller that does not authenticate is refused (by Serve, audited)
-  // before its first message is read.
-  void RegisterRaw(
-      const char* method, Rpc rpc,
-      std::function<grpc::Status(grpc::ServerContext*, RawStream*)> handler);
+  // A blocking method's handler: parses its requests from the stream and
+  // calls the method above.
+  using Handler =
+      std::function<grpc::Status(grpc::ServerContextBase*, RawStream*)>;
+  struct Method {
+    Rpc rpc;
+    Handler handler;
+  };
+
+  // Fills methods_: every method but Step.
+  void AddMethods();
+  // Adds `method` (its name in the service; it must be in depot.proto) with
+  // `handler`.
+  void AddMethod(const char* method, Rpc rpc, Handler handler);
   // A unary method: reads its one request, calls `typed` and writes the
   // response once it succeeds.
   template <typename Request, typename Response>
-  void RegisterRawUnary(const char* method, Rpc rpc,
-                        grpc::Status (DepotService::*typed)(
-                            grpc::ServerContext*, const Request*, Response*));
+  void AddUnary(const char* method, Rpc rpc,
+                grpc::Status (DepotService::*typed)(grpc::ServerContextBase*,
+                                                    const Request*, Response*));
   // The one request message of a unary or server-streaming raw method.
   // INVALID_ARGUMENT when there is none or it does not parse (counted and
   // logged as a failure of `rpc`).
@@ -269,6 +287,11 @@ class DepotService final
 
   JobStore* const jobs_;
   ServerMetrics* const metrics_;
+  // The blocking methods by path ("/depot.v1.Depot/GetJob"); fixed once
+  // constructed.
+  std::map<std::string, Method, std::less<>> methods_;
+  // The path of Step.
+  std::string step_path_;
   Checkpointer* const checkpointer_;
   const TenantAuth* const auth_;
   AdminHooks admin_;
@@ -286,6 +309,9 @@ class DepotService final
   };
   // Open Step streams and their jobs, until their reactors untrack them.
   std::map<StepStream*, TrackedStream> streams_ ABSL_GUARDED_BY(streams_mu_);
+  // Last, so destroyed first: its destructor waits for the handlers'
+  // threads, which may still be leaving a call.
+  HandlerThreads handler_threads_;
 };
 
 }  // namespace depot

@@ -49,7 +49,7 @@ bool DepotService::IsAdmin(const Caller& caller) const {
                    caller.tenant) != admin_.admin_tenants.end();
 }
 
-grpc::Status DepotService::ServerStatus(grpc::ServerContext* context,
+grpc::Status DepotService::ServerStatus(grpc::ServerContextBase* context,
                                         const v1::ServerStatusRequest*,
                                         v1::ServerStatusResponse* response) {
   return Serve(Rpc::kServerStatus, *context, [&](Caller& caller) {
@@ -127,7 +127,7 @@ absl::Status DepotService::DoServerStatus(const Caller& caller,
   return absl::OkStatus();
 }
 
-grpc::Status DepotService::Drain(grpc::ServerContext* context,
+grpc::Status DepotService::Drain(grpc::ServerContextBase* context,
                                  const v1::DrainRequest* request,
                                  v1::DrainResponse* response) {
   return Serve(Rpc::kDrain, *context, [&](Caller& caller) {

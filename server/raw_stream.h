@@ -1,6 +1,7 @@
-// The messages of DepotService's sync methods, read and written as raw
-// grpc::ByteBuffers and parsed by the service itself (DepotService registers
-// every method but Step so; depot_service.cc, RegisterRawMethods).
+// The messages of DepotService's methods other than Step, read and written as
+// raw grpc::ByteBuffers and parsed by the service itself: to gRPC each such
+// method is a generic bidi stream (server/depot_service.h), whose handler
+// reads and writes through a RawStream (server/blocking_call.h).
 //
 // gRPC's own parsing of a sync method's messages answers a request that is
 // not a valid protobuf encoding with INTERNAL and an empty message before the
@@ -21,13 +22,21 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
-#include "grpcpp/support/sync_stream.h"
 
 namespace depot {
 
-// A sync method registered raw: one bidirectional stream of ByteBuffers
-// (unary and server-streaming methods read one message from it).
-using RawStream = grpc::ServerReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
+// One call's stream of ByteBuffers in both directions, with blocking
+// operations (unary and server-streaming methods read one message from it).
+class RawStream {
+ public:
+  virtual ~RawStream() = default;
+  // The next message: true, or false at the end of the stream (the client
+  // half-closed) or once the call is over; no message after a false.
+  virtual bool Read(grpc::ByteBuffer* message) = 0;
+  // Sends `message`: true once gRPC has sent it, false once the client is
+  // gone.
+  virtual bool Write(const grpc::ByteBuffer& message) = 0;
+};
 
 // Parses `buffer` as `message`. INVALID_ARGUMENT naming `what` when it is not
 // a valid encoding.

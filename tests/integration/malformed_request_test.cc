@@ -289,5 +289,69 @@ TEST_F(MalformedRequestTest, SizeFieldsPastTheirBoundsAreInvalidArgument) {
             grpc::StatusCode::NOT_FOUND);
 }
 
+// Every call reaches the service as a generic call (server/depot_service.h):
+// a path it has no method for is UNIMPLEMENTED and names the path, as gRPC
+// answers for a method no service registered.
+TEST_F(MalformedRequestTest, AnUnknownMethodIsUnimplementedNamingIt) {
+  StateChecksumWatch state;
+  ASSERT_NO_FATAL_FAILURE(state.Record(*stub_, job_id_));
+  for (const std::string path :
+       {"/depot.v1.Depot/NoSuchMethod", "/other.v1.Service/GetJob"}) {
+    const grpc::Status status =
+        RawCall(server_->grpc_address(), path, {BufferOf(kGarbage)});
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << path;
+    EXPECT_THAT(status.error_message(), HasSubstr(path));
+  }
+  ASSERT_NO_FATAL_FAILURE(state.ExpectUnchanged(*stub_, job_id_));
+}
+
+// The blocking handlers run on threads of their own, not on gRPC's callback
+// threads (server/blocking_call.h): calls whose handlers wait for their
+// clients, more than gRPC has callback threads, hold up no other call.
+TEST_F(MalformedRequestTest, HandlersWaitingForTheirClientsHoldUpNoOtherCall) {
+  constexpr int kWaiting = 64;
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(
+      server_->grpc_address(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::GenericClientAsyncReaderWriter>> calls;
+  // ImportState streams that send nothing: each handler waits in its first
+  // read.
+  for (int i = 0; i < kWaiting; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    calls.push_back(stub.PrepareCall(contexts.back().get(),
+                                     "/depot.v1.Depot/ImportState", &cq));
+    calls.back()->StartCall(reinterpret_cast<void*>(1));
+  }
+  for (int i = 0; i < kWaiting; ++i) {
+    void* tag = nullptr;
+    bool ok = false;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    ASSERT_TRUE(ok);
+  }
+  // Started after them, a unary call and a pull are answered while they wait.
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(20));
+  v1::GetJobRequest request;
+  request.set_job_id(job_id_);
+  v1::JobStatus job;
+  const grpc::Status status = stub_->GetJob(&context, request, &job);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(job.job_id(), job_id_);
+  EXPECT_EQ(PullAll().size(), layout_->total_elems() * sizeof(float));
+  for (auto& waiting : contexts) waiting->TryCancel();
+  for (int i = 0; i < kWaiting; ++i) {
+    grpc::Status finished;
+    calls[i]->Finish(&finished, reinterpret_cast<void*>(2));
+  }
+  for (int i = 0; i < kWaiting; ++i) {
+    void* tag = nullptr;
+    bool ok = false;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+  }
+}
+
 }  // namespace
 }  // namespace depot::testing
