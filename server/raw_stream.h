@@ -18,7 +18,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/message_lite.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "grpcpp/support/proto_buffer_writer.h"
@@ -88,12 +87,14 @@ class ResponseWriter {
 
   // False once the client is gone (as grpc::ServerWriter::Write).
   bool Write(const Message& message) {
+    // Serialized straight into the buffer's slices (messages stay under
+    // the server's 64 MiB limit, so the size fits an int).
     grpc::ByteBuffer buffer;
-    bool own_buffer = false;
-    if (!grpc::GenericSerialize<grpc::ProtoBufferWriter, Message>(
-             message, &buffer, &own_buffer)
-             .ok()) {
-      return false;
+    {
+      grpc::ProtoBufferWriter writer(&buffer,
+                                     grpc::kProtoBufferWriterMaxBufferLength,
+                                     static_cast<int>(message.ByteSizeLong()));
+      if (!message.SerializeToZeroCopyStream(&writer)) return false;
     }
     return stream_->Write(buffer);
   }

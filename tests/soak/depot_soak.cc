@@ -72,10 +72,9 @@
 #include "google/protobuf/reflection.h"
 #include "google/protobuf/stubs/logging.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
-#include "grpcpp/impl/client_unary_call.h"
-#include "grpcpp/impl/rpc_method.h"
-#include "grpcpp/support/sync_stream.h"
+#include "raw_bidi_call.h"
 #include "server_process.h"
 #include "wire/wire.h"
 
@@ -829,19 +828,15 @@ void SendRawGarbage(const std::string& address, Hostile& h) {
   ::close(fd);
 }
 
-// One hostile request on `method`; returns the first message sent.
-std::string SendOne(grpc::Channel* channel, const Method& method, Hostile& h,
+// One hostile request on `method`; returns the first message sent. Every
+// kind of method is the same exchange on the wire (messages, a half-close,
+// the answers, the status), sent through RawBidiCall over gRPC's public
+// generic API; the kind decides how many messages go out and whether this
+// side walks away.
+std::string SendOne(grpc::GenericStub& stub, const Method& method, Hostile& h,
                     Tally& tally, double deadline) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, deadline);
-  const grpc::internal::RpcMethod rpc(
-      method.name, method.kind == Kind::kUnary
-                       ? grpc::internal::RpcMethod::NORMAL_RPC
-                   : method.kind == Kind::kServerStream
-                       ? grpc::internal::RpcMethod::SERVER_STREAMING
-                   : method.kind == Kind::kClientStream
-                       ? grpc::internal::RpcMethod::CLIENT_STREAMING
-                       : grpc::internal::RpcMethod::BIDI_STREAMING);
   std::vector<std::string> messages;
   const bool streaming_in =
       method.kind == Kind::kClientStream || method.kind == Kind::kBidi;
@@ -853,54 +848,27 @@ std::string SendOne(grpc::Channel* channel, const Method& method, Hostile& h,
   }
   const std::string first = messages.empty() ? std::string() : messages[0];
   const bool cancel = streaming_in && h.Chance(0.05);
-  grpc::Status status;
-  switch (method.kind) {
-    case Kind::kUnary: {
-      grpc::ByteBuffer response;
-      status = grpc::internal::BlockingUnaryCall(
-          channel, rpc, &ctx, ToBuffer(messages[0]), &response);
-      break;
-    }
-    case Kind::kServerStream: {
-      std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
-          grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(
-              channel, rpc, &ctx, ToBuffer(messages[0])));
-      grpc::ByteBuffer response;
-      uint64_t n = 0;
-      while (reader->Read(&response)) {
-        if (++n > 4 && h.Chance(0.1)) {
-          ctx.TryCancel();  // walk away from a long answer
-          break;
-        }
-      }
-      status = reader->Finish();
-      break;
-    }
-    case Kind::kClientStream:
-    case Kind::kBidi: {
-      std::unique_ptr<
-          grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
-          stream(grpc::internal::ClientReaderWriterFactory<
-                 grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel, rpc,
-                                                             &ctx));
-      size_t sent = 0;
-      for (const std::string& m : messages) {
-        if (cancel && sent == messages.size() / 2) break;
-        if (!stream->Write(ToBuffer(m))) break;
-        ++sent;
-      }
-      if (cancel) {
-        ctx.TryCancel();
-      } else {
-        stream->WritesDone();
-      }
-      grpc::ByteBuffer response;
-      while (stream->Read(&response)) {
-      }
-      status = stream->Finish();
+  depot::client_internal::RawBidiCall call(stub, method.name, &ctx);
+  size_t sent = 0;
+  for (const std::string& m : messages) {
+    if (cancel && sent == messages.size() / 2) break;
+    if (!call.Write(ToBuffer(m))) break;
+    ++sent;
+  }
+  if (cancel) {
+    ctx.TryCancel();
+  } else {
+    call.WritesDone();
+  }
+  grpc::ByteBuffer response;
+  uint64_t answers = 0;
+  while (call.Read(&response)) {
+    if (method.kind == Kind::kServerStream && ++answers > 4 && h.Chance(0.1)) {
+      ctx.TryCancel();  // walk away from a long answer
       break;
     }
   }
+  const grpc::Status status = call.Finish();
   bool valid = true;
   for (const std::string& m : messages) {
     std::unique_ptr<Message> parsed(method.prototype->New());
@@ -912,33 +880,27 @@ std::string SendOne(grpc::Channel* channel, const Method& method, Hostile& h,
   return first;
 }
 
+// One message `bytes` on `method`, a half-close, every answer read and
+// dropped: the call's status.
+grpc::Status SendAndDrain(grpc::GenericStub& stub, const std::string& method,
+                          grpc::ClientContext* ctx, const std::string& bytes) {
+  depot::client_internal::RawBidiCall call(stub, method, ctx);
+  call.Write(ToBuffer(bytes));
+  call.WritesDone();
+  grpc::ByteBuffer response;
+  while (call.Read(&response)) {
+  }
+  return call.Finish();
+}
+
 // A message over the server's limit, to a random method.
-void SendOversized(grpc::Channel* channel, const Method& method, Tally& tally) {
+void SendOversized(grpc::GenericStub& stub, const Method& method,
+                   Tally& tally) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, 30);
-  const grpc::internal::RpcMethod rpc(method.name,
-                                      grpc::internal::RpcMethod::NORMAL_RPC);
-  std::string big(kServerMaxMessageBytes + 1024, '\x01');
-  grpc::ByteBuffer response;
-  grpc::Status status;
-  if (method.kind == Kind::kUnary) {
-    status = grpc::internal::BlockingUnaryCall(channel, rpc, &ctx,
-                                               ToBuffer(big), &response);
-  } else {
-    const grpc::internal::RpcMethod stream_rpc(
-        method.name, grpc::internal::RpcMethod::BIDI_STREAMING);
-    std::unique_ptr<
-        grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
-        stream(grpc::internal::ClientReaderWriterFactory<
-               grpc::ByteBuffer, grpc::ByteBuffer>::Create(channel, stream_rpc,
-                                                           &ctx));
-    stream->Write(ToBuffer(big));
-    stream->WritesDone();
-    while (stream->Read(&response)) {
-    }
-    status = stream->Finish();
-  }
-  tally.Add(method.name + std::string(" (oversized)"), status, "");
+  const std::string big(kServerMaxMessageBytes + 1024, '\x01');
+  tally.Add(method.name + std::string(" (oversized)"),
+            SendAndDrain(stub, method.name, &ctx, big), "");
 }
 
 // ---------------------------------------------------------------------------
@@ -1122,30 +1084,9 @@ int main(int argc, char** argv) {
       if (name != method.name) continue;
       grpc::ClientContext ctx;
       SetDeadline(&ctx, 60);
-      grpc::ByteBuffer response;
-      grpc::Status status;
-      if (method.kind == Kind::kUnary) {
-        status = grpc::internal::BlockingUnaryCall(
-            channel.get(),
-            grpc::internal::RpcMethod(method.name,
-                                      grpc::internal::RpcMethod::NORMAL_RPC),
-            &ctx, ToBuffer(bytes), &response);
-      } else {
-        std::unique_ptr<
-            grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>>
-            stream(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer,
-                                                             grpc::ByteBuffer>::
-                       Create(channel.get(),
-                              grpc::internal::RpcMethod(
-                                  method.name,
-                                  grpc::internal::RpcMethod::BIDI_STREAMING),
-                              &ctx));
-        stream->Write(ToBuffer(bytes));
-        stream->WritesDone();
-        while (stream->Read(&response)) {
-        }
-        status = stream->Finish();
-      }
+      grpc::GenericStub generic(channel);
+      const grpc::Status status =
+          SendAndDrain(generic, method.name, &ctx, bytes);
       std::this_thread::sleep_for(std::chrono::seconds(1));
       const bool alive = pid <= 0 || ProcessAlive(pid);
       const Rss rss = pid > 0 ? ReadRss(pid) : Rss{};
@@ -1212,20 +1153,23 @@ int main(int argc, char** argv) {
       Hostile h(absl::GetFlag(FLAGS_seed) * 1000003 + t, legit, victim,
                 checkpoint_dir);
       auto ch = MakeChannel(address);
+      auto stub = std::make_unique<grpc::GenericStub>(ch);
       uint64_t mine = 0;
       while (!watch.crashed.load()) {
         const uint64_t i = next.fetch_add(1);
         if (i >= total) break;
-        if (++mine % 5000 == 0) ch = MakeChannel(address);  // new connection
+        if (++mine % 5000 == 0) {  // a new connection
+          ch = MakeChannel(address);
+          stub = std::make_unique<grpc::GenericStub>(ch);
+        }
         if (oversized_every != 0 &&
             i % oversized_every == oversized_every / 2) {
-          SendOversized(ch.get(), methods[h.Below(methods.size())], tally);
+          SendOversized(*stub, methods[h.Below(methods.size())], tally);
         } else if (h.Chance(0.01)) {
           SendRawGarbage(address, h);
           tally.AddRaw();
         } else {
-          SendOne(ch.get(), methods[h.Below(methods.size())], h, tally,
-                  deadline);
+          SendOne(*stub, methods[h.Below(methods.size())], h, tally, deadline);
         }
       }
     });
