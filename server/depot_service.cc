@@ -1,7 +1,9 @@
+// DepotService's core: the dispatch of every call (CreateReactor), reading
+// and authenticating requests, auditing (Serve), the RPCs in flight and the
+// shutdown. The methods: depot_service_jobs.cc, depot_service_checkpoints.cc,
+// depot_service_admin.cc and step_reactor.cc.
 #include "server/depot_service.h"
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -14,10 +16,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "google/protobuf/descriptor.h"
 #include "server/blocking_call.h"
-#include "server/checkpoint_import.h"
 #include "wire/wire.h"
 
 namespace depot {
@@ -28,10 +28,6 @@ constexpr const char* kRpcNames[kNumRpcs] = {
     "GetJob",    "DeleteJob",   "ExportState", "ImportState",
     "Checkpoint", "ListCheckpoints", "RollBack",
     "ImportCheckpoint", "ServerStatus", "Drain"};
-
-void Log(const std::string& line) {
-  std::fprintf(stderr, "depot-server: %s\n", line.c_str());
-}
 
 // The RPCs whose every call, allowed or refused, gets an audit line: those
 // that create, read or change a job's state (docs/security.md, "Audit").
@@ -280,11 +276,6 @@ grpc::Status DepotService::Serve(
 
 namespace {
 
-void NoteJob(std::string* job, const ShardState& shard) {
-  *job = absl::StrFormat("job %d \"%s\"", shard.job_id(),
-                         absl::CHexEscape(shard.shape().config().name));
-}
-
 absl::Status UnknownJob(uint64_t job_id) {
   // JobStore's words for an id it does not hold.
   return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
@@ -314,6 +305,15 @@ absl::StatusOr<std::shared_ptr<ShardState>> DepotService::FindOwned(
   return jobs_->Find(job_id, fingerprint);
 }
 
+void DepotService::Log(const std::string& line) {
+  std::fprintf(stderr, "depot-server: %s\n", line.c_str());
+}
+
+void DepotService::NoteJob(std::string* job, const ShardState& shard) {
+  *job = absl::StrFormat("job %d \"%s\"", shard.job_id(),
+                         absl::CHexEscape(shard.shape().config().name));
+}
+
 absl::Status DepotService::ExceptionStatus(const std::exception& e) {
   if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
     return absl::ResourceExhaustedError(
@@ -341,520 +341,9 @@ void DepotService::RecordFailure(Rpc rpc, const absl::Status& status) {
                    " failed: ", status.ToString()));
 }
 
-grpc::Status DepotService::CreateJob(grpc::ServerContextBase* context,
-                                     const v1::CreateJobRequest* request,
-                                     v1::CreateJobResponse* response) {
-  return Serve(Rpc::kCreateJob, *context, [&](Caller& caller) {
-    return DoCreateJob(caller, *request, response);
-  });
-}
-
-grpc::Status DepotService::InitWeights(
-    grpc::ServerContextBase* context,
-    RequestReader<v1::InitWeightsRequest>* reader,
-    v1::InitWeightsResponse* response) {
-  return Serve(Rpc::kInitWeights, *context, [&](Caller& caller) {
-    return DoInitWeights(caller, reader, response);
-  });
-}
-
-grpc::Status DepotService::PullWeights(
-    grpc::ServerContextBase* context, const v1::PullRequest* request,
-    ResponseWriter<v1::PullResponse>* writer) {
-  return Serve(Rpc::kPullWeights, *context, [&](Caller& caller) {
-    return DoPullWeights(caller, *request, writer);
-  });
-}
-
-grpc::Status DepotService::GetJob(grpc::ServerContextBase* context,
-                                  const v1::GetJobRequest* request,
-                                  v1::JobStatus* response) {
-  return Serve(Rpc::kGetJob, *context, [&](Caller& caller) {
-    return DoGetJob(caller, *request, response);
-  });
-}
-
-grpc::Status DepotService::DeleteJob(grpc::ServerContextBase* context,
-                                     const v1::DeleteJobRequest* request,
-                                     v1::DeleteJobResponse*) {
-  return Serve(Rpc::kDeleteJob, *context,
-               [&](Caller& caller) { return DoDeleteJob(caller, *request); });
-}
-
-absl::Status DepotService::DoCreateJob(Caller& caller,
-                                       const v1::CreateJobRequest& request,
-                                       v1::CreateJobResponse* response) {
-  absl::StatusOr<JobConfig> config = JobConfigFromProto(request.spec());
-  if (!config.ok()) return config.status();
-  if (draining()) {
-    // A drained server takes no new job; the jobs it holds go on.
-    const JobKey key{caller.tenant, config->name};
-    bool held = false;
-    for (const std::shared_ptr<ShardState>& shard : jobs_->Jobs()) {
-      held = held || shard->shape().key() == key;
-    }
-    if (!held) {
-      return absl::UnavailableError(
-          "this server is drained (depotctl drain) and takes no new job: "
-          "create the job on other servers, or resume this one with "
-          "`depotctl drain --resume`");
-    }
-  }
-  absl::StatusOr<OpenedJob> opened = jobs_->CreateOrAttach(
-      *std::move(config), request.server_index(), caller.tenant);
-  if (!opened.ok()) return opened.status();
-  const ShardState& shard = *opened->shard;
-  NoteJob(&caller.job, shard);
-  const JobShape& shape = shard.shape();
-  response->set_job_id(shard.job_id());
-  response->set_fingerprint(shape.fingerprint());
-  response->set_created(opened->created);
-  response->set_shard_begin(shape.shard().begin);
-  response->set_shard_end(shape.shard().end);
-  response->set_first_chunk(shape.shard().first_chunk);
-  response->set_end_chunk(shape.shard().end_chunk);
-  response->set_state_bytes(shape.state_bytes());
-  Log(absl::StrFormat("%s %s (server %d of %d, %d bytes of state)",
-                      opened->created ? "created" : "attached to",
-                      Describe(shape.key(), shard.job_id()),
-                      shape.server_index(), shape.config().num_servers,
-                      shape.state_bytes()));
-  return absl::OkStatus();
-}
-
-absl::Status DepotService::DoInitWeights(
-    Caller& caller, RequestReader<v1::InitWeightsRequest>* reader,
-    v1::InitWeightsResponse* response) {
-  v1::InitWeightsRequest request;
-  if (!reader->Read(&request)) {
-    if (!reader->status().ok()) return reader->status();
-  }
-  if (!request.has_header()) {
-    return absl::InvalidArgumentError(
-        "the first message of an InitWeights stream must be its header");
-  }
-  const v1::InitHeader& header = request.header();
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      FindOwned(caller, header.job_id(), header.fingerprint());
-  if (!shard.ok()) return shard.status();
-  absl::StatusOr<DType> dtype = DTypeFromProto(header.dtype(), "dtype");
-  if (!dtype.ok()) return dtype.status();
-  uint64_t chunks = 0;
-  while (reader->Read(&request)) {
-    if (ended()) return absl::UnavailableError(kShuttingDown);
-    if (!request.has_chunk()) {
-      return absl::InvalidArgumentError(
-          "an InitWeights stream carries one header, then only chunks");
-    }
-    const v1::Chunk& chunk = request.chunk();
-    if (absl::Status s =
-            (*shard)->InitChunk(chunk.index(), *dtype, chunk.payload());
-        !s.ok()) {
-      return s;
-    }
-    metrics_->received_init_bytes.Increment(
-        static_cast<double>(chunk.payload().size()));
-    ++chunks;
-  }
-  // A malformed message ends the reads: the stream fails with it (the chunks
-  // before it stay written), it is never taken for the stream's end.
-  if (!reader->status().ok()) return reader->status();
-  response->set_chunks(chunks);
-  return absl::OkStatus();
-}
-
-absl::Status DepotService::DoPullWeights(
-    Caller& caller, const v1::PullRequest& request,
-    ResponseWriter<v1::PullResponse>* writer) {
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      FindOwned(caller, request.job_id(), request.fingerprint());
-  if (!shard.ok()) return shard.status();
-  absl::StatusOr<DType> dtype = DTypeFromProto(request.dtype(), "dtype");
-  if (!dtype.ok()) return dtype.status();
-  absl::Status status = (*shard)->ReadWeights(
-      request.begin(), request.end(), *dtype, request.step(),
-      [&](uint64_t offset, std::string payload) {
-        if (ended()) return false;
-        v1::PullResponse response;
-        response.set_offset(offset);
-        const size_t bytes = payload.size();
-        *response.mutable_payload() = std::move(payload);
-        if (!writer->Write(response)) return false;
-        metrics_->sent_pull_bytes.Increment(static_cast<double>(bytes));
-        return true;
-      });
-  return ended() && !status.ok() ? absl::UnavailableError(kShuttingDown)
-                                 : status;
-}
-
-absl::Status DepotService::DoGetJob(Caller& caller,
-                                    const v1::GetJobRequest& request,
-                                    v1::JobStatus* response) {
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      FindOwned(caller, request.job_id());
-  if (!shard.ok()) return shard.status();
-  const JobShape& shape = (*shard)->shape();
-  response->set_job_id((*shard)->job_id());
-  JobConfigToProto(shape.config(), response->mutable_spec());
-  response->set_fingerprint(shape.fingerprint());
-  response->set_server_index(shape.server_index());
-  response->set_step((*shard)->completed_step());
-  response->set_newest_step((*shard)->newest_step());
-  response->set_shard_begin(shape.shard().begin);
-  response->set_shard_end(shape.shard().end);
-  response->set_shard_params(shape.shard().size());
-  response->set_total_params(shape.layout().total_elems());
-  response->set_state_bytes(shape.state_bytes());
-  if (request.with_checksum()) {
-    response->set_state_checksum((*shard)->Checksum());
-  }
-  const PendingStepReport pending = (*shard)->OldestPendingStep();
-  if (pending.step != 0) {
-    response->set_pending_step(pending.step);
-    for (uint32_t rank : pending.missing_workers) {
-      response->add_missing_workers(rank);
-    }
-    response->set_waiting_seconds(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                      pending.since)
-            .count());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status DepotService::DoDeleteJob(Caller& caller,
-                                       const v1::DeleteJobRequest& request) {
-  // Ownership and fingerprint first: Delete itself cannot be undone.
-  if (absl::StatusOr<std::shared_ptr<ShardState>> found =
-          FindOwned(caller, request.job_id(), request.fingerprint());
-      !found.ok()) {
-    return found.status();
-  }
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      jobs_->Delete(request.job_id(), request.fingerprint());
-  if (!shard.ok()) return shard.status();
-  FailStreamsOf(request.job_id(),
-                absl::AbortedError(
-                    absl::StrCat("job ", request.job_id(), " was deleted")));
-  Log(absl::StrCat("deleted ",
-                   Describe((*shard)->shape().key(), request.job_id())));
-  return absl::OkStatus();
-}
-
-grpc::Status DepotService::ExportState(grpc::ServerContextBase* context,
-                                       const v1::ExportStateRequest* request,
-                                       ResponseWriter<v1::StateChunk>* writer) {
-  return Serve(Rpc::kExportState, *context, [&](Caller& caller) {
-    return DoExportState(caller, *request, writer);
-  });
-}
-
-grpc::Status DepotService::ImportState(
-    grpc::ServerContextBase* context,
-    RequestReader<v1::ImportStateRequest>* reader,
-    v1::ImportStateResponse* response) {
-  return Serve(Rpc::kImportState, *context, [&](Caller& caller) {
-    return DoImportState(caller, reader, response);
-  });
-}
-
-grpc::Status DepotService::Checkpoint(grpc::ServerContextBase* context,
-                                      const v1::CheckpointRequest* request,
-                                      v1::CheckpointResponse* response) {
-  return Serve(Rpc::kCheckpoint, *context, [&](Caller& caller) {
-    return DoCheckpoint(caller, *request, response);
-  });
-}
-
-absl::Status DepotService::DoCheckpoint(Caller& caller,
-                                        const v1::CheckpointRequest& request,
-                                        v1::CheckpointResponse* response) {
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      FindOwned(caller, request.job_id(), request.fingerprint());
-  if (!shard.ok()) return shard.status();
-  if (checkpointer_ == nullptr) {
-    return absl::FailedPreconditionError(
-        "this server has no --checkpoint_dir: start it with one to take "
-        "checkpoints");
-  }
-  absl::StatusOr<uint64_t> step = checkpointer_->CheckpointNow(*shard);
-  if (!step.ok()) return step.status();
-  response->set_step(*step);
-  return absl::OkStatus();
-}
-
 void DepotService::FailStreamsOf(uint64_t job_id, const absl::Status& status) {
   FailStepStreams([job_id](uint64_t stream_job) { return stream_job == job_id; },
                   status);
-}
-
-grpc::Status DepotService::ListCheckpoints(
-    grpc::ServerContextBase* context, const v1::ListCheckpointsRequest* request,
-    v1::ListCheckpointsResponse* response) {
-  return Serve(Rpc::kListCheckpoints, *context, [&](Caller& caller) {
-    return DoListCheckpoints(caller, *request, response);
-  });
-}
-
-absl::Status DepotService::DoListCheckpoints(
-    Caller& caller, const v1::ListCheckpointsRequest& request,
-    v1::ListCheckpointsResponse* response) {
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      FindOwned(caller, request.job_id(), request.fingerprint());
-  if (!shard.ok()) return shard.status();
-  response->set_step((*shard)->completed_step());
-  response->set_newest_step((*shard)->newest_step());
-  // Without a --checkpoint_dir there are none: the list is empty.
-  if (checkpointer_ == nullptr) return absl::OkStatus();
-  absl::StatusOr<std::vector<uint64_t>> steps =
-      checkpointer_->CompleteSteps((*shard)->shape().key());
-  if (!steps.ok()) return steps.status();
-  for (const uint64_t step : *steps) response->add_steps(step);
-  if (request.verify()) return VerifyCheckpoints(**shard, *steps, response);
-  return absl::OkStatus();
-}
-
-grpc::Status DepotService::RollBack(grpc::ServerContextBase* context,
-                                    const v1::RollBackRequest* request,
-                                    v1::RollBackResponse* response) {
-  return Serve(Rpc::kRollBack, *context, [&](Caller& caller) {
-    return DoRollBack(caller, *request, response);
-  });
-}
-
-absl::Status DepotService::DoRollBack(Caller& caller,
-                                      const v1::RollBackRequest& request,
-                                      v1::RollBackResponse* response) {
-  absl::StatusOr<std::shared_ptr<ShardState>> found =
-      FindOwned(caller, request.job_id(), request.fingerprint());
-  if (!found.ok()) return found.status();
-  ShardState& shard = **found;
-  const JobKey key = shard.shape().key();
-  const uint64_t step = request.step();
-  // Checked before anything changes: a step the shard has not reached, or
-  // one it has left without a checkpoint to go back to.
-  const uint64_t completed = shard.completed_step();
-  if (step > completed) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot roll job ", request.job_id(), " back to step ", step,
-        ": this server has completed only step ", completed));
-  }
-  const bool at_step = step == completed && shard.newest_step() == step;
-  if (!at_step) {
-    if (checkpointer_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot roll job ", request.job_id(), " back to step ", step,
-          ": it is at step ", completed,
-          " and this server has no --checkpoint_dir to restore from"));
-    }
-    absl::StatusOr<std::vector<uint64_t>> steps =
-        checkpointer_->CompleteSteps(key);
-    if (!steps.ok()) return steps.status();
-    if (std::find(steps->begin(), steps->end(), step) == steps->end()) {
-      return absl::NotFoundError(absl::StrCat(
-          "job ", request.job_id(), " has no complete checkpoint of step ",
-          step, " on this server (it has: ", absl::StrJoin(*steps, ", "),
-          ")"));
-    }
-  }
-  const absl::Status aborted = absl::AbortedError(absl::StrCat(
-      "job ", request.job_id(), " is being rolled back to step ", step,
-      " (a client asked for it: a server restarted behind the others, or an "
-      "operator's rollback); open the job again and resume after step ",
-      step));
-  // Before and after the shard stops taking contributions: a stream that
-  // opened in between may have added some.
-  FailStreamsOf(request.job_id(), aborted);
-  shard.BeginRollBack();
-  FailStreamsOf(request.job_id(), aborted);
-  const uint64_t dropped = shard.DropInFlight();
-  absl::Status status;
-  bool restored = false;
-  // The checkpoint, read whole before it replaces the state, is charged to
-  // the memory budget meanwhile.
-  ScopedReservation staged(jobs_->budget().get());
-  if (!(shard.completed_step() == step && shard.newest_step() == step)) {
-    absl::StatusOr<ShardCheckpoint> loaded =
-        checkpointer_ == nullptr
-            ? absl::FailedPreconditionError("no --checkpoint_dir")
-        : !staged.TryAdd(shard.shape().state_bytes())
-            ? absl::ResourceExhaustedError(absl::StrCat(
-                  "the server's memory budget (", jobs_->budget()->limit(),
-                  " bytes, ", jobs_->budget()->used(),
-                  " in use) has no room to read the checkpoint's ",
-                  shard.shape().state_bytes(), " bytes of state"))
-            : checkpointer_->Load(key, step);
-    if (loaded.ok() && (loaded->fingerprint != shard.shape().fingerprint() ||
-                        loaded->server_index != shard.shape().server_index() ||
-                        loaded->chunks.size() != shard.shape().shard().num_chunks())) {
-      loaded = absl::FailedPreconditionError(absl::StrCat(
-          "the checkpoint of step ", step, " is of another shard or config "
-          "than the job's"));
-    }
-    status = loaded.ok() ? shard.ImportChunks(std::move(loaded->chunks))
-                         : loaded.status();
-    restored = status.ok();
-  }
-  shard.EndRollBack();
-  metrics_->rollback_dropped_contributions.Increment(
-      static_cast<double>(dropped));
-  if (!status.ok()) {
-    Log(absl::StrFormat(
-        "%s NOT rolled back to step %d (it stays at step %d; %d "
-        "contributions in flight were dropped): %s",
-        Describe(key, request.job_id()), step, shard.completed_step(), dropped,
-        status.ToString()));
-    return status;
-  }
-  if (checkpointer_ != nullptr) checkpointer_->RemoveStepsAfter(key, step);
-  metrics_->rollbacks.Increment();
-  Log(absl::StrFormat(
-      "%s rolled back to step %d (%s; %d contributions in flight "
-      "dropped)",
-      Describe(key, request.job_id()), step,
-      restored ? "restored from its checkpoint" : "it was at that step",
-      dropped));
-  response->set_step(step);
-  response->set_restored(restored);
-  response->set_dropped_contributions(dropped);
-  return absl::OkStatus();
-}
-
-grpc::Status DepotService::ImportCheckpoint(
-    grpc::ServerContextBase* context,
-    const v1::ImportCheckpointRequest* request,
-    v1::ImportCheckpointResponse* response) {
-  return Serve(Rpc::kImportCheckpoint, *context, [&](Caller& caller) {
-    return DoImportCheckpoint(caller, *request, response);
-  });
-}
-
-absl::Status DepotService::DoImportCheckpoint(
-    Caller& caller, const v1::ImportCheckpointRequest& request,
-    v1::ImportCheckpointResponse* response) {
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      FindOwned(caller, request.job_id(), request.fingerprint());
-  if (!shard.ok()) return shard.status();
-  const JobShape& shape = (*shard)->shape();
-  // Only directories under --import_roots, read through their canonical
-  // paths (import_roots.h).
-  absl::StatusOr<std::vector<std::string>> dirs =
-      import_roots_.Resolve(std::vector<std::string>(
-          request.checkpoint_dirs().begin(), request.checkpoint_dirs().end()));
-  if (!dirs.ok()) return dirs.status();
-  // The shard's state, read and staged whole before it replaces the job's,
-  // is charged to the memory budget meanwhile.
-  ScopedReservation staged(jobs_->budget().get());
-  if (!request.verify_only() && !staged.TryAdd(shape.state_bytes())) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "ImportCheckpoint: the server's memory budget (",
-        jobs_->budget()->limit(), " bytes, ", jobs_->budget()->used(),
-        " in use) has no room to stage the shard's ", shape.state_bytes(),
-        " bytes of state"));
-  }
-  // Read on this call's thread: the files are other servers', so the
-  // checkpointer's writer (this server's directory) has no part in it.
-  absl::StatusOr<CheckpointForShard> read = ReadCheckpointForShard(
-      *dirs, shape, request.step(), /*keep_chunks=*/!request.verify_only());
-  if (!read.ok()) return read.status();
-  response->set_step(request.step());
-  response->set_old_num_servers(read->old_num_servers);
-  for (const std::string& file : read->shard_files) {
-    response->add_shard_files(file);
-  }
-  if (request.verify_only()) return absl::OkStatus();
-  if (absl::Status s = (*shard)->ImportChunks(std::move(read->chunks));
-      !s.ok()) {
-    return s;
-  }
-  jobs_->NoteStateReplaced(*shard);
-  Log(absl::StrFormat(
-      "job %d \"%s\" (server %d of %d) imported the checkpoint of step %d "
-      "written by %d servers, from %s",
-      request.job_id(), shape.config().name, shape.server_index(),
-      shape.config().num_servers, request.step(), read->old_num_servers,
-      read->shard_files.empty() ? std::string("no file (an empty shard)")
-                                : absl::StrJoin(read->shard_files, ", ")));
-  return absl::OkStatus();
-}
-
-absl::Status DepotService::DoExportState(
-    Caller& caller, const v1::ExportStateRequest& request,
-    ResponseWriter<v1::StateChunk>* writer) {
-  absl::StatusOr<std::shared_ptr<ShardState>> shard =
-      FindOwned(caller, request.job_id(), request.fingerprint());
-  if (!shard.ok()) return shard.status();
-  absl::Status status = (*shard)->ExportChunks([&](ChunkSnapshot snapshot) {
-    if (ended()) return false;
-    v1::StateChunk message;
-    message.set_index(snapshot.index);
-    message.set_applied_step(snapshot.applied_step);
-    message.set_optimizer_step(snapshot.optimizer_step);
-    for (const uint64_t count : snapshot.tensor_steps) {
-      message.add_tensor_steps(count);
-    }
-    *message.mutable_master() = std::move(snapshot.master);
-    for (std::string& slot : snapshot.slots) {
-      *message.add_slots() = std::move(slot);
-    }
-    return writer->Write(message);
-  });
-  return ended() && !status.ok() ? absl::UnavailableError(kShuttingDown)
-                                 : status;
-}
-
-absl::Status DepotService::DoImportState(
-    Caller& caller, RequestReader<v1::ImportStateRequest>* reader,
-    v1::ImportStateResponse* response) {
-  v1::ImportStateRequest request;
-  if (!reader->Read(&request) && !reader->status().ok()) {
-    return reader->status();
-  }
-  if (!request.has_header()) {
-    return absl::InvalidArgumentError(
-        "the first message of an ImportState stream must be its header");
-  }
-  absl::StatusOr<std::shared_ptr<ShardState>> shard = FindOwned(
-      caller, request.header().job_id(), request.header().fingerprint());
-  if (!shard.ok()) return shard.status();
-  // Staged whole: ImportChunks checks everything before it replaces anything.
-  // The staged chunks are charged to the memory budget while they are held:
-  // a client that sends more than it holds is refused.
-  std::vector<ChunkSnapshot> chunks;
-  ScopedReservation staged(jobs_->budget().get());
-  while (reader->Read(&request)) {
-    if (ended()) return absl::UnavailableError(kShuttingDown);
-    if (!request.has_chunk()) {
-      return absl::InvalidArgumentError(
-          "an ImportState stream carries one header, then only chunks");
-    }
-    v1::StateChunk* chunk = request.mutable_chunk();
-    if (!staged.TryAdd(chunk->ByteSizeLong())) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "ImportState: the server's memory budget (",
-          jobs_->budget()->limit(), " bytes, ", jobs_->budget()->used(),
-          " in use) has no room to stage chunk ", chunk->index(), " (",
-          chunk->ByteSizeLong(), " bytes) after ", chunks.size(),
-          " chunks staged (", staged.bytes(), " bytes)"));
-    }
-    ChunkSnapshot& snapshot = chunks.emplace_back();
-    snapshot.index = chunk->index();
-    snapshot.applied_step = chunk->applied_step();
-    snapshot.optimizer_step = chunk->optimizer_step();
-    snapshot.tensor_steps.assign(chunk->tensor_steps().begin(),
-                                 chunk->tensor_steps().end());
-    snapshot.master = std::move(*chunk->mutable_master());
-    for (std::string& slot : *chunk->mutable_slots()) {
-      snapshot.slots.push_back(std::move(slot));
-    }
-  }
-  if (!reader->status().ok()) return reader->status();
-  if (absl::Status s = (*shard)->ImportChunks(std::move(chunks)); !s.ok()) {
-    return s;
-  }
-  jobs_->NoteStateReplaced(*shard);
-  response->set_chunks((*shard)->shape().shard().num_chunks());
-  return absl::OkStatus();
 }
 
 void DepotService::TrackStepStream(const std::shared_ptr<StepStream>& stream,

@@ -217,6 +217,10 @@ class DepotService final : public grpc::CallbackGenericService {
                                                         uint64_t job_id) const;
   absl::StatusOr<std::shared_ptr<ShardState>> FindOwned(
       Caller& caller, uint64_t job_id, uint64_t fingerprint) const;
+  // Writes `line` to the server's log (stderr).
+  static void Log(const std::string& line);
+  // Sets `*job` to the job's words in the audit line: `job 3 "name"`.
+  static void NoteJob(std::string* job, const ShardState& shard);
   // The status of a request whose handler threw `e`: RESOURCE_EXHAUSTED for
   // a failed allocation, INTERNAL otherwise.
   static absl::Status ExceptionStatus(const std::exception& e);
