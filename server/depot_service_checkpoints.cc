@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "server/depot_service.h"
 #include "server/checkpoint_import.h"
+#include "server/depot_service.h"
 #include "wire/wire.h"
 
 namespace depot {
@@ -106,8 +106,7 @@ absl::Status DepotService::DoRollBack(Caller& caller,
     if (std::find(steps->begin(), steps->end(), step) == steps->end()) {
       return absl::NotFoundError(absl::StrCat(
           "job ", request.job_id(), " has no complete checkpoint of step ",
-          step, " on this server (it has: ", absl::StrJoin(*steps, ", "),
-          ")"));
+          step, " on this server (it has: ", absl::StrJoin(*steps, ", "), ")"));
     }
   }
   const absl::Status aborted = absl::AbortedError(absl::StrCat(
@@ -137,12 +136,14 @@ absl::Status DepotService::DoRollBack(Caller& caller,
                   " in use) has no room to read the checkpoint's ",
                   shard.shape().state_bytes(), " bytes of state"))
             : checkpointer_->Load(key, step);
-    if (loaded.ok() && (loaded->fingerprint != shard.shape().fingerprint() ||
-                        loaded->server_index != shard.shape().server_index() ||
-                        loaded->chunks.size() != shard.shape().shard().num_chunks())) {
-      loaded = absl::FailedPreconditionError(absl::StrCat(
-          "the checkpoint of step ", step, " is of another shard or config "
-          "than the job's"));
+    if (loaded.ok() &&
+        (loaded->fingerprint != shard.shape().fingerprint() ||
+         loaded->server_index != shard.shape().server_index() ||
+         loaded->chunks.size() != shard.shape().shard().num_chunks())) {
+      loaded = absl::FailedPreconditionError(
+          absl::StrCat("the checkpoint of step ", step,
+                       " is of another shard or config "
+                       "than the job's"));
     }
     status = loaded.ok() ? shard.ImportChunks(std::move(loaded->chunks))
                          : loaded.status();

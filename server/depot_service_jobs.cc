@@ -286,8 +286,8 @@ absl::Status DepotService::DoImportState(
     v1::StateChunk* chunk = request.mutable_chunk();
     if (!staged.TryAdd(chunk->ByteSizeLong())) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "ImportState: the server's memory budget (",
-          jobs_->budget()->limit(), " bytes, ", jobs_->budget()->used(),
+          "ImportState: the server's memory budget (", jobs_->budget()->limit(),
+          " bytes, ", jobs_->budget()->used(),
           " in use) has no room to stage chunk ", chunk->index(), " (",
           chunk->ByteSizeLong(), " bytes) after ", chunks.size(),
           " chunks staged (", staged.bytes(), " bytes)"));
