@@ -14,39 +14,17 @@ BlockingCall::Start(HandlerThreads& threads, Handler handler) {
 }
 
 bool BlockingCall::Read(grpc::ByteBuffer* message) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (reads_over_) return false;
-    read_done_ = false;
-  }
+  if (reads_over_) return false;
+  read_.Arm();
   StartRead(message);
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(&read_done_));
-  if (!read_ok_) reads_over_ = true;
-  return read_ok_;
+  reads_over_ = !read_.Wait();
+  return !reads_over_;
 }
 
 bool BlockingCall::Write(const grpc::ByteBuffer& message) {
-  {
-    absl::MutexLock lock(&mu_);
-    write_done_ = false;
-  }
+  write_.Arm();
   StartWrite(&message);
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(&write_done_));
-  return write_ok_;
-}
-
-void BlockingCall::OnReadDone(bool ok) {
-  absl::MutexLock lock(&mu_);
-  read_ok_ = ok;
-  read_done_ = true;
-}
-
-void BlockingCall::OnWriteDone(bool ok) {
-  absl::MutexLock lock(&mu_);
-  write_ok_ = ok;
-  write_done_ = true;
+  return write_.Wait();
 }
 
 }  // namespace depot

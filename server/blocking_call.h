@@ -15,14 +15,14 @@
 #define DEPOT_SERVER_BLOCKING_CALL_H_
 
 #include <functional>
+#include <utility>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/status.h"
 #include "server/handler_threads.h"
 #include "server/raw_stream.h"
+#include "wire/reaction.h"
 
 namespace depot {
 
@@ -49,20 +49,17 @@ class BlockingCall final
   explicit BlockingCall(Handler handler) : handler_(std::move(handler)) {}
   ~BlockingCall() override = default;
 
-  void OnReadDone(bool ok) override;
-  void OnWriteDone(bool ok) override;
+  void OnReadDone(bool ok) override { read_.Done(ok); }
+  void OnWriteDone(bool ok) override { write_.Done(ok); }
   void OnDone() override { delete this; }
 
   const Handler handler_;
-  absl::Mutex mu_;
-  // Each operation's reaction: whether it came, and its `ok`.
-  bool read_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool read_ok_ ABSL_GUARDED_BY(mu_) = false;
-  bool write_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool write_ok_ ABSL_GUARDED_BY(mu_) = false;
+  // The reactions of the read and of the write in flight.
+  Reaction read_;
+  Reaction write_;
   // A read failed: the client half-closed or the call is over; no read
-  // after it.
-  bool reads_over_ ABSL_GUARDED_BY(mu_) = false;
+  // after it. Only the handler's thread reads and writes it.
+  bool reads_over_ = false;
 };
 
 }  // namespace depot

@@ -145,21 +145,63 @@ absl::Status DepotService::ReadOneRequest(
   return status;
 }
 
+template <typename Request, typename Body>
+void DepotService::AddWithOneRequest(const char* method, Rpc rpc, Body body) {
+  AddMethod(
+      method, rpc,
+      [this, rpc, body](grpc::ServerContextBase* context, RawStream* stream) {
+        Request request;
+        if (absl::Status s = ReadOneRequest(stream, rpc, &request); !s.ok()) {
+          return ToGrpcStatus(s);
+        }
+        return body(context, request, stream);
+      });
+}
+
 template <typename Request, typename Response>
 void DepotService::AddUnary(
     const char* method, Rpc rpc,
     grpc::Status (DepotService::*typed)(grpc::ServerContextBase*,
                                         const Request*, Response*)) {
-  AddMethod(
+  AddWithOneRequest<Request>(
       method, rpc,
-      [this, rpc, typed](grpc::ServerContextBase* context, RawStream* stream) {
-        Request request;
-        if (absl::Status s = ReadOneRequest(stream, rpc, &request); !s.ok()) {
-          return ToGrpcStatus(s);
-        }
+      [this, typed](grpc::ServerContextBase* context, const Request& request,
+                    RawStream* stream) {
         Response response;
         const grpc::Status status =
             (this->*typed)(context, &request, &response);
+        if (status.ok()) ResponseWriter<Response>(stream).Write(response);
+        return status;
+      });
+}
+
+template <typename Request, typename Response>
+void DepotService::AddServerStreaming(
+    const char* method, Rpc rpc,
+    grpc::Status (DepotService::*typed)(grpc::ServerContextBase*,
+                                        const Request*,
+                                        ResponseWriter<Response>*)) {
+  AddWithOneRequest<Request>(
+      method, rpc,
+      [this, typed](grpc::ServerContextBase* context, const Request& request,
+                    RawStream* stream) {
+        ResponseWriter<Response> writer(stream);
+        return (this->*typed)(context, &request, &writer);
+      });
+}
+
+template <typename Request, typename Response>
+void DepotService::AddClientStreaming(
+    const char* method, Rpc rpc,
+    grpc::Status (DepotService::*typed)(grpc::ServerContextBase*,
+                                        RequestReader<Request>*, Response*)) {
+  AddMethod(
+      method, rpc,
+      [this, method, typed](grpc::ServerContextBase* context,
+                            RawStream* stream) {
+        RequestReader<Request> reader(stream, absl::StrCat(method, " request"));
+        Response response;
+        const grpc::Status status = (this->*typed)(context, &reader, &response);
         if (status.ok()) ResponseWriter<Response>(stream).Write(response);
         return status;
       });
@@ -178,50 +220,14 @@ void DepotService::AddMethods() {
            &DepotService::ImportCheckpoint);
   AddUnary("ServerStatus", Rpc::kServerStatus, &DepotService::ServerStatus);
   AddUnary("Drain", Rpc::kDrain, &DepotService::Drain);
-  AddMethod("PullWeights", Rpc::kPullWeights,
-            [this](grpc::ServerContextBase* context, RawStream* stream) {
-              v1::PullRequest request;
-              if (absl::Status s =
-                      ReadOneRequest(stream, Rpc::kPullWeights, &request);
-                  !s.ok()) {
-                return ToGrpcStatus(s);
-              }
-              ResponseWriter<v1::PullResponse> writer(stream);
-              return PullWeights(context, &request, &writer);
-            });
-  AddMethod("ExportState", Rpc::kExportState,
-            [this](grpc::ServerContextBase* context, RawStream* stream) {
-              v1::ExportStateRequest request;
-              if (absl::Status s =
-                      ReadOneRequest(stream, Rpc::kExportState, &request);
-                  !s.ok()) {
-                return ToGrpcStatus(s);
-              }
-              ResponseWriter<v1::StateChunk> writer(stream);
-              return ExportState(context, &request, &writer);
-            });
-  AddMethod("InitWeights", Rpc::kInitWeights,
-            [this](grpc::ServerContextBase* context, RawStream* stream) {
-              RequestReader<v1::InitWeightsRequest> reader(
-                  stream, "InitWeights request");
-              v1::InitWeightsResponse response;
-              const grpc::Status status =
-                  InitWeights(context, &reader, &response);
-              if (status.ok())
-                ResponseWriter<v1::InitWeightsResponse>(stream).Write(response);
-              return status;
-            });
-  AddMethod("ImportState", Rpc::kImportState,
-            [this](grpc::ServerContextBase* context, RawStream* stream) {
-              RequestReader<v1::ImportStateRequest> reader(
-                  stream, "ImportState request");
-              v1::ImportStateResponse response;
-              const grpc::Status status =
-                  ImportState(context, &reader, &response);
-              if (status.ok())
-                ResponseWriter<v1::ImportStateResponse>(stream).Write(response);
-              return status;
-            });
+  AddServerStreaming("PullWeights", Rpc::kPullWeights,
+                     &DepotService::PullWeights);
+  AddServerStreaming("ExportState", Rpc::kExportState,
+                     &DepotService::ExportState);
+  AddClientStreaming("InitWeights", Rpc::kInitWeights,
+                     &DepotService::InitWeights);
+  AddClientStreaming("ImportState", Rpc::kImportState,
+                     &DepotService::ImportState);
 }
 
 absl::StatusOr<std::string> DepotService::TenantOf(

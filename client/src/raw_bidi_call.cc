@@ -14,36 +14,21 @@ RawBidiCall::RawBidiCall(grpc::GenericStub& stub, const std::string& method,
 RawBidiCall::~RawBidiCall() { Finish(); }
 
 bool RawBidiCall::Write(const grpc::ByteBuffer& message) {
-  {
-    absl::MutexLock lock(&mu_);
-    write_done_ = false;
-  }
+  write_.Arm();
   StartWrite(&message);
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(&write_done_));
-  return write_ok_;
+  return write_.Wait();
 }
 
 bool RawBidiCall::WritesDone() {
-  {
-    absl::MutexLock lock(&mu_);
-    write_done_ = false;
-  }
+  write_.Arm();
   StartWritesDone();
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(&write_done_));
-  return write_ok_;
+  return write_.Wait();
 }
 
 bool RawBidiCall::Read(grpc::ByteBuffer* message) {
-  {
-    absl::MutexLock lock(&mu_);
-    read_done_ = false;
-  }
+  read_.Arm();
   StartRead(message);
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(&read_done_));
-  return read_ok_;
+  return read_.Wait();
 }
 
 grpc::Status RawBidiCall::Finish() {
@@ -59,23 +44,11 @@ grpc::Status RawBidiCall::Finish() {
   return status_;
 }
 
-void RawBidiCall::OnWriteDone(bool ok) {
-  absl::MutexLock lock(&mu_);
-  write_ok_ = ok;
-  write_done_ = true;
-}
+void RawBidiCall::OnWriteDone(bool ok) { write_.Done(ok); }
 
-void RawBidiCall::OnWritesDoneDone(bool ok) {
-  absl::MutexLock lock(&mu_);
-  write_ok_ = ok;
-  write_done_ = true;
-}
+void RawBidiCall::OnWritesDoneDone(bool ok) { write_.Done(ok); }
 
-void RawBidiCall::OnReadDone(bool ok) {
-  absl::MutexLock lock(&mu_);
-  read_ok_ = ok;
-  read_done_ = true;
-}
+void RawBidiCall::OnReadDone(bool ok) { read_.Done(ok); }
 
 void RawBidiCall::OnDone(const grpc::Status& status) {
   absl::MutexLock lock(&mu_);

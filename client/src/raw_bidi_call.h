@@ -20,6 +20,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/client_callback.h"
 #include "grpcpp/support/status.h"
+#include "wire/reaction.h"
 
 namespace depot::client_internal {
 
@@ -52,12 +53,10 @@ class RawBidiCall final
   void OnReadDone(bool ok) override;
   void OnDone(const grpc::Status& status) override;
 
+  // The reactions of the write (or half-close) and of the read in flight.
+  Reaction write_;
+  Reaction read_;
   absl::Mutex mu_;
-  // Each operation's reaction: whether it came, and its `ok`.
-  bool write_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool write_ok_ ABSL_GUARDED_BY(mu_) = false;
-  bool read_done_ ABSL_GUARDED_BY(mu_) = false;
-  bool read_ok_ ABSL_GUARDED_BY(mu_) = false;
   // The hold that lets this class start operations from the caller's
   // threads (outside reactions) until Finish lets go of it.
   bool held_ ABSL_GUARDED_BY(mu_) = true;
