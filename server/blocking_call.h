@@ -17,6 +17,8 @@
 #include <functional>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/status.h"
@@ -34,9 +36,12 @@ class BlockingCall final
 
   // A reactor whose call runs `handler` on one of `threads`, which must
   // outlive the call. Return it to gRPC (CallbackGenericService::
-  // CreateReactor).
+  // CreateReactor). When `threads` has none to give, the call ends at once
+  // with RESOURCE_EXHAUSTED, which `refused` is told (to count and log it),
+  // and the handler never runs.
   static grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Start(
-      HandlerThreads& threads, Handler handler);
+      HandlerThreads& threads, Handler handler,
+      absl::FunctionRef<void(const absl::Status&)> refused);
 
   BlockingCall(const BlockingCall&) = delete;
   BlockingCall& operator=(const BlockingCall&) = delete;

@@ -105,6 +105,10 @@ grpc::ServerGenericBidiReactor* DepotService::CreateReactor(
       handler_threads_,
       [context, handler = &found->second.handler](RawStream& stream) {
         return (*handler)(context, &stream);
+      },
+      [this, rpc](const absl::Status& status) {
+        metrics_->CountRpc(rpc);
+        RecordFailure(rpc, status);
       });
 }
 

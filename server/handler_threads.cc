@@ -1,14 +1,17 @@
 #include "server/handler_threads.h"
 
+#include <system_error>
 #include <thread>
 #include <utility>
 
 namespace depot {
 
-HandlerThreads::HandlerThreads(absl::Duration idle_timeout, int keep_idle)
+HandlerThreads::HandlerThreads(absl::Duration idle_timeout, int keep_idle,
+                               int max_threads)
     : state_(std::make_shared<State>()) {
   state_->idle_timeout = idle_timeout;
   state_->keep_idle = keep_idle;
+  state_->max_threads = max_threads;
 }
 
 HandlerThreads::~HandlerThreads() {
@@ -19,23 +22,34 @@ HandlerThreads::~HandlerThreads() {
       +[](int* threads) { return *threads == 0; }, &state.threads));
 }
 
-void HandlerThreads::Run(std::function<void()> task) {
-  bool start_thread = false;
+bool HandlerThreads::Run(std::function<void()> task) {
   {
     absl::MutexLock lock(&state_->mu);
-    state_->queue.push_back(std::move(task));
-    // Each waiting thread takes one queued task; any more need a new thread.
-    if (state_->queue.size() > static_cast<size_t>(state_->idle)) {
-      ++state_->threads;
-      start_thread = true;
+    // An idle thread not yet promised a queued task takes this one.
+    if (state_->queue.size() < static_cast<size_t>(state_->idle)) {
+      state_->queue.push_back(std::move(task));
+      return true;
     }
+    if (state_->threads >= state_->max_threads) return false;
+    ++state_->threads;
   }
-  // The thread shares the state, so that its last unlock never touches a
-  // mutex the destructor has freed.
-  if (start_thread) std::thread(&HandlerThreads::Loop, state_).detach();
+  // A new thread starts with this task, which is never queued. It shares the
+  // state, so that its last unlock never touches a mutex the destructor has
+  // freed.
+  try {
+    std::thread(&HandlerThreads::Loop, state_, std::move(task)).detach();
+  } catch (const std::system_error&) {
+    absl::MutexLock lock(&state_->mu);
+    --state_->threads;
+    return false;
+  }
+  return true;
 }
 
-void HandlerThreads::Loop(std::shared_ptr<State> shared) {
+void HandlerThreads::Loop(std::shared_ptr<State> shared,
+                          std::function<void()> first) {
+  first();
+  first = nullptr;  // its captures go before the thread waits
   State& state = *shared;
   absl::MutexLock lock(&state.mu);
   const auto work_or_stop = [&state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state.mu) {
@@ -47,7 +61,7 @@ void HandlerThreads::Loop(std::shared_ptr<State> shared) {
       state.queue.pop_front();
       state.mu.Unlock();
       task();
-      task = nullptr;  // its captures go before the thread waits
+      task = nullptr;
       state.mu.Lock();
       continue;
     }

@@ -4,7 +4,9 @@
 // a handler that waits for its client (an import reading, a pull writing)
 // never holds up another call, as with gRPC's synchronous server. A thread
 // left idle for `idle_timeout` exits unless only `keep_idle` are left, so a
-// burst of calls leaves no crowd of threads behind.
+// burst of calls leaves no crowd of threads behind. At most `max_threads`
+// run at once: a client that opens call after call and never finishes them
+// cannot make the server start threads without end.
 //
 // Thread safety: Run may be called from any thread, gRPC's callback threads
 // included; it never waits for a task.
@@ -23,8 +25,12 @@ namespace depot {
 
 class HandlerThreads {
  public:
+  // The server's: a thread per call, up to this many at once.
+  static constexpr int kDefaultMaxThreads = 1024;
+
   explicit HandlerThreads(absl::Duration idle_timeout = absl::Seconds(30),
-                          int keep_idle = 4);
+                          int keep_idle = 4,
+                          int max_threads = kDefaultMaxThreads);
   // Waits for the running tasks to return and the threads to exit.
   // REQUIRES: no Run after it starts.
   ~HandlerThreads();
@@ -32,8 +38,10 @@ class HandlerThreads {
   HandlerThreads(const HandlerThreads&) = delete;
   HandlerThreads& operator=(const HandlerThreads&) = delete;
 
-  // Runs `task` on a thread of its own now. Tasks must not throw.
-  void Run(std::function<void()> task);
+  // Runs `task` on a thread of its own now: true. False, and `task` is
+  // dropped unrun, when max_threads tasks are running, or the system refused
+  // a new thread. Tasks must not throw.
+  [[nodiscard]] bool Run(std::function<void()> task);
 
   // Threads alive (running a task or idle), and those idle: for tests.
   int threads() const;
@@ -43,13 +51,16 @@ class HandlerThreads {
   struct State {
     absl::Duration idle_timeout;
     int keep_idle = 0;
+    int max_threads = 0;
     absl::Mutex mu;
     std::deque<std::function<void()>> queue ABSL_GUARDED_BY(mu);
     int threads ABSL_GUARDED_BY(mu) = 0;  // alive: running a task or waiting
     int idle ABSL_GUARDED_BY(mu) = 0;     // waiting for a task
     bool stopping ABSL_GUARDED_BY(mu) = false;
   };
-  static void Loop(std::shared_ptr<State> state);
+  // Runs `first`, then the queued tasks, until it is idle too long or the
+  // pool stops.
+  static void Loop(std::shared_ptr<State> state, std::function<void()> first);
 
   const std::shared_ptr<State> state_;
 };

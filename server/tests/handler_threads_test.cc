@@ -32,11 +32,11 @@ TEST(HandlerThreadsTest, TasksThatWaitForEachOtherAllRun) {
   absl::Notification all_started;
   std::atomic<int> finished{0};
   for (int i = 0; i < kTasks; ++i) {
-    threads.Run([&] {
+    ASSERT_TRUE(threads.Run([&] {
       started.DecrementCount();
       all_started.WaitForNotification();
       finished.fetch_add(1);
-    });
+    }));
   }
   started.Wait();
   all_started.Notify();
@@ -47,11 +47,11 @@ TEST(HandlerThreadsTest, TasksThatWaitForEachOtherAllRun) {
 TEST(HandlerThreadsTest, AnIdleThreadTakesTheNextTask) {
   HandlerThreads threads;
   std::atomic<int> runs{0};
-  threads.Run([&] { runs.fetch_add(1); });
+  ASSERT_TRUE(threads.Run([&] { runs.fetch_add(1); }));
   ASSERT_TRUE(Eventually([&] { return threads.idle() == 1; }));
   for (int i = 0; i < 10; ++i) {
     const int before = runs.load();
-    threads.Run([&] { runs.fetch_add(1); });
+    ASSERT_TRUE(threads.Run([&] { runs.fetch_add(1); }));
     ASSERT_TRUE(Eventually(
         [&] { return runs.load() == before + 1 && threads.idle() == 1; }));
   }
@@ -64,10 +64,10 @@ TEST(HandlerThreadsTest, IdleThreadsBeyondThoseKeptLeave) {
   absl::BlockingCounter started(kTasks);
   absl::Notification release;
   for (int i = 0; i < kTasks; ++i) {
-    threads.Run([&] {
+    ASSERT_TRUE(threads.Run([&] {
       started.DecrementCount();
       release.WaitForNotification();
-    });
+    }));
   }
   started.Wait();
   EXPECT_EQ(threads.threads(), kTasks);
@@ -77,16 +77,40 @@ TEST(HandlerThreadsTest, IdleThreadsBeyondThoseKeptLeave) {
   EXPECT_EQ(threads.idle(), 2);
 }
 
+TEST(HandlerThreadsTest, NoMoreThanMaxThreadsRunAtOnce) {
+  HandlerThreads threads(absl::Seconds(30), /*keep_idle=*/4,
+                         /*max_threads=*/3);
+  absl::BlockingCounter started(3);
+  absl::Notification release;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(threads.Run([&] {
+      started.DecrementCount();
+      release.WaitForNotification();
+    }));
+  }
+  started.Wait();
+  bool ran = false;
+  EXPECT_FALSE(threads.Run([&] { ran = true; }));
+  EXPECT_EQ(threads.threads(), 3);
+  release.Notify();
+  // Once a thread is free again it takes the next task.
+  ASSERT_TRUE(Eventually([&] { return threads.idle() == 3; }));
+  std::atomic<bool> later{false};
+  EXPECT_TRUE(threads.Run([&] { later.store(true); }));
+  EXPECT_TRUE(Eventually([&] { return later.load(); }));
+  EXPECT_FALSE(ran);
+}
+
 TEST(HandlerThreadsTest, TheDestructorWaitsForRunningTasks) {
   std::atomic<bool> done{false};
   absl::Notification started;
   {
     HandlerThreads threads;
-    threads.Run([&] {
+    ASSERT_TRUE(threads.Run([&] {
       started.Notify();
       absl::SleepFor(absl::Milliseconds(100));
       done.store(true);
-    });
+    }));
     started.WaitForNotification();
   }
   EXPECT_TRUE(done.load());

@@ -4,8 +4,10 @@
 // INTERNAL with an empty message or UNKNOWN; a malformed message in the middle
 // of a client stream fails the stream instead of ending it quietly; and the
 // job's state is left as it was.
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "raw_driver.h"
+#include "server/handler_threads.h"
 #include "server_process.h"
 #include "training_data.h"
 #include "wire/wire.h"
@@ -305,52 +308,95 @@ TEST_F(MalformedRequestTest, AnUnknownMethodIsUnimplementedNamingIt) {
   ASSERT_NO_FATAL_FAILURE(state.ExpectUnchanged(*stub_, job_id_));
 }
 
-// The blocking handlers run on threads of their own, not on gRPC's callback
-// threads (server/blocking_call.h): calls whose handlers wait for their
-// clients, more than gRPC has callback threads, hold up no other call.
-TEST_F(MalformedRequestTest, HandlersWaitingForTheirClientsHoldUpNoOtherCall) {
-  constexpr int kWaiting = 64;
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(
-      server_->grpc_address(), grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::CompletionQueue cq;
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  std::vector<std::unique_ptr<grpc::GenericClientAsyncReaderWriter>> calls;
-  // ImportState streams that send nothing: each handler waits in its first
-  // read.
-  for (int i = 0; i < kWaiting; ++i) {
-    contexts.push_back(std::make_unique<grpc::ClientContext>());
-    calls.push_back(stub.PrepareCall(contexts.back().get(),
-                                     "/depot.v1.Depot/ImportState", &cq));
-    calls.back()->StartCall(reinterpret_cast<void*>(1));
+// `n` ImportState calls that send nothing, so that each handler waits in its
+// first read, until the object is destroyed (which cancels them).
+class WaitingCalls {
+ public:
+  WaitingCalls(const std::string& address, int n)
+      : stub_(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials())) {
+    for (int i = 0; i < n; ++i) {
+      contexts_.push_back(std::make_unique<grpc::ClientContext>());
+      calls_.push_back(stub_.PrepareCall(contexts_.back().get(),
+                                         "/depot.v1.Depot/ImportState", &cq_));
+      calls_.back()->StartCall(nullptr);
+    }
+    for (int i = 0; i < n; ++i) Next();
   }
-  for (int i = 0; i < kWaiting; ++i) {
+  ~WaitingCalls() {
+    for (auto& context : contexts_) context->TryCancel();
+    std::vector<grpc::Status> statuses(calls_.size());
+    for (size_t i = 0; i < calls_.size(); ++i) {
+      calls_[i]->Finish(&statuses[i], nullptr);
+    }
+    for (size_t i = 0; i < calls_.size(); ++i) Next();
+  }
+
+ private:
+  void Next() {
     void* tag = nullptr;
     bool ok = false;
-    ASSERT_TRUE(cq.Next(&tag, &ok));
-    ASSERT_TRUE(ok);
+    EXPECT_TRUE(cq_.Next(&tag, &ok));
   }
-  // Started after them, a unary call and a pull are answered while they wait.
+
+  grpc::GenericStub stub_;
+  grpc::CompletionQueue cq_;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_;
+  std::vector<std::unique_ptr<grpc::GenericClientAsyncReaderWriter>> calls_;
+};
+
+grpc::Status GetJob(v1::Depot::Stub& stub, uint64_t job_id) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(20));
   v1::GetJobRequest request;
-  request.set_job_id(job_id_);
+  request.set_job_id(job_id);
   v1::JobStatus job;
-  const grpc::Status status = stub_->GetJob(&context, request, &job);
+  return stub.GetJob(&context, request, &job);
+}
+
+// The blocking handlers run on threads of their own, not on gRPC's callback
+// threads (server/blocking_call.h): calls whose handlers wait for their
+// clients, more than gRPC has callback threads, hold up no other call.
+TEST_F(MalformedRequestTest, HandlersWaitingForTheirClientsHoldUpNoOtherCall) {
+  WaitingCalls waiting(server_->grpc_address(), 64);
+  // Started after them, a unary call and a pull are answered while they wait.
+  const grpc::Status status = GetJob(*stub_, job_id_);
   EXPECT_TRUE(status.ok()) << status.error_message();
-  EXPECT_EQ(job.job_id(), job_id_);
   EXPECT_EQ(PullAll().size(), layout_->total_elems() * sizeof(float));
-  for (auto& waiting : contexts) waiting->TryCancel();
-  for (int i = 0; i < kWaiting; ++i) {
-    grpc::Status finished;
-    calls[i]->Finish(&finished, reinterpret_cast<void*>(2));
+}
+
+// A client that opens call after call and finishes none cannot make the
+// server start threads without end (HandlerThreads::kDefaultMaxThreads):
+// past the limit a call is RESOURCE_EXHAUSTED, at once and changing nothing,
+// and calls are served again once the waiting ones end.
+TEST_F(MalformedRequestTest,
+       CallsPastTheHandlerThreadLimitAreResourceExhausted) {
+  StateChecksumWatch state;
+  ASSERT_NO_FATAL_FAILURE(state.Record(*stub_, job_id_));
+  {
+    WaitingCalls waiting(server_->grpc_address(),
+                         HandlerThreads::kDefaultMaxThreads);
+    // The waiting calls take their threads as the server gets to them.
+    grpc::Status status;
+    const auto give_up =
+        std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    do {
+      status = GetJob(*stub_, job_id_);
+    } while (status.ok() && std::chrono::steady_clock::now() < give_up);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr("no thread left"));
   }
-  for (int i = 0; i < kWaiting; ++i) {
-    void* tag = nullptr;
-    bool ok = false;
-    ASSERT_TRUE(cq.Next(&tag, &ok));
+  // The cancelled calls' threads come free as their handlers end.
+  grpc::Status status;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    status = GetJob(*stub_, job_id_);
+    if (status.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  ASSERT_NO_FATAL_FAILURE(state.ExpectUnchanged(*stub_, job_id_));
 }
 
 }  // namespace
