@@ -193,7 +193,7 @@ absl::StatusOr<std::unique_ptr<DepotDaemon>> DepotDaemon::Start(
   }
   daemon->service_ = std::make_unique<DepotService>(
       daemon->jobs_.get(), daemon->metrics_.get(), daemon->checkpointer_.get(),
-      daemon->auth_.get());
+      daemon->auth_.get(), options.max_handler_threads);
   DepotService::AdminHooks admin;
   admin.admin_tenants = options.admin_tenants;
   admin.request_shutdown = options.request_shutdown;

@@ -67,8 +67,14 @@ size_t MaxRequestBytes(Rpc rpc) {
 }  // namespace
 
 DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
-                           Checkpointer* checkpointer, const TenantAuth* auth)
-    : jobs_(jobs), metrics_(metrics), checkpointer_(checkpointer), auth_(auth) {
+                           Checkpointer* checkpointer, const TenantAuth* auth,
+                           int max_handler_threads)
+    : jobs_(jobs),
+      metrics_(metrics),
+      checkpointer_(checkpointer),
+      auth_(auth),
+      handler_threads_(absl::Seconds(30), /*keep_idle=*/4,
+                       max_handler_threads) {
   AddMethods();
 }
 

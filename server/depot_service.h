@@ -62,10 +62,13 @@ class DepotService final : public grpc::CallbackGenericService {
   // `jobs`, `metrics`, `checkpointer` (null: the server has no
   // --checkpoint_dir) and `auth` (null: every caller is the implicit tenant)
   // must outlive the service. A job belongs to the tenant that created it
-  // (JobShape::tenant); job names are per tenant (JobKey).
+  // (JobShape::tenant); job names are per tenant (JobKey). At most
+  // `max_handler_threads` calls of methods other than Step are served at
+  // once (a call past them is RESOURCE_EXHAUSTED).
   DepotService(JobStore* jobs, ServerMetrics* metrics,
                Checkpointer* checkpointer = nullptr,
-               const TenantAuth* auth = nullptr);
+               const TenantAuth* auth = nullptr,
+               int max_handler_threads = HandlerThreads::kDefaultMaxThreads);
 
   // Every call of the service: Step's reactor, a BlockingCall running the
   // method's handler, or a refusal (an unauthenticated caller, an unknown

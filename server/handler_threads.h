@@ -25,8 +25,8 @@ namespace depot {
 
 class HandlerThreads {
  public:
-  // The server's: a thread per call, up to this many at once.
-  static constexpr int kDefaultMaxThreads = 1024;
+  // The server's default (--max_handler_threads).
+  static constexpr int kDefaultMaxThreads = 4096;
 
   explicit HandlerThreads(absl::Duration idle_timeout = absl::Seconds(30),
                           int keep_idle = 4,

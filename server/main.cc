@@ -46,6 +46,14 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "with code 2.");
 ABSL_FLAG(int32_t, threads, 0,
           "Threads of the optimizer update pool. 0: one per hardware thread.");
+ABSL_FLAG(int32_t, max_handler_threads,
+          depot::HandlerThreads::kDefaultMaxThreads,
+          "The most calls of methods other than Step (CreateJob, InitWeights, "
+          "PullWeights, GetJob, imports, exports, ...) served at once: each "
+          "runs on a thread of its own, and a call past this many is "
+          "RESOURCE_EXHAUSTED before its request is read, so that clients "
+          "that open calls and never finish them cannot make the server "
+          "start threads without end. Step streams take no such thread.");
 ABSL_FLAG(bool, pin_threads, true,
           "Pin update thread i to the i-th CPU the process may run on (its "
           "affinity mask, e.g. from taskset or a cgroup), wrapping round. "
@@ -248,6 +256,7 @@ depot::ServerOptions OptionsFromFlags() {
   options.bench_noop_update = absl::GetFlag(FLAGS_bench_noop_update);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.pin_threads = absl::GetFlag(FLAGS_pin_threads);
+  options.max_handler_threads = absl::GetFlag(FLAGS_max_handler_threads);
   options.memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit_bytes);
   options.shutdown_grace =
       FlagSeconds(absl::GetFlag(FLAGS_shutdown_grace_seconds));

@@ -176,6 +176,11 @@ absl::StatusOr<ServerOptions> ResolveServerOptions(ServerOptions options) {
       return s;
     }
   }
+  if (options.max_handler_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_handler_threads must be >= 1, got ",
+                     options.max_handler_threads));
+  }
   if (options.threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--threads must be >= 0 (0: one per hardware thread), got ",

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/handler_threads.h"
 
 namespace depot {
 
@@ -26,6 +27,9 @@ struct ServerOptions {
   int threads = 0;
   // Pin update thread i to the i-th CPU of the process's affinity mask.
   bool pin_threads = true;
+  // The most calls of methods other than Step served at once, each on a
+  // thread of its own (server/handler_threads.h); >= 1.
+  int max_handler_threads = HandlerThreads::kDefaultMaxThreads;
   // Budget for all the memory clients can make the server hold (docs/
   // protocol.md, "Memory"); 0: DefaultMemoryLimit's.
   uint64_t memory_limit_bytes = 0;

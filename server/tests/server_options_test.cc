@@ -169,6 +169,8 @@ TEST(ResolveServerOptionsTest, CheckpointDirAloneOnlyRestores) {
 TEST(ResolveServerOptionsTest, RejectsBadValuesNamingTheFlag) {
   ServerOptions threads;
   threads.threads = -1;
+  ServerOptions no_handler_threads;
+  no_handler_threads.max_handler_threads = 0;
   ServerOptions grace;
   grace.shutdown_grace = absl::Seconds(-1);
   ServerOptions listen;
@@ -192,8 +194,9 @@ TEST(ResolveServerOptionsTest, RejectsBadValuesNamingTheFlag) {
   for (const auto& [options, flag] :
        {std::pair{admin_without_auth, "--admin_tenants"},
         std::pair{bad_admin, "--admin_tenants"},
-        std::pair{threads, "--threads"}, std::pair{grace, "--shutdown_grace"},
-        std::pair{listen, "--listen"},
+        std::pair{threads, "--threads"},
+        std::pair{no_handler_threads, "--max_handler_threads"},
+        std::pair{grace, "--shutdown_grace"}, std::pair{listen, "--listen"},
         std::pair{stalled, "--stalled_step_seconds"},
         std::pair{stalled_forever, "--stalled_step_seconds"},
         std::pair{checkpoints_nowhere, "--checkpoint_dir"},

@@ -23,7 +23,6 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "raw_driver.h"
-#include "server/handler_threads.h"
 #include "server_process.h"
 #include "training_data.h"
 #include "wire/wire.h"
@@ -367,23 +366,28 @@ TEST_F(MalformedRequestTest, HandlersWaitingForTheirClientsHoldUpNoOtherCall) {
 }
 
 // A client that opens call after call and finishes none cannot make the
-// server start threads without end (HandlerThreads::kDefaultMaxThreads):
-// past the limit a call is RESOURCE_EXHAUSTED, at once and changing nothing,
-// and calls are served again once the waiting ones end.
-TEST_F(MalformedRequestTest,
-       CallsPastTheHandlerThreadLimitAreResourceExhausted) {
-  StateChecksumWatch state;
-  ASSERT_NO_FATAL_FAILURE(state.Record(*stub_, job_id_));
+// server start threads without end (--max_handler_threads): past the limit
+// a call is RESOURCE_EXHAUSTED, at once, and calls are served again once the
+// waiting ones end.
+TEST(HandlerThreadLimitTest, CallsPastTheLimitAreResourceExhausted) {
+  constexpr int kLimit = 16;
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start({absl::StrCat("--max_handler_threads=", kLimit)});
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<v1::Depot::Stub> stub =
+      NewDepotStub((*server)->grpc_address());
+  constexpr uint64_t kNoSuchJob = 12345;
   {
-    WaitingCalls waiting(server_->grpc_address(),
-                         HandlerThreads::kDefaultMaxThreads);
-    // The waiting calls take their threads as the server gets to them.
+    WaitingCalls waiting((*server)->grpc_address(), kLimit);
+    // The waiting calls take their threads as the server gets to them; until
+    // then GetJob is served (NOT_FOUND: there is no job).
     grpc::Status status;
     const auto give_up =
         std::chrono::steady_clock::now() + std::chrono::seconds(30);
     do {
-      status = GetJob(*stub_, job_id_);
-    } while (status.ok() && std::chrono::steady_clock::now() < give_up);
+      status = GetJob(*stub, kNoSuchJob);
+    } while (status.error_code() == grpc::StatusCode::NOT_FOUND &&
+             std::chrono::steady_clock::now() < give_up);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
         << status.error_message();
     EXPECT_THAT(status.error_message(), HasSubstr("no thread left"));
@@ -391,12 +395,12 @@ TEST_F(MalformedRequestTest,
   // The cancelled calls' threads come free as their handlers end.
   grpc::Status status;
   for (int attempt = 0; attempt < 200; ++attempt) {
-    status = GetJob(*stub_, job_id_);
-    if (status.ok()) break;
+    status = GetJob(*stub, kNoSuchJob);
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  ASSERT_NO_FATAL_FAILURE(state.ExpectUnchanged(*stub_, job_id_));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND)
+      << status.error_message();
 }
 
 }  // namespace
