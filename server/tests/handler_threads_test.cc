@@ -3,6 +3,7 @@
 #include "server/handler_threads.h"
 
 #include <atomic>
+#include <thread>
 
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
@@ -18,7 +19,7 @@ bool Eventually(Condition condition) {
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (!condition()) {
     if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
+    std::this_thread::yield();
   }
   return true;
 }
