@@ -64,6 +64,22 @@ size_t MaxRequestBytes(Rpc rpc) {
   }
 }
 
+// The path of `rpc` in a call ("/depot.v1.Depot/GetJob"), from depot.proto's
+// descriptor: a name the proto lacks stops the server at start-up.
+std::string MethodPath(Rpc rpc) {
+  const char* name = kRpcNames[static_cast<int>(rpc)];
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          "depot.v1.Depot");
+  if (service == nullptr || service->FindMethodByName(name) == nullptr) {
+    std::fprintf(stderr,
+                 "depot-server: internal error: depot.proto has no method %s\n",
+                 name);
+    std::abort();
+  }
+  return absl::StrCat("/", service->full_name(), "/", name);
+}
+
 }  // namespace
 
 DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
@@ -118,19 +134,8 @@ grpc::ServerGenericBidiReactor* DepotService::CreateReactor(
       });
 }
 
-void DepotService::AddMethod(const char* method, Rpc rpc, Handler handler) {
-  const google::protobuf::ServiceDescriptor* service =
-      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
-          "depot.v1.Depot");
-  if (service->FindMethodByName(method) == nullptr) {
-    std::fprintf(stderr,
-                 "depot-server: internal error: depot.proto has no "
-                 "method %s\n",
-                 method);
-    std::abort();
-  }
-  methods_[absl::StrCat("/", service->full_name(), "/", method)] =
-      Method{rpc, std::move(handler)};
+void DepotService::AddMethod(Rpc rpc, Handler handler) {
+  methods_[MethodPath(rpc)] = Method{rpc, std::move(handler)};
 }
 
 absl::Status DepotService::ReadOneRequest(
@@ -156,27 +161,24 @@ absl::Status DepotService::ReadOneRequest(
 }
 
 template <typename Request, typename Body>
-void DepotService::AddWithOneRequest(const char* method, Rpc rpc, Body body) {
-  AddMethod(
-      method, rpc,
-      [this, rpc, body](grpc::ServerContextBase* context, RawStream* stream) {
-        Request request;
-        if (absl::Status s = ReadOneRequest(stream, rpc, &request); !s.ok()) {
-          return ToGrpcStatus(s);
-        }
-        return body(context, request, stream);
-      });
+void DepotService::AddWithOneRequest(Rpc rpc, Body body) {
+  AddMethod(rpc, [this, rpc, body](grpc::ServerContextBase* context,
+                                   RawStream* stream) {
+    Request request;
+    if (absl::Status s = ReadOneRequest(stream, rpc, &request); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+    return body(context, request, stream);
+  });
 }
 
 template <typename Request, typename Response>
 void DepotService::AddUnary(
-    const char* method, Rpc rpc,
-    grpc::Status (DepotService::*typed)(grpc::ServerContextBase*,
-                                        const Request*, Response*)) {
+    Rpc rpc, grpc::Status (DepotService::*typed)(grpc::ServerContextBase*,
+                                                 const Request*, Response*)) {
   AddWithOneRequest<Request>(
-      method, rpc,
-      [this, typed](grpc::ServerContextBase* context, const Request& request,
-                    RawStream* stream) {
+      rpc, [this, typed](grpc::ServerContextBase* context,
+                         const Request& request, RawStream* stream) {
         Response response;
         const grpc::Status status =
             (this->*typed)(context, &request, &response);
@@ -187,14 +189,12 @@ void DepotService::AddUnary(
 
 template <typename Request, typename Response>
 void DepotService::AddServerStreaming(
-    const char* method, Rpc rpc,
-    grpc::Status (DepotService::*typed)(grpc::ServerContextBase*,
-                                        const Request*,
-                                        ResponseWriter<Response>*)) {
+    Rpc rpc, grpc::Status (DepotService::*typed)(grpc::ServerContextBase*,
+                                                 const Request*,
+                                                 ResponseWriter<Response>*)) {
   AddWithOneRequest<Request>(
-      method, rpc,
-      [this, typed](grpc::ServerContextBase* context, const Request& request,
-                    RawStream* stream) {
+      rpc, [this, typed](grpc::ServerContextBase* context,
+                         const Request& request, RawStream* stream) {
         ResponseWriter<Response> writer(stream);
         return (this->*typed)(context, &request, &writer);
       });
@@ -202,42 +202,35 @@ void DepotService::AddServerStreaming(
 
 template <typename Request, typename Response>
 void DepotService::AddClientStreaming(
-    const char* method, Rpc rpc,
+    Rpc rpc,
     grpc::Status (DepotService::*typed)(grpc::ServerContextBase*,
                                         RequestReader<Request>*, Response*)) {
-  AddMethod(
-      method, rpc,
-      [this, method, typed](grpc::ServerContextBase* context,
-                            RawStream* stream) {
-        RequestReader<Request> reader(stream, absl::StrCat(method, " request"));
-        Response response;
-        const grpc::Status status = (this->*typed)(context, &reader, &response);
-        if (status.ok()) ResponseWriter<Response>(stream).Write(response);
-        return status;
-      });
+  AddMethod(rpc, [this, rpc, typed](grpc::ServerContextBase* context,
+                                    RawStream* stream) {
+    RequestReader<Request> reader(
+        stream, absl::StrCat(kRpcNames[static_cast<int>(rpc)], " request"));
+    Response response;
+    const grpc::Status status = (this->*typed)(context, &reader, &response);
+    if (status.ok()) ResponseWriter<Response>(stream).Write(response);
+    return status;
+  });
 }
 
 void DepotService::AddMethods() {
-  step_path_ = "/depot.v1.Depot/Step";
-  AddUnary("CreateJob", Rpc::kCreateJob, &DepotService::CreateJob);
-  AddUnary("GetJob", Rpc::kGetJob, &DepotService::GetJob);
-  AddUnary("DeleteJob", Rpc::kDeleteJob, &DepotService::DeleteJob);
-  AddUnary("Checkpoint", Rpc::kCheckpoint, &DepotService::Checkpoint);
-  AddUnary("ListCheckpoints", Rpc::kListCheckpoints,
-           &DepotService::ListCheckpoints);
-  AddUnary("RollBack", Rpc::kRollBack, &DepotService::RollBack);
-  AddUnary("ImportCheckpoint", Rpc::kImportCheckpoint,
-           &DepotService::ImportCheckpoint);
-  AddUnary("ServerStatus", Rpc::kServerStatus, &DepotService::ServerStatus);
-  AddUnary("Drain", Rpc::kDrain, &DepotService::Drain);
-  AddServerStreaming("PullWeights", Rpc::kPullWeights,
-                     &DepotService::PullWeights);
-  AddServerStreaming("ExportState", Rpc::kExportState,
-                     &DepotService::ExportState);
-  AddClientStreaming("InitWeights", Rpc::kInitWeights,
-                     &DepotService::InitWeights);
-  AddClientStreaming("ImportState", Rpc::kImportState,
-                     &DepotService::ImportState);
+  step_path_ = MethodPath(Rpc::kStep);
+  AddUnary(Rpc::kCreateJob, &DepotService::CreateJob);
+  AddUnary(Rpc::kGetJob, &DepotService::GetJob);
+  AddUnary(Rpc::kDeleteJob, &DepotService::DeleteJob);
+  AddUnary(Rpc::kCheckpoint, &DepotService::Checkpoint);
+  AddUnary(Rpc::kListCheckpoints, &DepotService::ListCheckpoints);
+  AddUnary(Rpc::kRollBack, &DepotService::RollBack);
+  AddUnary(Rpc::kImportCheckpoint, &DepotService::ImportCheckpoint);
+  AddUnary(Rpc::kServerStatus, &DepotService::ServerStatus);
+  AddUnary(Rpc::kDrain, &DepotService::Drain);
+  AddServerStreaming(Rpc::kPullWeights, &DepotService::PullWeights);
+  AddServerStreaming(Rpc::kExportState, &DepotService::ExportState);
+  AddClientStreaming(Rpc::kInitWeights, &DepotService::InitWeights);
+  AddClientStreaming(Rpc::kImportState, &DepotService::ImportState);
 }
 
 absl::StatusOr<std::string> DepotService::TenantOf(

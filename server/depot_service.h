@@ -180,33 +180,31 @@ class DepotService final : public grpc::CallbackGenericService {
 
   // Fills methods_: every method but Step.
   void AddMethods();
-  // Adds `method` (its name in the service; it must be in depot.proto) with
+  // Adds the method of `rpc` (kRpcNames: its name in depot.proto) with
   // `handler`.
-  void AddMethod(const char* method, Rpc rpc, Handler handler);
+  void AddMethod(Rpc rpc, Handler handler);
   // A unary or server-streaming method: reads its one request and calls
   // `body(context, request, stream)`.
   template <typename Request, typename Body>
-  void AddWithOneRequest(const char* method, Rpc rpc, Body body);
+  void AddWithOneRequest(Rpc rpc, Body body);
   // A unary method: reads its one request, calls `typed` and writes the
   // response once it succeeds.
   template <typename Request, typename Response>
-  void AddUnary(const char* method, Rpc rpc,
+  void AddUnary(Rpc rpc,
                 grpc::Status (DepotService::*typed)(grpc::ServerContextBase*,
                                                     const Request*, Response*));
   // A server-streaming method: reads its one request and calls `typed` with
   // a writer of its responses.
   template <typename Request, typename Response>
-  void AddServerStreaming(const char* method, Rpc rpc,
-                          grpc::Status (DepotService::*typed)(
-                              grpc::ServerContextBase*, const Request*,
-                              ResponseWriter<Response>*));
+  void AddServerStreaming(Rpc rpc, grpc::Status (DepotService::*typed)(
+                                       grpc::ServerContextBase*, const Request*,
+                                       ResponseWriter<Response>*));
   // A client-streaming method: calls `typed` with a reader of its requests
   // and writes the response once it succeeds.
   template <typename Request, typename Response>
-  void AddClientStreaming(
-      const char* method, Rpc rpc,
-      grpc::Status (DepotService::*typed)(grpc::ServerContextBase*,
-                                          RequestReader<Request>*, Response*));
+  void AddClientStreaming(Rpc rpc, grpc::Status (DepotService::*typed)(
+                                       grpc::ServerContextBase*,
+                                       RequestReader<Request>*, Response*));
   // The one request message of a unary or server-streaming raw method.
   // INVALID_ARGUMENT when there is none or it does not parse (counted and
   // logged as a failure of `rpc`).
