@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "depot/job_config.h"
 #include "depot/v1/depot.pb.h"
 #include "server/job_shape.h"
@@ -42,7 +43,7 @@ depot::JobConfig SmallJob() {
   depot::JobConfig config;
   config.name = "fuzz";
   for (uint32_t i = 0; i < 3; ++i) {
-    config.tensors.push_back({"t" + std::to_string(i), 100 + 37 * i, i % 2});
+    config.tensors.push_back({absl::StrCat("t", i), 100 + 37 * i, i % 2});
   }
   config.num_workers = 2;
   config.chunk_elems = 64;

@@ -82,7 +82,7 @@ TEST(StateBlobTest, OnlyVersionsBeforeThreeFingerprintTheServerCount) {
   config.num_servers = 3;
   JobConfig other = config;
   other.num_servers = 4;
-  other.name = "b";  // never part of a state's fingerprint
+  other.name = std::string(1, 'b');  // never part of a state's fingerprint
   EXPECT_EQ(StateFingerprint(config), StateFingerprint(other));
   EXPECT_EQ(StateFingerprint(config, 3), StateFingerprint(other, 3));
   EXPECT_NE(StateFingerprint(config, 2), StateFingerprint(other, 2));
