@@ -91,6 +91,7 @@ DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
       auth_(auth),
       handler_threads_(absl::Seconds(30), /*keep_idle=*/4,
                        max_handler_threads) {
+  metrics_->handler_calls_limit.Set(max_handler_threads);
   AddMethods();
 }
 
@@ -125,8 +126,11 @@ grpc::ServerGenericBidiReactor* DepotService::CreateReactor(
   }
   return BlockingCall::Start(
       handler_threads_,
-      [context, handler = &found->second.handler](RawStream& stream) {
-        return (*handler)(context, &stream);
+      [this, context, handler = &found->second.handler](RawStream& stream) {
+        metrics_->handler_calls.Increment();
+        const grpc::Status status = (*handler)(context, &stream);
+        metrics_->handler_calls.Decrement();
+        return status;
       },
       [this, rpc](const absl::Status& status) {
         metrics_->CountRpc(rpc);

@@ -104,6 +104,15 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
       jobs(Gauge(registry, "depot_jobs", "Jobs held by this server.")),
       active_streams(Gauge(registry, "depot_active_streams",
                            "Step streams currently open.")),
+      handler_calls(Gauge(
+          registry, "depot_handler_calls",
+          "Calls of methods other than Step (CreateJob, InitWeights, "
+          "PullWeights, GetJob, imports, exports, ...) whose handlers run "
+          "now, each on a thread of its own.")),
+      handler_calls_limit(
+          Gauge(registry, "depot_handler_calls_limit",
+                "--max_handler_threads: the most such calls served at once; a "
+                "call past it is RESOURCE_EXHAUSTED.")),
       stalled_steps(Gauge(
           registry, "depot_stalled_steps",
           "Steps (at most one per job) that have waited longer than "
@@ -155,9 +164,9 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
       draining(Gauge(registry, "depot_server_draining",
                      "1 while the server is drained (depotctl drain: no new "
                      "jobs, NOT_SERVING on the health service), else 0.")),
-      rollback_dropped_contributions(Counter(
-          registry, "depot_rollback_dropped_contributions_total",
-          "Chunk contributions in flight that rollbacks dropped.")),
+      rollback_dropped_contributions(
+          Counter(registry, "depot_rollback_dropped_contributions_total",
+                  "Chunk contributions in flight that rollbacks dropped.")),
       checkpoint_every_steps(Gauge(
           registry, "depot_checkpoint_every_steps",
           "The server's --checkpoint_every_steps: jobs are checkpointed at "

@@ -61,6 +61,11 @@ class ServerMetrics {
   prometheus::Gauge& state_bytes;
   prometheus::Gauge& jobs;
   prometheus::Gauge& active_streams;
+  // Calls of methods other than Step whose handlers run now, each on a
+  // thread of its own, and the most that may (--max_handler_threads; a call
+  // past it is RESOURCE_EXHAUSTED).
+  prometheus::Gauge& handler_calls;
+  prometheus::Gauge& handler_calls_limit;
   // The stalled-step check (stall_monitor.h): steps that have waited past the
   // threshold for workers that sent nothing for some chunk, now; the worker
   // ranks they wait for and the longest wait among them; and each such step

@@ -21,6 +21,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
+#include "metrics_scrape.h"
 #include "raw_driver.h"
 #include "server_process.h"
 #include "training_data.h"
@@ -390,7 +391,24 @@ TEST(HandlerThreadLimitTest, CallsPastTheLimitAreResourceExhausted) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
         << status.error_message();
     EXPECT_THAT(status.error_message(), HasSubstr("no thread left"));
+    // The metrics show the threads in use against the limit, and count the
+    // refusal.
+    const std::string metrics = (*server)->metrics_address();
+    EXPECT_TRUE(WaitForMetricAtLeast(metrics, "depot_handler_calls", kLimit,
+                                     absl::Seconds(30))
+                    .ok());
+    absl::StatusOr<std::string> text = ScrapeMetrics(metrics);
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_EQ(MetricValue(*text, "depot_handler_calls_limit").value_or(-1),
+              kLimit);
+    EXPECT_GE(
+        MetricValue(*text, "depot_errors_total{code=\"RESOURCE_EXHAUSTED\"}")
+            .value_or(-1),
+        1);
   }
+  EXPECT_TRUE(WaitForMetricAtMost((*server)->metrics_address(),
+                                  "depot_handler_calls", 0, absl::Seconds(30))
+                  .ok());
   // The cancelled calls' threads come free as their handlers end.
   grpc::Status status;
   const auto give_up =
