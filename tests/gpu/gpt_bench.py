@@ -154,6 +154,35 @@ def sync(device):
         torch.cuda.current_stream(device).synchronize()
 
 
+class StepClock:
+    """Where a step's time goes, on the trainer's compute stream: from the
+    step's start to the end of its last backward (`compute`: forward and
+    backward, and in a Depot run whatever the forward waited for, the
+    weights of each bucket), and from there to the end of the step's work on
+    that stream (`tail`: the optimizer's step as the stream sees it). Also
+    the host's time inside opt.step() (`step_call`), which is not on the
+    stream. CUDA events on a GPU; on the CPU everything is synchronous and
+    the host's clock is the stream's."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.marks = {}
+
+    def mark(self, what):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks[what] = event
+        else:
+            self.marks[what] = time.perf_counter()
+
+    def seconds(self, start, end):
+        """After sync(): seconds between two marks."""
+        if self.cuda:
+            return self.marks[start].elapsed_time(self.marks[end]) / 1e3
+        return self.marks[end] - self.marks[start]
+
+
 def run(name, args, device, dtype, initial, batches, client):
     torch.manual_seed(0)
     model = GPT(args.vocab, args.seq, args.d_model, args.layers, args.heads)
@@ -180,8 +209,11 @@ def run(name, args, device, dtype, initial, batches, client):
             engine_options=engine_options or None)
         opt.attach(model)
     times, losses = [], []
+    parts = {"compute": [], "tail": [], "step_call": []}
+    clock = StepClock(device)
     for step in range(len(batches) // args.accum):
         start = time.perf_counter()
+        clock.mark("start")
         opt.zero_grad()
         total = 0.0
         for micro in range(args.accum):
@@ -198,12 +230,19 @@ def run(name, args, device, dtype, initial, batches, client):
                 loss.backward()
             total += loss.detach()
         loss = total
+        clock.mark("backward")
+        call = time.perf_counter()
         opt.step()
+        call = time.perf_counter() - call
+        clock.mark("end")
         sync(device)
         elapsed = time.perf_counter() - start
         losses.append(loss.item())
         if step >= args.warmup:
             times.append(elapsed)
+            parts["compute"].append(clock.seconds("start", "backward"))
+            parts["tail"].append(clock.seconds("backward", "end"))
+            parts["step_call"].append(call)
     extra = {}
     if name != "torch":
         opt.synchronize()
@@ -213,6 +252,8 @@ def run(name, args, device, dtype, initial, batches, client):
     del model, opt
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    for part, values in parts.items():
+        extra[f"{part}_s"] = statistics.median(values)
     return dict(step_s=statistics.median(times), losses=losses, **extra)
 
 
@@ -290,6 +331,8 @@ def main():
         report[f"{name}_step_s"] = result["step_s"]
         if "pinned_bytes" in result:
             report[f"{name}_pinned_bytes"] = result["pinned_bytes"]
+        for part in ("compute", "tail", "step_call"):
+            report[f"{name}_{part}_s"] = result[f"{part}_s"]
         if reference and name != "torch":
             report[f"{name}_ratio"] = result["step_s"] / reference["step_s"]
             report[f"{name}_max_loss_rel_diff"] = max(
@@ -301,7 +344,8 @@ def main():
           f"{args.servers} server(s), {report['device']}, "
           f"median of {args.steps} steps")
     print(f"{'run':8} {'step s':>10} {'x torch':>9} {'target':>7} "
-          f"{'max loss rel diff':>18}")
+          f"{'max loss rel diff':>18} {'compute s':>10} {'tail s':>8} "
+          f"{'step() s':>9}")
     targets = {"depot": "1.10", "dpu": "1.02"}
     for name in results:
         ratio = report.get(f"{name}_ratio")
@@ -309,7 +353,10 @@ def main():
         print(f"{name:8} {report[f'{name}_step_s']:10.4f} "
               f"{'' if ratio is None else f'{ratio:.3f}':>9} "
               f"{targets.get(name, ''):>7} "
-              f"{'' if diff is None else f'{diff:.2e}':>18}")
+              f"{'' if diff is None else f'{diff:.2e}':>18} "
+              f"{report[f'{name}_compute_s']:10.4f} "
+              f"{report[f'{name}_tail_s']:8.4f} "
+              f"{report[f'{name}_step_call_s']:9.4f}")
     if args.json:
         print(json.dumps(report))
     for name, result in results.items():

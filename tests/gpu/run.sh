@@ -168,16 +168,33 @@ else
 fi
 
 # ---- A GPT-style step against torch's fused AdamW (gpt_bench.py) ----------
+# $DEPOT_GPT_BENCH_FLAGS: more flags for every run (e.g. "--batch=16
+# --steps=40"). $DEPOT_GPT_BENCH_VARIANTS: runs to make one after the other,
+# separated by ';', each with its own extra flags (an empty one: none), to
+# compare settings side by side in one call, e.g.
+# ";--server_nice=10;;--server_nice=10" alternates without and with (a
+# trailing empty one is dropped: lead with it). Each run has its own time
+# limit ($DEPOT_GPU_TIMEOUT_GPT, 240 s); its log is gpt_bench.N.log and its
+# JSON line goes to gpt_bench.jsonl.
 gpt_rc=""
 if [[ -n "$py_rc" ]]; then
-  # $DEPOT_GPT_BENCH_FLAGS: more flags (e.g. "--batch=16 --steps=40").
   read -r -a gpt_flags <<< "${DEPOT_GPT_BENCH_FLAGS:-}"
-  DEPOT_CLIENT_LIBRARY="$client_lib" \
-    limited "${DEPOT_GPU_TIMEOUT_GPT:-240}" run_depot python3 "$repo/tests/gpu/gpt_bench.py" --server="$server" \
-    --json "${gpt_flags[@]}" > "$logs/gpt_bench.log" 2>&1
-  gpt_rc=$?
-  say "gpt_bench.py: exit $gpt_rc"
-  grep -v '^{' "$logs/gpt_bench.log" | tail -6 | tee -a "$summary"
+  IFS=';' read -r -a gpt_variants <<< "${DEPOT_GPT_BENCH_VARIANTS:-}"
+  (( ${#gpt_variants[@]} > 0 )) || gpt_variants=("")
+  gpt_rc=0
+  : > "$logs/gpt_bench.jsonl"
+  for n in "${!gpt_variants[@]}"; do
+    read -r -a variant_flags <<< "${gpt_variants[$n]}"
+    log="$logs/gpt_bench.$n.log"
+    DEPOT_CLIENT_LIBRARY="$client_lib" \
+      limited "${DEPOT_GPU_TIMEOUT_GPT:-240}" run_depot python3 "$repo/tests/gpu/gpt_bench.py" --server="$server" \
+      --json "${gpt_flags[@]}" "${variant_flags[@]}" > "$log" 2>&1
+    rc=$?
+    (( rc == 0 )) || gpt_rc=$rc
+    grep '^{' "$log" >> "$logs/gpt_bench.jsonl"
+    say "gpt_bench.py run $n (${gpt_variants[$n]:-no extra flags}): exit $rc"
+    grep -v '^{' "$log" | tail -6 | tee -a "$summary"
+  done
 fi
 
 # ---- depot-bench gpu -------------------------------------------------------
@@ -278,7 +295,7 @@ if [[ -n "$py_rc" ]] && { ((py_rc != 0)) || grep -q 'skipped' "$logs/torch_cuda.
   status=1
 fi
 if [[ -n "$gpt_rc" ]] && ((gpt_rc != 0)); then
-  echo "run.sh: FAILED: gpt_bench.py exited $gpt_rc ($logs/gpt_bench.log)" >&2
+  echo "run.sh: FAILED: gpt_bench.py exited $gpt_rc ($logs/gpt_bench.*.log)" >&2
   status=1
 fi
 if ((bench_rc != 0)); then
