@@ -1,6 +1,7 @@
 // ShardState's per-chunk bookkeeping, shared by the files that implement
-// ShardState (shard_state.cc: contributions, reads; shard_update.cc: the sum
-// and update tasks). Not for use outside ShardState.
+// ShardState (shard_contribute.cc: contributions; shard_update.cc: the sum
+// and update tasks; the readers and the rest). Not for use outside
+// ShardState.
 #ifndef DEPOT_SERVER_CHUNK_STATE_H_
 #define DEPOT_SERVER_CHUNK_STATE_H_
 
