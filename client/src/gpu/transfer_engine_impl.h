@@ -1,0 +1,330 @@
+// TransferEngine's implementation, shared by the files that define it (not
+// for use elsewhere):
+// - transfer_engine.cc: creating the engine (buffers, pinned rings, events,
+//   routes) and TransferEngine's own methods;
+// - transfer_engine_step.cc: a step's run, from BeginStep through
+//   GradientsReady and WaitWeights to FinishStep, its threads, its
+//   collectives, and failing or draining it;
+// - transfer_engine_copies.cc: the copies, device to host into the pinned
+//   slots and from the slots back to the device, and the slots' reuse;
+// - transfer_engine_kept.cc: the tensors whose optimizer stays on the GPU
+//   (the offload fraction).
+#ifndef DEPOT_CLIENT_SRC_GPU_TRANSFER_ENGINE_IMPL_H_
+#define DEPOT_CLIENT_SRC_GPU_TRANSFER_ENGINE_IMPL_H_
+
+#include <algorithm>
+#include <deque>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "gpu/transfer_engine.h"
+#include "job_impl.h"
+#include "server/step_hparams.h"
+#include "server/step_numerics.h"
+#include "step_stream.h"
+
+namespace depot::gpu {
+
+// One Step stream's chunks, pushed by the D2H stream's host functions as
+// their copies finish, popped by the stream's writer.
+class ChunkQueue : public client_internal::ChunkFeed {
+ public:
+  explicit ChunkQueue(std::function<void(uint64_t)> released)
+      : released_(std::move(released)) {}
+
+  void Push(uint64_t index, const char* data) {
+    absl::MutexLock lock(&mu_);
+    ready_.push_back(Ready{index, data});
+  }
+  void Abort() {
+    absl::MutexLock lock(&mu_);
+    aborted_ = true;
+  }
+
+  std::optional<Ready> Next() override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &ChunkQueue::HasWorkOrAborted));
+    if (aborted_) return std::nullopt;
+    Ready ready = ready_.front();
+    ready_.pop_front();
+    return ready;
+  }
+  void Released(uint64_t index) override { released_(index); }
+
+ private:
+  bool HasWorkOrAborted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return aborted_ || !ready_.empty();
+  }
+
+  const std::function<void(uint64_t)> released_;
+  absl::Mutex mu_;
+  std::deque<Ready> ready_ ABSL_GUARDED_BY(mu_);
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A ring of equal pinned slots; Acquire blocks until one is free.
+struct SlotRing {
+  std::unique_ptr<Buffer> memory;
+  size_t slot_bytes = 0;
+  std::vector<int> free;  // guarded by the engine's mu_
+  int slots = 0;
+  char* slot(int i) const {
+    return static_cast<char*>(memory->data()) + i * slot_bytes;
+  }
+};
+
+class TransferEngine::Impl {
+ public:
+  // A kept tensor's elements in a run of this rank's chunks (offload
+  // fraction), and where their state lives.
+  struct KeptSegment {
+    uint64_t begin = 0, end = 0;  // flat range
+    uint32_t tensor = 0;
+    uint32_t group = 0;
+    uint64_t state_offset = 0;  // element offset in the state arrays
+  };
+
+  // One step's transfers: its streams, threads and progress. With the delayed
+  // update two are in flight: the older one's round trip while the newer
+  // one's backward runs.
+  struct StepRun : public client_internal::WeightSink {
+    Impl* engine = nullptr;
+    uint64_t step = 0;
+    int parity = 0;         // which set of per-bucket events
+    char* grads = nullptr;  // the gradient buffer this step reads
+    StepOptions options;
+    bool two_phase = false;  // its routes are routes_two_phase_
+    // Offload fraction: per kept tensor, the update's hyperparameters, or
+    // nullopt when it is not updated this step (no gradient, or skipped).
+    std::vector<std::optional<UpdateHyperParams>> gpu_hparams;
+    GradientInput gpu_grad;  // dtype, unscale and clip of the kept updates
+    std::vector<std::unique_ptr<ChunkQueue>> queues;
+    StepResult result;  // the step thread's until joined
+    std::thread step_thread, comm_thread, d2h_thread;
+
+    // Guarded by the engine's mu_.
+    absl::Status error;
+    bool aborted = false;
+    std::vector<uint64_t> ready_order, d2h_order;
+    std::vector<bool> named, weights_recorded, h2d_waited;
+    std::vector<uint64_t> h2d_pending;
+    std::vector<int> d2h_slot_of_chunk;
+    // Per route of the step: its chunks queued for D2H or in a D2H slot.
+    std::vector<int> route_in_slots;
+
+    absl::Status Accept(uint64_t index, uint64_t bytes,
+                        const CopyWeights& copy) override {
+      return engine->Accept(*this, index, bytes, copy);
+    }
+  };
+
+  Impl(Job& job, Device& device, Collective* collective,
+       TransferEngineOptions options, NodePartition partition)
+      : job_(job),
+        device_(device),
+        collective_(collective),
+        options_(options),
+        partition_(partition),
+        grad_size_(DTypeSize(job.config().grad_dtype)),
+        weight_size_(DTypeSize(job.config().weight_dtype)) {}
+
+  ~Impl() {
+    for (std::unique_ptr<StepRun>& run : runs_) {
+      Fail(*run, absl::CancelledError("the transfer engine was destroyed"));
+    }
+    for (std::unique_ptr<StepRun>& run : runs_) JoinRun(*run);
+    if (!runs_.empty()) Drain();
+  }
+
+  absl::Status Init();
+
+  // The offload fraction's tensors: which, their segments in this rank's
+  // chunks, and their state in device memory, read from the servers.
+  absl::Status InitGpuTensors();
+
+  // Segment k's master and slots inside the state block at `base`.
+  ParamRun KeptRun(const KeptSegment& k, char* base) const;
+
+  const std::vector<uint32_t>& gpu_tensors() const { return gpu_tensors_; }
+  uint64_t gpu_state_bytes() const {
+    return kept_state_ == nullptr ? 0 : kept_state_->bytes();
+  }
+
+  const NodePartition& partition() const { return partition_; }
+  void* grads_of_step(uint64_t step) const {
+    return grads_[options_.delayed_update ? step % 2 : 0]->data();
+  }
+  void* grads() const {
+    return grads_[options_.delayed_update ? begun_ % 2 : 0]->data();
+  }
+  void* weights() const { return live_->data(); }
+  uint64_t pinned_bytes() const {
+    return d2h_.memory->bytes() + h2d_.memory->bytes();
+  }
+
+  absl::Status BeginStep(uint64_t step, const StepOptions& options);
+
+  absl::Status GradientsReady(uint64_t bucket, Stream& stream);
+
+  absl::Status WaitWeights(uint64_t bucket, Stream& stream);
+
+  absl::StatusOr<StepResult> FinishStep();
+
+  // StepRun::Accept: a chunk's weights, on a stream's reader thread. They go
+  // into a free H2D slot in up to four parts (H2dPartBytes), each part's H2D
+  // copy queued as soon as the part is in, so that the link starts on the
+  // chunk while the host still writes the rest of it.
+  absl::Status Accept(StepRun& run, uint64_t index, uint64_t bytes,
+                      const client_internal::WeightSink::CopyWeights& copy);
+
+ private:
+  // The bytes of each H2D copy of a chunk of `bytes` bytes: a quarter of
+  // it, in whole 4 KiB pages, but not below 64 KiB (a copy's fixed cost on
+  // a GPU is a few microseconds).
+  static uint64_t H2dPartBytes(uint64_t bytes);
+
+  // Queues the H2D copy of `n` bytes of a chunk of `bucket` from its slot;
+  // after the chunk's last part (`slot` >= 0), the slot's release and, for
+  // the bucket's last chunk, its event.
+  absl::Status QueueH2d(StepRun& run, uint64_t bucket, char* dst,
+                        const char* src, uint64_t n, int slot);
+
+  // Writes bytes [offset, offset + n) of a chunk's weights into the same
+  // place of the slot at `data`.
+  absl::Status Fill(StepRun& run, char* data, uint64_t offset, uint64_t n,
+                    const client_internal::WeightSink::CopyWeights& copy);
+
+  absl::Status Aborted(StepRun& run);
+
+  // The step's first error; stops every thread of the step.
+  void Fail(StepRun& run, const absl::Status& status);
+
+  // A free slot of `ring`, or -1 once the step is aborted.
+  int Acquire(StepRun& run, SlotRing& ring);
+
+  void Free(SlotRing& ring, int slot);
+
+  // gRPC let go of chunk `index`'s D2H slot.
+  void ReleaseD2h(StepRun& run, uint64_t index);
+
+  // On the D2H stream's host thread, once chunk `index` is in slot `slot`.
+  void HandOff(StepRun& run, uint64_t index, int slot);
+
+  uint32_t RouteOfChunk(const StepRun& run, uint64_t index) const;
+
+  // Waits until `list` of `run` has more than `i` entries; nullopt once
+  // aborted.
+  std::optional<uint64_t> Nth(StepRun& run, const std::vector<uint64_t>& list,
+                              size_t i);
+
+  // The comm stream's work for `run`: every bucket's reduce-scatter in the
+  // order GradientsReady named them, then every bucket's all-gather in that
+  // order. It starts once the previous step's are all queued, so that every
+  // rank's collectives come in one order, and so that a chunk is sent for
+  // this step only after the servers applied the previous step to it.
+  void RunCollectives(StepRun& run);
+
+  // Waits until the previous step's collectives are all queued (the comm
+  // thread's and, with one local rank, the D2H thread's start); false once
+  // `run` is aborted.
+  bool AwaitPreviousCollectives(StepRun& run);
+
+  // The offload fraction's part of BeginStep: the kept tensors join the
+  // step's tensors without a gradient (the servers skip them), and each gets
+  // its update's hyperparameters, as the servers would resolve them.
+  absl::Status PlanGpuUpdates(const StepOptions& options, StepRun& run);
+
+  // Bucket b's kept segments on the comm stream, after the weights of this
+  // rank's chunks landed in `target`: an update, or just the weights.
+  absl::Status UpdateGpuTensors(StepRun& run, uint64_t b, char* target);
+
+  // Where `run`'s weights arrive: the live weights, or with the delayed
+  // update the incoming buffer of its parity.
+  char* WeightsTarget(const StepRun& run) const;
+
+  void MarkWeightsRecorded(StepRun& run, uint64_t bucket);
+
+  // The D2H stream's work: every owned chunk of the step into a free slot.
+  // A bucket's turn comes in the order its reduce-scatter was queued
+  // (d2h_order), or with one local rank in the order GradientsReady named
+  // it (ready_order: no thread between the trainer and the D2H stream). Which
+  // chunk next, once a slot is free: the next chunk of the first bucket with
+  // chunks left, or of a later bucket whose gradients are already complete on
+  // the device (its event reached, so that waiting for it cannot hold the
+  // stream up), whichever goes to the route with the fewest chunks queued or in
+  // slots; ties to the earlier bucket. Backward's buckets lie in one server's
+  // shard after another: copied strictly in order, they would fill every slot
+  // with chunks for one server's stream while the other servers idle.
+  void RunDeviceToHost(StepRun& run);
+
+  // The event a bucket's D2H copies wait for: its reduce-scatter's, or with
+  // one local rank its ready event.
+  Event& D2hEvent(const StepRun& run, uint64_t bucket) const;
+
+  void JoinRun(StepRun& run);
+
+  // After a failed step: lets the queued device work run out, then frees
+  // every slot (none is in use once the streams are idle and gRPC has
+  // released every slice, which the step's end waited for).
+  void Drain();
+
+  Job& job_;
+  Device& device_;
+  Collective* const collective_;
+  const TransferEngineOptions options_;
+  const NodePartition partition_;
+  const size_t grad_size_;
+  const size_t weight_size_;
+
+  // grads_[1] and incoming_: only with the delayed update.
+  std::unique_ptr<Buffer> grads_[2], live_, incoming_[2];
+  SlotRing d2h_, h2d_;
+  std::unique_ptr<Stream> comm_, d2h_stream_, h2d_stream_;
+  // Per step parity and bucket.
+  std::vector<std::unique_ptr<Event>> ready_[2], rs_done_[2], h2d_done_[2],
+      weights_ready_[2];
+  // This rank's streams (feeds unset) and each chunk's, in a one-phase and
+  // in a two-phase step.
+  std::vector<client_internal::StreamedStep::Route> routes_, routes_two_phase_;
+  std::vector<uint32_t> route_of_chunk_, route_two_phase_of_chunk_;
+  std::vector<uint64_t> owned_in_bucket_;
+
+  uint64_t begun_ = 0;  // the trainer thread's: the last step begun
+
+  // Offload fraction (empty / null when everything is offloaded).
+  std::vector<uint32_t> gpu_tensors_;
+  std::vector<bool> kept_tensor_;
+  std::vector<std::vector<KeptSegment>> kept_in_bucket_;
+  uint64_t slot_offset_[kMaxStateSlots] = {0, 0, 0};  // 0: unused slot
+  DType slot_dtype_[kMaxStateSlots] = {DType::kFloat32, DType::kFloat32,
+                                       DType::kFloat32};
+  std::unique_ptr<Buffer> kept_state_;
+  // Per tensor, the kept tensors' optimizer step counts (trainer thread).
+  std::vector<uint64_t> kept_steps_;
+  // A step failed after the kept tensors' state may have taken part of it:
+  // unlike the servers' state, it cannot replay a step (trainer thread).
+  bool kept_state_lost_ = false;
+
+  absl::Mutex h2d_mu_;  // orders each chunk's H2D work on the stream
+  absl::Mutex mu_;
+  // Oldest first; the trainer thread adds and removes (under mu_), the
+  // engine's threads use the runs they were started for.
+  std::deque<std::unique_ptr<StepRun>> runs_;
+  // Per bucket: the last step whose weights the forward applied (delayed
+  // update).
+  std::vector<uint64_t> applied_step_ ABSL_GUARDED_BY(mu_);
+  // The last step whose collectives (every all-gather; G = 1: every
+  // weights-ready record) are queued: the next step's wait for them.
+  uint64_t collectives_through_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace depot::gpu
+
+#endif  // DEPOT_CLIENT_SRC_GPU_TRANSFER_ENGINE_IMPL_H_

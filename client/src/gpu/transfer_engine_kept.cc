@@ -1,0 +1,133 @@
+// TransferEngine::Impl: the tensors whose optimizer stays on the GPU
+// (offload fraction, docs/gpu.md): their state, and their update each step.
+#include "gpu/transfer_engine_impl.h"
+
+namespace depot::gpu {
+
+absl::Status TransferEngine::Impl::InitGpuTensors() {
+  if (options_.offload_fraction >= 1.0) return absl::OkStatus();
+  const JobConfig& config = job_.config();
+  const Layout& layout = job_.layout();
+  gpu_tensors_ = ChooseGpuTensors(layout, options_.offload_fraction);
+  kept_tensor_.assign(layout.tensors().size(), false);
+  for (uint32_t t : gpu_tensors_) kept_tensor_[t] = true;
+  kept_steps_.assign(layout.tensors().size(), 0);
+  const ShardPlan& plan = job_.plan();
+  kept_in_bucket_.assign(partition_.num_buckets(), {});
+  uint64_t elems = 0;
+  for (uint64_t b = 0; b < partition_.num_buckets(); ++b) {
+    const ChunkSpan owned = partition_.owned(b, options_.local_rank);
+    if (owned.empty()) continue;
+    const uint64_t begin = plan.chunk(owned.first).begin;
+    const uint64_t end = plan.chunk(owned.end - 1).end;
+    for (const Segment& segment : layout.SegmentsIn(begin, end)) {
+      if (!kept_tensor_[segment.tensor_index]) continue;
+      kept_in_bucket_[b].push_back(
+          KeptSegment{segment.begin, segment.end,
+                      static_cast<uint32_t>(segment.tensor_index),
+                      segment.param_group, elems});
+      elems += segment.end - segment.begin;
+    }
+  }
+  if (elems == 0) return absl::OkStatus();
+  // master (fp32), then each slot's array, each 256-byte aligned.
+  const OptimizerConfig slot_config = JobSlotConfig(config);
+  const int slots = OptimizerStateSlots(slot_config);
+  const auto aligned = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  uint64_t bytes = aligned(elems * sizeof(float));
+  for (int k = 0; k < slots; ++k) {
+    slot_offset_[k] = bytes;
+    slot_dtype_[k] = OptimizerSlotDType(slot_config, k);
+    bytes += aligned(elems * DTypeSize(slot_dtype_[k]));
+  }
+  absl::StatusOr<std::unique_ptr<Buffer>> state = device_.Allocate(bytes);
+  if (!state.ok()) return state.status();
+  kept_state_ = *std::move(state);
+  // The initial state on the host: the servers' master weights, the
+  // slots' initial values; then one copy to the device.
+  std::string host(bytes, '\0');
+  float* master = reinterpret_cast<float*>(host.data());
+  for (const std::vector<KeptSegment>& segments : kept_in_bucket_) {
+    for (const KeptSegment& k : segments) {
+      if (absl::Status s = job_.Pull(k.begin, k.end, DType::kFloat32,
+                                     master + k.state_offset);
+          !s.ok()) {
+        return s;
+      }
+      ParamRun run = KeptRun(k, host.data());
+      InitOptimizerSlots(GroupOptimizer(config, k.group), run);
+    }
+  }
+  absl::Status s = device_.CopyAsync(*comm_, kept_state_->data(), host.data(),
+                                     bytes, CopyKind::kHostToDevice);
+  if (s.ok()) s = device_.SynchronizeStream(*comm_);
+  return s;
+}
+
+ParamRun TransferEngine::Impl::KeptRun(const KeptSegment& k, char* base) const {
+  ParamRun run;
+  run.master = reinterpret_cast<float*>(base) + k.state_offset;
+  for (int slot = 0; slot < kMaxStateSlots; ++slot) {
+    if (slot_offset_[slot] == 0) continue;
+    run.slots[slot] = base + slot_offset_[slot] +
+                      k.state_offset * DTypeSize(slot_dtype_[slot]);
+  }
+  run.n = k.end - k.begin;
+  return run;
+}
+
+absl::Status TransferEngine::Impl::PlanGpuUpdates(const StepOptions& options,
+                                                  StepRun& run) {
+  const JobConfig& config = job_.config();
+  const Layout& layout = job_.layout();
+  std::vector<bool> no_grad(layout.tensors().size(), false);
+  for (uint32_t t : options.no_grad_tensors) {
+    if (t < no_grad.size()) no_grad[t] = true;
+  }
+  const StepCommit commit = options.known_commit.value_or(StepCommit());
+  run.gpu_hparams.assign(layout.tensors().size(), std::nullopt);
+  for (uint32_t t : gpu_tensors_) {
+    if (!no_grad[t]) run.options.no_grad_tensors.push_back(t);
+    if (no_grad[t] || commit.skip) continue;
+    const uint32_t group = layout.tensors()[t].param_group;
+    run.gpu_hparams[t] =
+        ResolveHyperParams(GroupOptimizer(config, group), options.group_hparams,
+                           group, kept_steps_[t] + 1);
+  }
+  run.gpu_grad.dtype = config.grad_dtype;
+  run.gpu_grad.unscale_factor = UnscaleFactor(options.loss_scale);
+  run.gpu_grad.unscale = run.gpu_grad.unscale_factor != 1.0f;
+  run.gpu_grad.clip = commit.clip_coef < 1.0;
+  run.gpu_grad.clip_coef = static_cast<float>(commit.clip_coef);
+  // The step counts move now (the servers' move when they apply the
+  // step); a failed step leaves the engine unusable (FinishStep).
+  for (uint32_t t : gpu_tensors_) {
+    if (run.gpu_hparams[t].has_value()) ++kept_steps_[t];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TransferEngine::Impl::UpdateGpuTensors(StepRun& run, uint64_t b,
+                                                    char* target) {
+  for (const KeptSegment& k : kept_in_bucket_[b]) {
+    const ParamRun state = KeptRun(k, static_cast<char*>(kept_state_->data()));
+    const WeightsOutput weights{job_.config().weight_dtype,
+                                target + k.begin * weight_size_};
+    absl::Status s;
+    if (run.gpu_hparams[k.tensor].has_value()) {
+      const void* part = run.grads + k.begin * grad_size_;
+      GradientInput grad = run.gpu_grad;
+      grad.parts = &part;
+      grad.num_parts = 1;
+      s = options_.device_optimizer->Update(
+          k.group, grad, state, *run.gpu_hparams[k.tensor], weights, *comm_);
+    } else {
+      s = options_.device_optimizer->WriteWeights(state.master, state.n,
+                                                  weights, *comm_);
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace depot::gpu

@@ -1,0 +1,369 @@
+// TransferEngine::Impl: a step's run, from BeginStep through GradientsReady
+// and WaitWeights to FinishStep; its threads and collectives; failing,
+// joining and draining runs.
+#include "gpu/transfer_engine_impl.h"
+
+namespace depot::gpu {
+
+using client_internal::StreamedStep;
+
+absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
+                                             const StepOptions& options) {
+  const size_t most = options_.delayed_update ? 2 : 1;
+  if (runs_.size() >= most) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "BeginStep(", step, "): step ", runs_.front()->step,
+        " is in flight (call FinishStep first",
+        options_.delayed_update ? "; with the delayed update, at most two "
+                                  "steps are in flight"
+                                : "",
+        ")"));
+  }
+  if (step == 0) {
+    return absl::InvalidArgumentError("BeginStep: steps are numbered from 1");
+  }
+  if (kept_state_lost_) {
+    return absl::FailedPreconditionError(
+        "BeginStep: a step failed while the optimizer state of the tensors "
+        "kept on the GPU (offload_fraction < 1) took part in it; that state "
+        "cannot replay a step: create a new engine from a checkpoint");
+  }
+  if (!runs_.empty() && step != begun_ + 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BeginStep(", step, "): step ", begun_,
+                     " is in flight; the next step is ", begun_ + 1));
+  }
+  if (!options.weight_overrides.empty()) {
+    return absl::InvalidArgumentError(
+        "BeginStep: weight_overrides are not supported on GPU workers; "
+        "write the new weights into the engine's weights() and the "
+        "servers' with Job::Step's overrides on a host step");
+  }
+  const bool two_phase = client_internal::StreamedStepIsTwoPhase(job_, options);
+  if (!gpu_tensors_.empty() && two_phase) {
+    return absl::FailedPreconditionError(
+        "BeginStep: with an offload fraction below 1 a step runs in one "
+        "phase (the servers' gradient norm would miss the tensors kept on "
+        "the GPU): pass StepOptions::known_commit, or do not clip, skip on "
+        "a norm threshold or scale the loss dynamically");
+  }
+  const uint64_t buckets = partition_.num_buckets();
+  auto run = std::make_unique<StepRun>();
+  run->engine = this;
+  run->step = step;
+  run->parity = static_cast<int>(step % 2);
+  run->grads = static_cast<char*>(
+      grads_[options_.delayed_update ? step % 2 : 0]->data());
+  run->options = options;
+  if (!gpu_tensors_.empty()) {
+    if (absl::Status s = PlanGpuUpdates(options, *run); !s.ok()) return s;
+  }
+  run->named.assign(buckets, false);
+  run->weights_recorded.assign(buckets, false);
+  run->h2d_waited.assign(buckets, false);
+  run->h2d_pending = owned_in_bucket_;
+  run->d2h_slot_of_chunk.assign(job_.plan().num_chunks(), -1);
+  run->route_in_slots.assign((two_phase ? routes_two_phase_ : routes_).size(),
+                             0);
+  StepRun* r = run.get();
+  StreamedStep streamed;
+  streamed.step = step;
+  streamed.options = &r->options;
+  if (options_.local_ranks > 1) {
+    streamed.local_ranks = options_.local_ranks;
+    streamed.local_rank = options_.local_rank;
+    streamed.bucket_chunks = partition_.bucket_chunks();
+  }
+  streamed.sink = r;
+  streamed.on_failure = [this, r](const absl::Status& status) {
+    Fail(*r, status);
+  };
+  r->two_phase = two_phase;
+  for (const StreamedStep::Route& route :
+       r->two_phase ? routes_two_phase_ : routes_) {
+    r->queues.push_back(std::make_unique<ChunkQueue>(
+        [this, r](uint64_t index) { ReleaseD2h(*r, index); }));
+    streamed.routes.push_back(route);
+    streamed.routes.back().feed = r->queues.back().get();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    // With no step in flight, none is waited for (the first step, or a
+    // retry after a failure).
+    if (runs_.empty()) collectives_through_ = step - 1;
+    runs_.push_back(std::move(run));
+  }
+  begun_ = step;
+  // The copies first: the first chunk's D2H is the step's first latency,
+  // and opening the Step streams (a gRPC call per route) has that long.
+  r->comm_thread = std::thread([this, r] { RunCollectives(*r); });
+  r->d2h_thread = std::thread([this, r] { RunDeviceToHost(*r); });
+  r->step_thread = std::thread([this, r, streamed = std::move(streamed)] {
+    absl::Status status =
+        client_internal::RunStreamedStep(job_, streamed, &r->result);
+    if (!status.ok()) Fail(*r, status);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status TransferEngine::Impl::GradientsReady(uint64_t bucket,
+                                                  Stream& stream) {
+  StepRun* run = runs_.empty() ? nullptr : runs_.back().get();
+  if (run == nullptr || run->step != begun_) {
+    return absl::FailedPreconditionError(
+        "GradientsReady: no step in flight (call BeginStep first)");
+  }
+  if (bucket >= partition_.num_buckets()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GradientsReady: bucket ", bucket, " of ", partition_.num_buckets()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!run->error.ok()) return run->error;
+    if (run->named[bucket]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GradientsReady: bucket ", bucket,
+                       " was named twice in step ", run->step));
+    }
+  }
+  Event& ready = *ready_[run->parity][bucket];
+  if (absl::Status s = device_.Record(ready, stream); !s.ok()) {
+    Fail(*run, s);
+    return s;
+  }
+  if (options_.faults.wait_on_compute_stream) {
+    (void)device_.Wait(stream, ready);
+  }
+  absl::MutexLock lock(&mu_);
+  run->named[bucket] = true;
+  run->ready_order.push_back(bucket);
+  return absl::OkStatus();
+}
+
+absl::Status TransferEngine::Impl::WaitWeights(uint64_t bucket,
+                                               Stream& stream) {
+  if (bucket >= partition_.num_buckets()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WaitWeights: bucket ", bucket, " of ", partition_.num_buckets()));
+  }
+  // The step whose weights this forward reads: the last begun, or with
+  // the delayed update the one before it.
+  const uint64_t target =
+      options_.delayed_update ? (begun_ > 0 ? begun_ - 1 : 0) : begun_;
+  if (target == 0) return absl::OkStatus();  // the initial weights
+  int parity = static_cast<int>(target % 2);
+  {
+    absl::MutexLock lock(&mu_);
+    if (options_.delayed_update && applied_step_[bucket] >= target) {
+      return absl::OkStatus();  // applied by an earlier WaitWeights
+    }
+    StepRun* run = nullptr;
+    for (std::unique_ptr<StepRun>& r : runs_) {
+      if (r->step == target) run = r.get();
+    }
+    if (run != nullptr) {
+      if (!run->named[bucket]) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("WaitWeights: bucket ", bucket, " of step ", target,
+                         " has not been named by GradientsReady"));
+      }
+      const auto recorded = [run, bucket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return run->aborted || run->weights_recorded[bucket];
+      };
+      mu_.Await(absl::Condition(&recorded));
+      if (!run->error.ok()) return run->error;
+    }
+  }
+  Event& ready = *weights_ready_[parity][bucket];
+  if (absl::Status s = device_.Wait(stream, ready); !s.ok()) return s;
+  if (!options_.delayed_update) return absl::OkStatus();
+  // Delayed update: the step's weights arrived in its incoming buffer
+  // (one per step parity); the forward's stream copies the bucket into the
+  // live weights. Step target + 2, the next to write that incoming buffer,
+  // does so only after its own ready event of the bucket, which its
+  // backward records after this forward.
+  const ChunkSpan padded = partition_.padded_bucket(bucket);
+  const uint64_t begin = padded.first * partition_.chunk_elems() * weight_size_;
+  const uint64_t bytes =
+      padded.size() * partition_.chunk_elems() * weight_size_;
+  absl::Status s =
+      device_.CopyAsync(stream, static_cast<char*>(live_->data()) + begin,
+                        static_cast<char*>(incoming_[parity]->data()) + begin,
+                        bytes, CopyKind::kDeviceToDevice);
+  if (!s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  applied_step_[bucket] = target;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> TransferEngine::Impl::FinishStep() {
+  if (runs_.empty()) {
+    return absl::FailedPreconditionError("FinishStep: no step in flight");
+  }
+  StepRun& run = *runs_.front();
+  std::vector<uint64_t> missing;
+  {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t b = 0; b < run.named.size(); ++b) {
+      if (!run.named[b]) missing.push_back(b);
+    }
+  }
+  if (!missing.empty()) {
+    Fail(run, absl::FailedPreconditionError(
+                  absl::StrCat("FinishStep: step ", run.step,
+                               " ended before GradientsReady named ",
+                               missing.size() == 1 ? "bucket " : "buckets ",
+                               absl::StrJoin(missing, ", "))));
+  }
+  JoinRun(run);
+  absl::Status error;
+  {
+    absl::MutexLock lock(&mu_);
+    error = run.error;
+  }
+  if (!error.ok()) {
+    if (!gpu_tensors_.empty()) kept_state_lost_ = true;
+    // A later step in flight cannot go on without this one.
+    for (std::unique_ptr<StepRun>& later : runs_) {
+      Fail(*later, absl::AbortedError(absl::StrCat(
+                       "step ", run.step, " failed: ", error.message())));
+    }
+    for (std::unique_ptr<StepRun>& later : runs_) JoinRun(*later);
+    Drain();
+    absl::MutexLock lock(&mu_);
+    runs_.clear();
+    return error;
+  }
+  const StepResult result = run.result;
+  absl::MutexLock lock(&mu_);
+  runs_.pop_front();
+  return result;
+}
+
+absl::Status TransferEngine::Impl::Aborted(StepRun& run) {
+  absl::MutexLock lock(&mu_);
+  return run.error.ok() ? absl::AbortedError("the step was aborted")
+                        : run.error;
+}
+
+void TransferEngine::Impl::Fail(StepRun& run, const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (run.error.ok()) run.error = status;
+    run.aborted = true;
+  }
+  for (const std::unique_ptr<ChunkQueue>& queue : run.queues) queue->Abort();
+}
+
+uint32_t TransferEngine::Impl::RouteOfChunk(const StepRun& run,
+                                            uint64_t index) const {
+  return (run.two_phase ? route_two_phase_of_chunk_ : route_of_chunk_)[index];
+}
+
+std::optional<uint64_t> TransferEngine::Impl::Nth(
+    StepRun& run, const std::vector<uint64_t>& list, size_t i) {
+  absl::MutexLock lock(&mu_);
+  const auto there = [&run, &list, i]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return run.aborted || list.size() > i;
+  };
+  mu_.Await(absl::Condition(&there));
+  if (run.aborted) return std::nullopt;
+  return list[i];
+}
+
+void TransferEngine::Impl::RunCollectives(StepRun& run) {
+  if (!AwaitPreviousCollectives(run)) return;
+  const uint64_t buckets = partition_.num_buckets();
+  const uint32_t rank = options_.local_rank;
+  const uint64_t chunk_elems = partition_.chunk_elems();
+  for (size_t i = 0; i < buckets; ++i) {
+    const std::optional<uint64_t> b = Nth(run, run.ready_order, i);
+    if (!b.has_value()) return;
+    if (collective_ != nullptr) {
+      const ChunkSpan padded = partition_.padded_bucket(*b);
+      const ChunkSpan part = partition_.owned_padded(*b, rank);
+      absl::Status s = device_.Wait(*comm_, *ready_[run.parity][*b]);
+      if (s.ok()) {
+        s = collective_->ReduceScatterSum(
+            run.grads + padded.first * chunk_elems * grad_size_,
+            run.grads + part.first * chunk_elems * grad_size_,
+            part.size() * chunk_elems, job_.config().grad_dtype, *comm_);
+      }
+      if (s.ok()) s = device_.Record(*rs_done_[run.parity][*b], *comm_);
+      if (!s.ok()) return Fail(run, s);
+      absl::MutexLock lock(&mu_);
+      run.d2h_order.push_back(*b);
+    }
+  }
+  char* target = WeightsTarget(run);
+  for (size_t i = 0; i < buckets; ++i) {
+    uint64_t b;
+    {
+      absl::MutexLock lock(&mu_);
+      b = run.ready_order[i];  // complete: the first loop read every entry
+    }
+    Event& weights_ready = *weights_ready_[run.parity][b];
+    absl::Status s;
+    if (options_.faults.weights_event_early) {
+      s = device_.Record(weights_ready, *comm_);
+      MarkWeightsRecorded(run, b);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      const auto queued = [&run, b]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return run.aborted || run.h2d_pending[b] == 0;
+      };
+      mu_.Await(absl::Condition(&queued));
+      if (run.aborted) return;
+    }
+    if (s.ok() && owned_in_bucket_[b] > 0) {
+      s = device_.Wait(*comm_, *h2d_done_[run.parity][b]);
+    }
+    // The kept tensors' weights replace what the servers sent for them.
+    if (s.ok() && !gpu_tensors_.empty()) s = UpdateGpuTensors(run, b, target);
+    if (s.ok() && collective_ != nullptr) {
+      const ChunkSpan padded = partition_.padded_bucket(b);
+      const ChunkSpan part = partition_.owned_padded(b, rank);
+      s = collective_->AllGather(
+          target + part.first * chunk_elems * weight_size_,
+          target + padded.first * chunk_elems * weight_size_,
+          part.size() * chunk_elems, job_.config().weight_dtype, *comm_);
+    }
+    if (s.ok() && !options_.faults.weights_event_early) {
+      s = device_.Record(weights_ready, *comm_);
+      MarkWeightsRecorded(run, b);
+    }
+    if (!s.ok()) return Fail(run, s);
+  }
+  absl::MutexLock lock(&mu_);
+  collectives_through_ = run.step;
+}
+
+bool TransferEngine::Impl::AwaitPreviousCollectives(StepRun& run) {
+  absl::MutexLock lock(&mu_);
+  const auto done = [this, &run]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return run.aborted || collectives_through_ + 1 >= run.step;
+  };
+  mu_.Await(absl::Condition(&done));
+  return !run.aborted;
+}
+
+void TransferEngine::Impl::JoinRun(StepRun& run) {
+  for (std::thread* thread :
+       {&run.step_thread, &run.comm_thread, &run.d2h_thread}) {
+    if (thread->joinable()) thread->join();
+  }
+}
+
+void TransferEngine::Impl::Drain() {
+  for (Stream* stream : {comm_.get(), d2h_stream_.get(), h2d_stream_.get()}) {
+    (void)device_.SynchronizeStream(*stream);
+  }
+  absl::MutexLock lock(&mu_);
+  for (SlotRing* ring : {&d2h_, &h2d_}) {
+    ring->free.clear();
+    for (int i = ring->slots - 1; i >= 0; --i) ring->free.push_back(i);
+  }
+}
+
+}  // namespace depot::gpu
