@@ -89,8 +89,7 @@ DepotService::DepotService(JobStore* jobs, ServerMetrics* metrics,
       metrics_(metrics),
       checkpointer_(checkpointer),
       auth_(auth),
-      handler_threads_(absl::Seconds(30), /*keep_idle=*/4,
-                       max_handler_threads) {
+      handler_threads_(max_handler_threads) {
   metrics_->handler_calls_limit.Set(max_handler_threads);
   AddMethods();
 }

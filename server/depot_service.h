@@ -72,7 +72,8 @@ class DepotService final : public grpc::CallbackGenericService {
 
   // Every call of the service: Step's reactor, a BlockingCall running the
   // method's handler, or a refusal (an unauthenticated caller, an unknown
-  // method, a server that no longer accepts RPCs).
+  // method, no handler thread left). A server that no longer accepts RPCs
+  // refuses in the handler (Serve), as before.
   grpc::ServerGenericBidiReactor* CreateReactor(
       grpc::GenericCallbackServerContext* context) override;
 

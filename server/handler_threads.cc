@@ -6,8 +6,8 @@
 
 namespace depot {
 
-HandlerThreads::HandlerThreads(absl::Duration idle_timeout, int keep_idle,
-                               int max_threads)
+HandlerThreads::HandlerThreads(int max_threads, absl::Duration idle_timeout,
+                               int keep_idle)
     : state_(std::make_shared<State>()) {
   state_->idle_timeout = idle_timeout;
   state_->keep_idle = keep_idle;

@@ -28,9 +28,9 @@ class HandlerThreads {
   // The server's default (--max_handler_threads).
   static constexpr int kDefaultMaxThreads = 4096;
 
-  explicit HandlerThreads(absl::Duration idle_timeout = absl::Seconds(30),
-                          int keep_idle = 4,
-                          int max_threads = kDefaultMaxThreads);
+  explicit HandlerThreads(int max_threads = kDefaultMaxThreads,
+                          absl::Duration idle_timeout = absl::Seconds(30),
+                          int keep_idle = 4);
   // Waits for the running tasks to return and the threads to exit.
   // REQUIRES: no Run after it starts.
   ~HandlerThreads();

@@ -61,7 +61,8 @@ TEST(HandlerThreadsTest, AnIdleThreadTakesTheNextTask) {
 
 TEST(HandlerThreadsTest, IdleThreadsBeyondThoseKeptLeave) {
   constexpr int kTasks = 8;
-  HandlerThreads threads(absl::Milliseconds(50), /*keep_idle=*/2);
+  HandlerThreads threads(HandlerThreads::kDefaultMaxThreads,
+                         absl::Milliseconds(50), /*keep_idle=*/2);
   absl::BlockingCounter started(kTasks);
   absl::Notification release;
   for (int i = 0; i < kTasks; ++i) {
@@ -79,8 +80,7 @@ TEST(HandlerThreadsTest, IdleThreadsBeyondThoseKeptLeave) {
 }
 
 TEST(HandlerThreadsTest, NoMoreThanMaxThreadsRunAtOnce) {
-  HandlerThreads threads(absl::Seconds(30), /*keep_idle=*/4,
-                         /*max_threads=*/3);
+  HandlerThreads threads(/*max_threads=*/3);
   absl::BlockingCounter started(3);
   absl::Notification release;
   for (int i = 0; i < 3; ++i) {
