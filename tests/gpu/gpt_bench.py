@@ -161,7 +161,11 @@ class StepClock:
     weights of each bucket), and from there to the end of the step's work on
     that stream (`tail`: the optimizer's step as the stream sees it). Also
     the host's time inside opt.step() (`step_call`), which is not on the
-    stream. CUDA events on a GPU; on the CPU everything is synchronous and
+    stream, and the host's time from the step's start to the return of its
+    last backward (`host`: launching forward and backward, the hooks'
+    Python included; when it nears `compute` the GPU waits for the thread
+    that launches its kernels, and any host work the step adds shows in
+    the step time). CUDA events on a GPU; on the CPU everything is synchronous and
     the host's clock is the stream's."""
 
     def __init__(self, device):
@@ -209,7 +213,7 @@ def run(name, args, device, dtype, initial, batches, client):
             engine_options=engine_options or None)
         opt.attach(model)
     times, losses = [], []
-    parts = {"compute": [], "tail": [], "step_call": []}
+    parts = {"compute": [], "tail": [], "step_call": [], "host": []}
     clock = StepClock(device)
     for step in range(len(batches) // args.accum):
         start = time.perf_counter()
@@ -232,6 +236,7 @@ def run(name, args, device, dtype, initial, batches, client):
         loss = total
         clock.mark("backward")
         call = time.perf_counter()
+        host = call - start
         opt.step()
         call = time.perf_counter() - call
         clock.mark("end")
@@ -243,6 +248,7 @@ def run(name, args, device, dtype, initial, batches, client):
             parts["compute"].append(clock.seconds("start", "backward"))
             parts["tail"].append(clock.seconds("backward", "end"))
             parts["step_call"].append(call)
+            parts["host"].append(host)
     extra = {}
     if name != "torch":
         opt.synchronize()
@@ -331,7 +337,7 @@ def main():
         report[f"{name}_step_s"] = result["step_s"]
         if "pinned_bytes" in result:
             report[f"{name}_pinned_bytes"] = result["pinned_bytes"]
-        for part in ("compute", "tail", "step_call"):
+        for part in ("compute", "tail", "step_call", "host"):
             report[f"{name}_{part}_s"] = result[f"{part}_s"]
         if reference and name != "torch":
             report[f"{name}_ratio"] = result["step_s"] / reference["step_s"]
@@ -345,7 +351,7 @@ def main():
           f"median of {args.steps} steps")
     print(f"{'run':8} {'step s':>10} {'x torch':>9} {'target':>7} "
           f"{'max loss rel diff':>18} {'compute s':>10} {'tail s':>8} "
-          f"{'step() s':>9}")
+          f"{'step() s':>9} {'host s':>8}")
     targets = {"depot": "1.10", "dpu": "1.02"}
     for name in results:
         ratio = report.get(f"{name}_ratio")
@@ -356,7 +362,8 @@ def main():
               f"{'' if diff is None else f'{diff:.2e}':>18} "
               f"{report[f'{name}_compute_s']:10.4f} "
               f"{report[f'{name}_tail_s']:8.4f} "
-              f"{report[f'{name}_step_call_s']:9.4f}")
+              f"{report[f'{name}_step_call_s']:9.4f} "
+              f"{report[f'{name}_host_s']:8.4f}")
     if args.json:
         print(json.dumps(report))
     for name, result in results.items():

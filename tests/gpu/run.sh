@@ -197,6 +197,18 @@ if [[ -n "$py_rc" ]]; then
   done
 fi
 
+# ---- The trainer thread's cost of DepotOptimizer's hooks (hook_bench.py) ---
+# Per micro-batch, a 24-layer GPT of small dimensions (launch-bound) with the
+# CUDA engine, against torch.optim: what the hooks add to the thread that
+# launches the kernels (gpt_bench.py's host_s says whether that thread is
+# the bottleneck of the real step).
+if [[ -n "$py_rc" ]]; then
+  DEPOT_CLIENT_LIBRARY="$client_lib" \
+    limited "${DEPOT_GPU_TIMEOUT_GPT:-240}" run_depot python3 "$repo/tests/gpu/hook_bench.py" --server="$server" \
+    --device=cuda --json > "$logs/hook_bench.log" 2>&1
+  say "hook_bench.py: exit $? ($(grep -v '^{' "$logs/hook_bench.log" | tail -1))"
+fi
+
 # ---- depot-bench gpu -------------------------------------------------------
 DEPOT_SERVER_BINARY="$server" limited "${DEPOT_GPU_TIMEOUT_BENCH:-180}" run_depot "$bench" gpu --json "$@" \
   > "$logs/bench_gpu.json" 2> "$logs/bench_gpu.log"

@@ -9,6 +9,7 @@ the parameters' storage. What CUDA adds (streams, the CUDA backend) is in
 tests/gpu and skips without a device.
 """
 
+import contextlib
 import copy
 
 import pytest
@@ -249,6 +250,96 @@ def test_engine_second_backward_needs_no_sync(client, job_name):
     loss_of(model, inputs[0], targets[0]).backward()
     with pytest.raises(RuntimeError, match="no_sync"):
         loss_of(model, inputs[1], targets[1]).backward()
+    opt.close()
+
+
+MICRO = 4  # micro-batches of an accumulated step
+
+
+def accumulate(model, opt, inputs, targets, s, drop_grad):
+    """Step s's gradient over MICRO micro-batches, all but the last inside
+    no_sync (for DepotOptimizer); with drop_grad, the first layer's .grad is
+    set to None after the second, so the rest of the step's gradient starts
+    afresh there, as in torch."""
+    for micro in range(MICRO):
+        x = inputs[(s + micro) % len(inputs)]
+        y = targets[(s + micro) % len(targets)]
+        last = micro == MICRO - 1
+        with opt.no_sync() if isinstance(opt, DepotOptimizer) and not last \
+                else contextlib.nullcontext():
+            (loss_of(model, x, y) / MICRO).backward()
+        if drop_grad and micro == 1:
+            model[0].weight.grad = None
+
+
+def assert_grads_are_views(opt, model):
+    """Every .grad lies in the engine's gradient buffer of the step being
+    accumulated (the hooks' fast path must keep that true)."""
+    driver = opt._driver
+    buffer = driver._grad_buffer(driver.step)
+    lo = buffer.data_ptr()
+    hi = lo + buffer.numel() * buffer.element_size()
+    for i, p in enumerate(model.parameters()):
+        assert lo <= p.grad.data_ptr() < hi, f"parameter {i}"
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_engine_accumulation_over_micro_batches_is_torch_bit_for_bit(
+        client, job_name, set_to_none):
+    """Several micro-batches in no_sync (the hooks' fast path: autograd
+    accumulates into the view in place), with a .grad dropped midway (a
+    fresh gradient the hook must adopt), equal torch.optim.AdamW."""
+    model, inputs, targets = model_and_data()
+    reference = copy.deepcopy(model)
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         weight_decay=0.1, **small_chunks())
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2,
+                                weight_decay=0.1, foreach=False)
+    for s in range(STEPS):
+        for m, o in ((model, opt), (reference, ref_opt)):
+            o.zero_grad(set_to_none=set_to_none)
+            accumulate(m, o, inputs, targets, s, drop_grad=(s == 2))
+            if o is opt:
+                assert_grads_are_views(opt, m)
+            o.step()
+    assert_bitwise([p.detach() for p in model.parameters()],
+                   [p.detach() for p in reference.parameters()])
+    opt.close()
+
+
+def test_engine_delayed_update_accumulates_into_the_steps_buffer(
+        client, job_name):
+    """With the delayed update the gradient buffers alternate by step: the
+    micro-batches of each step accumulate into its own (the hooks' fast path
+    compares against that step's views), and the result is the one-step-
+    stale reference's, bit for bit."""
+    model, inputs, targets = model_and_data()
+    reference = copy.deepcopy(model)
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         delayed_update=True, **small_chunks())
+    for s in range(STEPS):
+        opt.zero_grad()
+        accumulate(model, opt, inputs, targets, s, drop_grad=(s == 3))
+        assert_grads_are_views(opt, model)
+        opt.step()
+    opt.synchronize()
+    got = [p.detach().clone() for p in model.parameters()]
+
+    master = copy.deepcopy(reference)
+    ref_opt = torch.optim.AdamW(master.parameters(), lr=1e-2, foreach=False)
+    history = [copy.deepcopy(master.state_dict())] * 2
+    for s in range(STEPS):
+        reference.load_state_dict(history[-2])
+        reference.zero_grad()
+        accumulate(reference, ref_opt, inputs, targets, s, drop_grad=(s == 3))
+        for p_master, p_ref in zip(master.parameters(),
+                                   reference.parameters()):
+            p_master.grad = p_ref.grad.clone()
+        ref_opt.step()
+        history.append(copy.deepcopy(master.state_dict()))
+    assert_bitwise(got, [p.detach() for p in master.parameters()])
     opt.close()
 
 

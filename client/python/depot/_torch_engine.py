@@ -101,6 +101,13 @@ class _EngineDriver:
                            device)
             buffer.zero_()
             self.grad_buffers[parity % 2 if self.delayed else 0] = buffer
+        # Each parameter's .grad view into each buffer, made once: the hooks
+        # run for every parameter in every backward (every micro-batch of an
+        # accumulation), and slicing anew there was most of their cost.
+        self.grad_views = {
+            key: [buffer[offset:offset + numel].view_as(p)
+                  for p, offset, numel in self.slots]
+            for key, buffer in self.grad_buffers.items()}
         # Every parameter's storage becomes its slice of the weights buffer.
         with torch.no_grad():
             for p, offset, numel in self.slots:
@@ -136,8 +143,7 @@ class _EngineDriver:
         return self.grad_buffers[step % 2 if self.delayed else 0]
 
     def _grad_view(self, index, step):
-        p, offset, numel = self.slots[index]
-        return self._grad_buffer(step)[offset:offset + numel].view_as(p)
+        return self.grad_views[step % 2 if self.delayed else 0][index]
 
     def _point_grads(self, step, copy_current):
         """Points every parameter's .grad at step `step`'s buffer (keeping
@@ -153,7 +159,16 @@ class _EngineDriver:
                     p.grad = view
 
     def _register_hook(self, index, p):
+        views = self.grad_views
+
         def fire(*unused):
+            # The hook of every micro-batch but the last of an accumulation:
+            # autograd accumulated into the view in place and there is
+            # nothing else to do, in one frame (it runs on the thread that
+            # launches backward's kernels).
+            if self.no_sync_depth > 0 and p.grad is views[
+                    self.step % 2 if self.delayed else 0][index]:
+                return
             self._on_gradient(index)
         if _HAS_POST_ACCUMULATE_HOOK:
             self.hooks.append(p.register_post_accumulate_grad_hook(fire))
@@ -188,12 +203,14 @@ class _EngineDriver:
 
     def _adopt_grad(self, index):
         """Makes parameter `index`'s .grad the view (copying a fresh one)."""
-        p = self.params[index]
+        grad = self.params[index].grad
         view = self._grad_view(index, self.step)
-        if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+        if grad is None or grad is view:  # autograd accumulated in place
+            return
+        if grad.data_ptr() != view.data_ptr():
             with torch.no_grad():
-                view.copy_(p.grad)
-            p.grad = view
+                view.copy_(grad)
+            self.params[index].grad = view
 
     def _on_gradient(self, index):
         self._adopt_grad(index)
@@ -441,9 +458,12 @@ class _EngineDriver:
             if not mine:
                 continue
             buckets = sorted({b for i in mine for b in self.buckets_of[i]})
+            # Every forward of every micro-batch runs it; only the first of
+            # a step has waits left (None: the module's inputs unchanged).
             hooks.append(module.register_forward_pre_hook(
                 lambda module, inputs, buckets=buckets:
-                    self._wait_buckets(buckets)))
+                    self._wait_buckets(buckets) if self.pending_waits
+                    else None))
             covered.update(mine)
         if len(covered) < len(self.params):
             missing = len(self.params) - len(covered)
