@@ -121,6 +121,10 @@ absl::Status Train() {
 
   ClientOptions options;
   options.servers = absl::GetFlag(FLAGS_servers);
+  // This process is the trainer's own: let Depot tune malloc so that gRPC's
+  // receive buffers are reused (a third less CPU per transfer; opt-in, as it
+  // applies to the whole process).
+  options.retain_transport_buffers = true;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   if (!client.ok()) return client.status();
   absl::Status up = (*client)->WaitForServers(absl::Seconds(30));

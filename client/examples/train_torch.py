@@ -103,11 +103,14 @@ def main():
         {"params": [p for n, p in named if n.endswith("bias")],
          "weight_decay": 0.0},
     ]
-    # The only Depot-specific lines: the optimizer and where it runs.
+    # The only Depot-specific lines: the optimizer and where it runs (this
+    # process is the trainer's own, so it lets Depot tune malloc for the
+    # transfers: opt-in, as it applies to the whole process).
     optimizer = DepotOptimizer(
         groups, servers=args.servers.split(","), job_name=args.job_name,
         optimizer="adamw", lr=args.lr, num_workers=workers,
-        worker_rank=rank, chunk_elems=1 << 14)
+        worker_rank=rank, chunk_elems=1 << 14,
+        retain_transport_buffers=True)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer,
                                                  warmup_cosine(args.steps))
     print(f"[worker {rank}] job {args.job_name}: "

@@ -26,6 +26,7 @@
 #include "depot/client.h"
 #include "depot/depot.h"
 #include "depot/grad_scaler.h"
+#include "wire/transport_memory.h"
 
 namespace depot {
 using c_api::Guarded;
@@ -122,6 +123,10 @@ int depot_client_wait_for_servers(depot_client_t* client,
 }
 
 void depot_client_destroy(depot_client_t* client) { delete client; }
+
+int depot_retain_transport_buffers(void) {
+  return depot::RetainTransportBuffers() ? 1 : 0;
+}
 
 void depot_job_config_init(depot_job_config_t* config) {
   if (config == nullptr) return;

@@ -311,7 +311,9 @@ def main():
             if args.server_nice:
                 renice(servers[-1].process.pid, args.server_nice)
         os.sched_setaffinity(0, trainer_cores)
+        # The trainer's process is its own: malloc tuned for transfers.
         with depot.Client([s.address for s in servers],
+                          retain_transport_buffers=True,
                           **client_options) as client:
             client.wait_for_servers(60)
             for name in args.runs.split(","):

@@ -1,6 +1,10 @@
 """depot.Client and depot.Job: buffers passed by pointer, checked before
 use; pull and status; finding the library."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -137,3 +141,44 @@ def test_missing_library_error_says_how_to_point_at_it(tmp_path):
                        match="DEPOT_CLIENT_LIBRARY"):
         _loader.load_library({_loader.LIBRARY_ENV: missing})
 
+
+
+# In a fresh interpreter: whether glibc malloc serves a 16 MiB block with a
+# mapping of its own (its default) after a depot.Client is created with the
+# argument given (Depot's threshold, 32 MiB, keeps it in a heap).
+_MAPPED_AFTER_CLIENT = """
+import ctypes, sys
+import depot
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+        "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+depot.Client(["127.0.0.1:1"], **eval(sys.argv[1]))
+before = libc.mallinfo2().hblks
+block = libc.malloc(16 << 20)
+print(libc.mallinfo2().hblks > before)
+libc.free(block)
+"""
+
+
+@pytest.mark.parametrize("kwargs, mapped", [
+    ("{}", True), ("{'retain_transport_buffers': False}", True),
+    ("{'retain_transport_buffers': True}", False)])
+def test_client_tunes_malloc_only_when_asked(kwargs, mapped):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_",
+                        "MALLOC_TRIM_THRESHOLD_")}
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    out = subprocess.run([sys.executable, "-c", _MAPPED_AFTER_CLIENT,
+                          kwargs], env=env, check=True, capture_output=True,
+                         text=True).stdout.strip()
+    assert out == str(mapped)
+
+
+def test_retain_transport_buffers_must_be_a_bool():
+    with pytest.raises(TypeError, match="retain_transport_buffers"):
+        depot.Client(["127.0.0.1:1"], retain_transport_buffers="yes")

@@ -122,3 +122,10 @@ def test_sgd_lr_may_come_from_the_groups_alone(client, job_name):
     with pytest.raises(ValueError, match="required optimization parameter lr"):
         DepotOptimizer(model.parameters(), client=client, job_name=job_name,
                        optimizer="sgd")
+
+
+def test_retain_transport_buffers_beside_a_client_is_refused(client,
+                                                             job_name):
+    # It would tune the client DepotOptimizer creates; one was given.
+    with pytest.raises(ValueError, match="retain_transport_buffers"):
+        make(client, job_name, retain_transport_buffers=True)

@@ -80,14 +80,19 @@ struct ClientOptions {
   // throughput does not cap the step's; a two-phase step uses the first only
   // (docs/protocol.md, "Transport").
   int connections_per_server = 3;
-  // Connect sets glibc malloc's mmap and trim thresholds for the whole process
-  // (RetainTransportBuffers in common/wire/transport_memory.h), so that gRPC's
-  // receive buffers are reused instead of returned to the kernel and faulted
-  // in again: Depot's transfers then take about a third less CPU. The process
-  // keeps up to 64 MiB of freed memory per malloc arena. Set false to leave
-  // malloc alone; malloc settings in the environment (GLIBC_TUNABLES,
-  // MALLOC_*_THRESHOLD_) always win.
-  bool retain_transport_buffers = true;
+  // Opt-in, for the whole process: true makes Connect set glibc malloc's mmap
+  // threshold to 32 MiB and its trim threshold to 64 MiB
+  // (common/wire/transport_memory.h), so that gRPC's receive buffers are
+  // reused instead of returned to the kernel and faulted in again. Depot's
+  // transfers then take about a third less CPU (docs/protocol.md,
+  // "Transport"); the process keeps up to 64 MiB of freed memory per malloc
+  // arena, and every allocation in it is served under these thresholds. A
+  // library does not change process-wide settings unasked, so the default
+  // leaves malloc alone; a trainer whose process is its own should set it.
+  // Once set, the thresholds stay for the life of the process. Malloc
+  // settings in the environment (GLIBC_TUNABLES, MALLOC_*_THRESHOLD_) win.
+  // depot_retain_transport_buffers() is the C API's way to the same.
+  bool retain_transport_buffers = false;
 
   // Security (docs/security.md). All empty: plaintext, no credentials, as a
   // server without --tls_cert expects.

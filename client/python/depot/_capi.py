@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 8
+API_VERSION = 9
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -208,6 +208,7 @@ _PROTOTYPES = {
         ctypes.POINTER(c_void_p)]),
     "depot_client_wait_for_servers": (ctypes.c_int, [c_void_p, c_double]),
     "depot_client_destroy": (None, [c_void_p]),
+    "depot_retain_transport_buffers": (ctypes.c_int, []),
     "depot_job_config_init": (None, [_p(JobConfig)]),
     "depot_job_open": (ctypes.c_int, [
         c_void_p, _p(JobConfig), c_uint32, ctypes.POINTER(c_void_p)]),
@@ -286,16 +287,19 @@ _library = None
 
 
 def _declare(library):
-    for name, (restype, argtypes) in _PROTOTYPES.items():
-        function = getattr(library, name)
-        function.restype = restype
-        function.argtypes = argtypes
+    # The version first: a library of another version may lack a function.
+    library.depot_api_version.restype = c_uint32
+    library.depot_api_version.argtypes = []
     version = library.depot_api_version()
     if version != API_VERSION:
         raise _loader.LibraryNotFoundError(
             f"{library._name} implements depot.h API version {version}, this "
             f"package needs {API_VERSION}: use the library built from the "
             f"same source tree as the package")
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        function = getattr(library, name)
+        function.restype = restype
+        function.argtypes = argtypes
 
 
 def lib():

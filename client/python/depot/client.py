@@ -166,6 +166,13 @@ class Client(OwnedHandle):
     client's certificate and key (mTLS); `token` the bearer token that names
     the tenant, or `token_file` a file whose first line is it. A token or a
     client certificate needs `tls_ca`.
+
+    `retain_transport_buffers=True` (opt-in, for the whole process) sets
+    glibc malloc's mmap and trim thresholds so that gRPC's receive buffers
+    are reused instead of faulted in again: about a third less CPU per
+    transfer, and the process keeps up to 64 MiB of freed memory per malloc
+    arena. The thresholds stay set for the life of the process; malloc
+    settings in the environment win (docs/protocol.md, "Transport").
     """
 
     _DESTROY = "depot_client_destroy"
@@ -180,9 +187,13 @@ class Client(OwnedHandle):
                  tls_cert: Optional[str] = None,
                  tls_key: Optional[str] = None,
                  token: Optional[str] = None,
-                 token_file: Optional[str] = None) -> None:
+                 token_file: Optional[str] = None,
+                 retain_transport_buffers: bool = False) -> None:
         if isinstance(servers, str):
             servers = [servers]
+        if not isinstance(retain_transport_buffers, bool):
+            raise TypeError(f"retain_transport_buffers must be True or "
+                            f"False, not {retain_transport_buffers!r}")
         self.servers = list(servers)
         lib = _capi.lib()
         options = _capi.ClientOptions()
@@ -209,6 +220,8 @@ class Client(OwnedHandle):
                    for field, value in credentials.items() if value}
         for field, value in encoded.items():
             setattr(options, field, value)
+        if retain_transport_buffers:
+            lib.depot_retain_transport_buffers()
         addresses = (ctypes.c_char_p * len(self.servers))(
             *[s.encode() for s in self.servers])
         handle = ctypes.c_void_p()
