@@ -121,3 +121,39 @@ def test_cuda_training_follows_torch_adamw(client, job_name):
     for s, (a, b) in enumerate(zip(*losses)):
         assert abs(a - b) <= 1e-4 * abs(b), f"step {s}: {a} vs {b}"
     opt.close()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_cuda_gradients_clipped_after_backward(client, job_name, overlap):
+    """clip_grad_norm_ after backward: with the overlap, step() raises (the
+    buckets left during backward; the version counter of the CUDA gradient
+    buffer sees the change); with overlap_backward=False the clipped
+    gradients are sent, equal to the host engine's run of the same loop."""
+    def clipped_run(model, opt):
+        for s in range(STEPS):
+            opt.zero_grad()
+            model(s).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        opt.synchronize()
+        return [p.detach().cpu().clone() for p in model.parameters()]
+
+    gpu = Exact(torch.float32).cuda()
+    kwargs = dict(client=client, lr=1e-2, chunk_elems=256, bucket_chunks=1,
+                  overlap_backward=overlap)
+    opt = DepotOptimizer(gpu.parameters(), job_name=job_name, **kwargs)
+    if overlap:
+        with pytest.raises(RuntimeError, match="changed in place"):
+            clipped_run(gpu, opt)
+    else:
+        host = Exact(torch.float32)
+        want = clipped_run(host, DepotOptimizer(
+            host.parameters(), job_name=f"{job_name}-host", engine="host",
+            **kwargs))
+        got = clipped_run(gpu, opt)
+        for i, (g, w) in enumerate(zip(got, want)):
+            # clip_grad_norm_'s norm is computed on each device: equal
+            # within its rounding, not bit for bit.
+            assert torch.allclose(g, w, rtol=1e-6, atol=1e-7), \
+                f"parameter {i}"
+    opt.close()

@@ -343,6 +343,73 @@ def test_engine_delayed_update_accumulates_into_the_steps_buffer(
     opt.close()
 
 
+def clip_after_backward(model, opt, inputs, targets, steps, edit):
+    """torch's usual loop with a change to the gradients between backward
+    and step(): `edit(model)`."""
+    for s in range(steps):
+        opt.zero_grad()
+        loss_of(model, inputs[s], targets[s]).backward()
+        edit(model)
+        opt.step()
+
+
+def clip(model):
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+
+
+def halve_out_of_place(model):
+    model[2].weight.grad = model[2].weight.grad * 0.5
+
+
+@pytest.mark.parametrize("edit, what", [
+    (clip, "changed in place"), (halve_out_of_place, "replaced for parameter")])
+def test_engine_gradients_changed_after_backward_raise(client, job_name, edit,
+                                                        what):
+    """The buckets left during backward: a change after it cannot reach
+    them. step() completes the step (the job stays consistent: the next
+    steps run) and raises, never silently."""
+    model, inputs, targets = model_and_data()
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         **small_chunks())
+    with pytest.raises(RuntimeError, match=what + ".*overlap_backward=False"):
+        clip_after_backward(model, opt, inputs, targets, 1, edit)
+    assert opt.job.status()[0].step == 1
+    train(model, opt, inputs[1:], targets[1:], steps=2)  # without the change
+    assert opt.job.status()[0].step == 3
+    opt.close()
+
+
+@pytest.mark.parametrize("edit", [clip, halve_out_of_place])
+def test_engine_without_overlap_sends_gradients_changed_after_backward(
+        client, job_name, edit):
+    """overlap_backward=False: the step begins at step(), so clip_grad_norm_
+    (or any change) after backward is in the gradients sent: torch's result
+    bit for bit."""
+    model, inputs, targets = model_and_data()
+    reference = copy.deepcopy(model)
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         overlap_backward=False, **small_chunks())
+    clip_after_backward(model, opt, inputs, targets, STEPS, edit)
+    clip_after_backward(reference, torch.optim.AdamW(
+        reference.parameters(), lr=1e-2, foreach=False), inputs, targets,
+        STEPS, edit)
+    assert_bitwise([p.detach() for p in model.parameters()],
+                   [p.detach() for p in reference.parameters()])
+    opt.close()
+
+
+def test_overlap_backward_is_checked(client, job_name):
+    model, _, _ = model_and_data()
+    with pytest.raises(TypeError, match="overlap_backward"):
+        DepotOptimizer(model.parameters(), client=client, job_name=job_name,
+                       engine="host", overlap_backward="no")
+    with pytest.raises(ValueError, match="overlap_backward"):
+        DepotOptimizer(model.parameters(), client=client, job_name=job_name,
+                       overlap_backward=False)  # no engine: nothing to overlap
+
+
 def test_engine_weights_edited_outside_become_master(client, job_name):
     model, inputs, targets = model_and_data()
     reference = copy.deepcopy(model)

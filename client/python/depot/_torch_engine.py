@@ -27,6 +27,14 @@ tests/python/test_torch_engine.py over the host engine):
 - A hook that fires twice in one step (several backwards before step())
   raises, unless inside `with optimizer.no_sync():`, where hooks only
   accumulate.
+- Gradients changed between backward and step() (clip_grad_norm_,
+  GradScaler.unscale_, any in-place edit of a .grad, or a .grad replaced)
+  cannot reach a bucket that already left: the gradient buffer's version
+  counter (shared by every view) and the .grad objects are checked at
+  step(), which completes the step (some buckets with the change, some
+  without) and raises RuntimeError naming the remedies. With
+  overlap_backward=False the step begins at step() instead, and such
+  changes are sent.
 - Weights changed outside the optimizer (in-place edits, load_state_dict of
   the model, p.data reassigned) are noticed by the parameters' version
   counters and storage: that step runs as a plain Depot step with the new
@@ -74,11 +82,15 @@ def _view(address, elems, dtype, device):
 
 class _EngineDriver:
     def __init__(self, optimizer, job, device, engine_kwargs,
-                 find_unused_parameters):
+                 find_unused_parameters, overlap_backward=True):
         self.opt = optimizer
         self.job = job
         self.device = device
         self.find_unused = bool(find_unused_parameters)
+        # The step begins at step(), not in backward's first hook: every
+        # .grad is known then (find_unused_parameters), or the trainer
+        # changes gradients after backward (overlap_backward=False).
+        self.begin_at_step = self.find_unused or not overlap_backward
         self.engine = Engine(job, "host" if device.type == "cpu" else "cuda",
                              cuda_device=(device.index or 0)
                              if device.type == "cuda" else 0,
@@ -200,6 +212,7 @@ class _EngineDriver:
         self.begun = False
         self.plain = False  # this step runs as a plain Depot step
         self.declared_no_grad = None
+        self.grad_version = None  # the buffer's after backward's last hook
 
     def _adopt_grad(self, index):
         """Makes parameter `index`'s .grad the view (copying a fresh one)."""
@@ -224,7 +237,7 @@ class _EngineDriver:
                 f"backwards, run all but the last inside "
                 f"`with optimizer.no_sync():`")
         self.fired[index] = True
-        if self.find_unused or self.plain:
+        if self.begin_at_step or self.plain:
             return
         if not self.begun:
             if self._weights_edited():
@@ -236,6 +249,9 @@ class _EngineDriver:
             self.waiting[b] -= 1
             if self.waiting[b] == 0:
                 self._name(b)
+        # What backward left in the buffer; step() compares (a change after
+        # this may not reach a bucket that has left).
+        self.grad_version = self._grad_buffer(self.step)._version
 
     def _name(self, bucket):
         self.named[bucket] = True
@@ -307,6 +323,7 @@ class _EngineDriver:
             raise RuntimeError("DepotOptimizer.step() inside no_sync()")
         if not self.begun and not self.plain and self._weights_edited():
             self.plain = True
+        late = self._changed_after_backward() if self.begun else None
         for index in range(len(self.params)):
             self._adopt_grad(index)
         no_grad = [i for i, p in enumerate(self.params) if p.grad is None]
@@ -336,6 +353,18 @@ class _EngineDriver:
         if not self.delayed or len(self.in_flight) == 2:
             result = self._finish_one()
         self._after_step()
+        if late:
+            raise RuntimeError(
+                f"DepotOptimizer: the gradients changed after backward had "
+                f"handed them to the engine ({late}). Each bucket leaves "
+                f"during backward, so step {self.step - 1} was applied with "
+                f"gradients of which only some had that change (those of "
+                f"buckets still in this process when it was made). "
+                f"Use the optimizer's clip_grad= (the servers clip the summed "
+                f"gradient as clip_grad_norm_ would) and loss_scale= instead "
+                f"of clip_grad_norm_ and GradScaler, or pass "
+                f"overlap_backward=False so that the gradients leave at "
+                f"step() and changes made before it are sent")
         if surprises:
             raise RuntimeError(
                 f"DepotOptimizer: parameter(s) {surprises[:8]} had a "
@@ -347,6 +376,23 @@ class _EngineDriver:
                 f"find_unused_parameters=True when some parameters may get "
                 f"no gradient (the step then begins at step())")
         return result
+
+    def _changed_after_backward(self):
+        """How the gradients changed since backward's last hook of a step that
+        began in backward (None: they did not): in place (the buffer's
+        version counter, shared by every .grad view), or .grad replaced by
+        another tensor."""
+        if self._grad_buffer(self.step)._version != self.grad_version:
+            return ("changed in place, as clip_grad_norm_, "
+                    "GradScaler.unscale_ or p.grad.mul_() do")
+        replaced = [index for index, p in enumerate(self.params)
+                    if p.grad is not None and
+                    p.grad is not self._grad_view(index, self.step) and
+                    p.grad.data_ptr() !=
+                    self._grad_view(index, self.step).data_ptr()]
+        if replaced:
+            return f".grad replaced for parameter(s) {replaced[:8]}"
+        return None
 
     def _finish_one(self):
         step, scale = self.in_flight.pop(0)

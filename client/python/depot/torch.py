@@ -84,8 +84,11 @@ offload_fraction (the share of parameters whose optimizer runs on the
 servers; the rest on the GPU), local_rank / local_ranks / node_id (a node of
 several GPUs is one worker; node_id from depot.torch.node_id()),
 bucket_chunks, find_unused_parameters (DDP's: needed when a parameter with
-requires_grad may get no gradient; the step then begins at step()), and
-engine_options (depot.Engine's other arguments). Several backwards per step
+requires_grad may get no gradient; the step then begins at step()),
+overlap_backward (False: the gradients leave at step(), for trainers that
+change them after backward; a change after backward otherwise raises at
+step(), as it could not be sent), and engine_options (depot.Engine's other
+arguments). Several backwards per step
 go inside `with opt.no_sync():`. close() frees the engine.
 
 Checkpoints: state_dict() holds torch's "param_groups", an empty "state",
@@ -229,8 +232,8 @@ class DepotOptimizer(torch.optim.Optimizer):
         state's bytes: for trainers that call state_dict() themselves, with
         servers started with --checkpoint_dir.
       delayed_update, offload_fraction, local_rank, local_ranks, node_id,
-        bucket_chunks, find_unused_parameters, engine_options: the engine's
-        (module docstring; docs/gpu.md).
+        bucket_chunks, find_unused_parameters, overlap_backward,
+        engine_options: the engine's (module docstring; docs/gpu.md).
     """
 
     def __init__(self, params, servers=None, *, job_name, optimizer="adamw",
@@ -242,7 +245,8 @@ class DepotOptimizer(torch.optim.Optimizer):
                  client=None, wait_timeout=60.0, engine=None,
                  delayed_update=False, offload_fraction=1.0, local_rank=0,
                  local_ranks=1, node_id=None, bucket_chunks=None,
-                 find_unused_parameters=False, engine_options=None,
+                 find_unused_parameters=False, overlap_backward=True,
+                 engine_options=None,
                  resume=False, checkpoint_every_steps=0,
                  state_dict_reference=False, tls_ca=None, tls_cert=None,
                  tls_key=None, token=None, token_file=None,
@@ -332,22 +336,27 @@ class DepotOptimizer(torch.optim.Optimizer):
         if self._engine_device is None:
             if engine_options or delayed_update or offload_fraction != 1.0 \
                     or local_ranks != 1 or node_id is not None or \
-                    bucket_chunks is not None or find_unused_parameters:
+                    bucket_chunks is not None or find_unused_parameters \
+                    or overlap_backward is not True:
                 raise ValueError(
                     "delayed_update, offload_fraction, local_ranks, node_id, "
-                    "bucket_chunks, find_unused_parameters and "
-                    "engine_options are the engine's: pass CUDA parameters "
-                    "or engine=\"host\"")
+                    "bucket_chunks, find_unused_parameters, overlap_backward "
+                    "and engine_options are the engine's: pass CUDA "
+                    "parameters or engine=\"host\"")
         else:
             # The engine's buffers must exist before the first backward, so
             # the job opens now (param groups are fixed from here on).
             check_engine_params(self._all_params(), self._engine_device)
+            if not isinstance(overlap_backward, bool):
+                raise TypeError(f"overlap_backward must be True or False, "
+                                f"not {overlap_backward!r}")
             self._open_job()
             if not self._initialized:
                 self._init_weights()
             self._driver = _EngineDriver(self, self._job, self._engine_device,
                                          engine_kwargs,
-                                         find_unused_parameters)
+                                         find_unused_parameters,
+                                         overlap_backward)
 
     # -- layout and job -------------------------------------------------
 
