@@ -344,30 +344,36 @@ def test_engine_delayed_update_accumulates_into_the_steps_buffer(
 
 
 def clip_after_backward(model, opt, inputs, targets, steps, edit):
-    """torch's usual loop with a change to the gradients between backward
-    and step(): `edit(model)`."""
+    """torch's usual loop with a change between backward and step():
+    `edit(model, opt, s)`."""
     for s in range(steps):
         opt.zero_grad()
         loss_of(model, inputs[s], targets[s]).backward()
-        edit(model)
+        edit(model, opt, s)
         opt.step()
 
 
-def clip(model):
+def clip(model, opt, s):
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
 
 
-def halve_out_of_place(model):
+def halve_out_of_place(model, opt, s):
     model[2].weight.grad = model[2].weight.grad * 0.5
 
 
+def warm_up_lr(model, opt, s):  # a manual schedule, set after backward
+    for group in opt.param_groups:
+        group["lr"] = 1e-3 * (s + 1)
+
+
 @pytest.mark.parametrize("edit, what", [
-    (clip, "changed in place"), (halve_out_of_place, "replaced for parameter")])
-def test_engine_gradients_changed_after_backward_raise(client, job_name, edit,
-                                                        what):
-    """The buckets left during backward: a change after it cannot reach
-    them. step() completes the step (the job stays consistent: the next
-    steps run) and raises, never silently."""
+    (clip, "changed in place"), (halve_out_of_place, "replaced for parameter"),
+    (warm_up_lr, "lr or weight_decay changed")])
+def test_engine_changes_after_backward_raise(client, job_name, edit, what):
+    """The buckets (and the step's lr and weight decay) left during
+    backward: a change after it cannot reach them. step() completes the step
+    (the job stays consistent: the next steps run) and raises, never
+    silently."""
     model, inputs, targets = model_and_data()
     opt = DepotOptimizer(model.parameters(), client=client,
                          job_name=job_name, engine="host", lr=1e-2,
@@ -375,17 +381,17 @@ def test_engine_gradients_changed_after_backward_raise(client, job_name, edit,
     with pytest.raises(RuntimeError, match=what + ".*overlap_backward=False"):
         clip_after_backward(model, opt, inputs, targets, 1, edit)
     assert opt.job.status()[0].step == 1
-    train(model, opt, inputs[1:], targets[1:], steps=2)  # without the change
+    train(model, opt, inputs[1:], targets[1:], steps=2)  # no change after
     assert opt.job.status()[0].step == 3
     opt.close()
 
 
-@pytest.mark.parametrize("edit", [clip, halve_out_of_place])
-def test_engine_without_overlap_sends_gradients_changed_after_backward(
+@pytest.mark.parametrize("edit", [clip, halve_out_of_place, warm_up_lr])
+def test_engine_without_overlap_sends_what_changed_after_backward(
         client, job_name, edit):
     """overlap_backward=False: the step begins at step(), so clip_grad_norm_
-    (or any change) after backward is in the gradients sent: torch's result
-    bit for bit."""
+    (or any change to the gradients or the lr) after backward is in the step
+    sent: torch's result bit for bit."""
     model, inputs, targets = model_and_data()
     reference = copy.deepcopy(model)
     opt = DepotOptimizer(model.parameters(), client=client,

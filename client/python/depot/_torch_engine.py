@@ -32,7 +32,9 @@ tests/python/test_torch_engine.py over the host engine):
   cannot reach a bucket that already left: the gradient buffer's version
   counter (shared by every view) and the .grad objects are checked at
   step(), which completes the step (some buckets with the change, some
-  without) and raises RuntimeError naming the remedies. With
+  without) and raises RuntimeError naming the remedies. The same for a
+  group's lr or weight_decay changed after backward began the step (they
+  leave with it, during backward). With
   overlap_backward=False the step begins at step() instead, and such
   changes are sent.
 - Weights changed outside the optimizer (in-place edits, load_state_dict of
@@ -213,6 +215,7 @@ class _EngineDriver:
         self.plain = False  # this step runs as a plain Depot step
         self.declared_no_grad = None
         self.grad_version = None  # the buffer's after backward's last hook
+        self.begun_hparams = None  # each group's lr and weight decay sent
 
     def _adopt_grad(self, index):
         """Makes parameter `index`'s .grad the view (copying a fresh one)."""
@@ -264,8 +267,9 @@ class _EngineDriver:
             raise RuntimeError("DepotOptimizer: two steps are in flight; "
                                "call step() after each backward")
         self.declared_no_grad = set(no_grad)
+        self.begun_hparams = opt._group_hparams()
         self.engine.begin_step(
-            self.step, group_hparams=opt._group_hparams(),
+            self.step, group_hparams=self.begun_hparams,
             loss_scale=opt._grad_scaler().scale, no_grad_tensors=no_grad)
         self.in_flight.append((self.step, opt._grad_scaler().scale))
         self.begun = True
@@ -324,6 +328,8 @@ class _EngineDriver:
         if not self.begun and not self.plain and self._weights_edited():
             self.plain = True
         late = self._changed_after_backward() if self.begun else None
+        sent_hparams, now_hparams = self.begun_hparams, opt._group_hparams()
+        hparams_late = self.begun and now_hparams != sent_hparams
         for index in range(len(self.params)):
             self._adopt_grad(index)
         no_grad = [i for i, p in enumerate(self.params) if p.grad is None]
@@ -353,6 +359,18 @@ class _EngineDriver:
         if not self.delayed or len(self.in_flight) == 2:
             result = self._finish_one()
         self._after_step()
+        if hparams_late:
+            raise RuntimeError(
+                f"DepotOptimizer: a param group's lr or weight_decay changed "
+                f"after backward began the step (its values leave with the "
+                f"first bucket, during backward), so step {self.step - 1} "
+                f"was applied with the values backward saw: "
+                f"{[(lr, wd) for _, lr, wd in sent_hparams]} (lr, "
+                f"weight_decay per group), not "
+                f"{[(lr, wd) for _, lr, wd in now_hparams]}. "
+                f"Set them before backward (an LR scheduler stepped after "
+                f"optimizer.step() does), or pass overlap_backward=False so "
+                f"that the step begins at step()")
         if late:
             raise RuntimeError(
                 f"DepotOptimizer: the gradients changed after backward had "
