@@ -416,6 +416,33 @@ def test_overlap_backward_is_checked(client, job_name):
                        overlap_backward=False)  # no engine: nothing to overlap
 
 
+@pytest.mark.parametrize("layer", [0, 2, 4])
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_engine_freezing_and_unfreezing_between_steps_is_torch_bit_for_bit(
+        client, job_name, layer, set_to_none):
+    """A layer frozen every other step (requires_grad toggled before the
+    step's backward). With zero_grad(set_to_none=False), torch 1.13's
+    default, the frozen layer keeps a zero .grad and torch steps it (decay
+    and moments): so must Depot. Unfrozen, it is waited for again by its
+    buckets (counted when the step begins, not when the last one ended)."""
+    model, inputs, targets = model_and_data()
+    reference = copy.deepcopy(model)
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         weight_decay=0.1, **small_chunks())
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2,
+                                weight_decay=0.1, foreach=False)
+    for s in range(STEPS):
+        for m, o in ((model, opt), (reference, ref_opt)):
+            m[layer].weight.requires_grad_(s % 2 == 1)
+            o.zero_grad(set_to_none=set_to_none)
+            loss_of(m, inputs[s], targets[s]).backward()
+            o.step()
+    assert_bitwise([p.detach() for p in model.parameters()],
+                   [p.detach() for p in reference.parameters()])
+    opt.close()
+
+
 def test_engine_weights_edited_outside_become_master(client, job_name):
     model, inputs, targets = model_and_data()
     reference = copy.deepcopy(model)

@@ -14,10 +14,12 @@ tests/python/test_torch_engine.py over the host engine):
 - The hook runs after a parameter's gradient is accumulated
   (register_post_accumulate_grad_hook on torch >= 2.1; before that, a hook on
   the parameter's AccumulateGrad node). A bucket is handed to the engine once
-  every parameter with requires_grad that overlaps it has fired; the first
-  hook of a backward begins the step, with this step's lr, weight decay and
-  loss scale, and the parameters without requires_grad as the ones without a
-  gradient. Buckets nobody fired for go at step().
+  every parameter with requires_grad (as it is when the step begins) that
+  overlaps it has fired; the first hook of a backward begins the step, with
+  this step's lr, weight decay and loss scale, and the parameters without
+  requires_grad and without a .grad as the ones without a gradient (a frozen
+  parameter that kept a zero .grad, zero_grad(set_to_none=False), is stepped
+  with it, as torch does). Buckets nobody fired for go at step().
 - A parameter with requires_grad that gets no gradient in a backward cannot
   be declared after its step began: with find_unused_parameters=True (DDP's
   name) the step begins only at step(), when every .grad is known (the
@@ -205,11 +207,7 @@ class _EngineDriver:
 
     def _reset_step_state(self):
         self.fired = [False] * len(self.params)
-        self.waiting = [0] * len(self.engine.bucket_ranges)
-        for index, p in enumerate(self.params):
-            if p.requires_grad:
-                for b in self.buckets_of[index]:
-                    self.waiting[b] += 1
+        self.waiting = None  # counted when the step begins (_begin)
         self.named = [False] * len(self.engine.bucket_ranges)
         self.begun = False
         self.plain = False  # this step runs as a plain Depot step
@@ -246,8 +244,14 @@ class _EngineDriver:
             if self._weights_edited():
                 self.plain = True
                 return
+            # A parameter without requires_grad gets no gradient in this
+            # backward: its .grad now is its gradient for the step (None, or
+            # kept by zero_grad(set_to_none=False): torch steps it then).
+            for i, p in enumerate(self.params):
+                if not p.requires_grad:
+                    self._adopt_grad(i)
             self._begin(no_grad=[i for i, p in enumerate(self.params)
-                                 if not p.requires_grad])
+                                 if not p.requires_grad and p.grad is None])
         for b in self.buckets_of[index]:
             self.waiting[b] -= 1
             if self.waiting[b] == 0:
@@ -267,6 +271,14 @@ class _EngineDriver:
             raise RuntimeError("DepotOptimizer: two steps are in flight; "
                                "call step() after each backward")
         self.declared_no_grad = set(no_grad)
+        # Which parameters each bucket waits for: those that get a gradient
+        # in this backward (requires_grad now: the trainer may have frozen or
+        # unfrozen some since the last step).
+        self.waiting = [0] * len(self.engine.bucket_ranges)
+        for index, p in enumerate(self.params):
+            if p.requires_grad:
+                for b in self.buckets_of[index]:
+                    self.waiting[b] += 1
         self.begun_hparams = opt._group_hparams()
         self.engine.begin_step(
             self.step, group_hparams=self.begun_hparams,
