@@ -418,14 +418,20 @@ def test_overlap_backward_is_checked(client, job_name):
 
 @pytest.mark.parametrize("layer", [0, 2, 4])
 @pytest.mark.parametrize("set_to_none", [True, False])
+@pytest.mark.parametrize("frozen_at_construction", [False, True])
 def test_engine_freezing_and_unfreezing_between_steps_is_torch_bit_for_bit(
-        client, job_name, layer, set_to_none):
+        client, job_name, layer, set_to_none, frozen_at_construction):
     """A layer frozen every other step (requires_grad toggled before the
     step's backward). With zero_grad(set_to_none=False), torch 1.13's
     default, the frozen layer keeps a zero .grad and torch steps it (decay
     and moments): so must Depot. Unfrozen, it is waited for again by its
-    buckets (counted when the step begins, not when the last one ended)."""
+    buckets (counted when the step begins, not when the last one ended).
+    Frozen when the optimizer is made, it has no hook at first (a tensor
+    without requires_grad cannot have one): the step it is first unfrozen
+    begins at step(), and it gets its hook then."""
     model, inputs, targets = model_and_data()
+    if frozen_at_construction:
+        model[layer].weight.requires_grad_(False)
     reference = copy.deepcopy(model)
     opt = DepotOptimizer(model.parameters(), client=client,
                          job_name=job_name, engine="host", lr=1e-2,

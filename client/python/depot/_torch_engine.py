@@ -141,6 +141,7 @@ class _EngineDriver:
         self.step = optimizer._depot_step + 1  # the step backward feeds
         self.in_flight = []  # steps begun and not finished
         self.hooks = []
+        self.hooked = set()  # indices of the parameters with a hook
         self.no_sync_depth = 0
         # attach(): buckets whose weights forward has not waited for yet.
         self.attached = False
@@ -149,9 +150,6 @@ class _EngineDriver:
         self._reset_step_state()
         self._point_grads(self.step, copy_current=False)
         self._remember_weights()
-        for index, p in enumerate(params):
-            if p.requires_grad:
-                self._register_hook(index, p)
 
     # -- views and hooks -------------------------------------------------
 
@@ -191,14 +189,26 @@ class _EngineDriver:
         else:
             # The AccumulateGrad node of the parameter (as DDP finds it);
             # its hook runs after the gradient is accumulated into .grad.
-            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            # (step() runs under no_grad, where expand_as makes no node.)
+            with torch.enable_grad():
+                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
             self.hooks.append((accumulator,
                                accumulator.register_hook(fire)))
+        self.hooked.add(index)
+
+    def _ensure_hooks(self):
+        """A hook for every parameter with requires_grad (one without it
+        cannot have one: unfrozen later, it gets its hook at the end of the
+        next step, outside backward)."""
+        for index, p in enumerate(self.params):
+            if p.requires_grad and index not in self.hooked:
+                self._register_hook(index, p)
 
     def remove_hooks(self):
         for hook in self.hooks:
             (hook[1] if isinstance(hook, tuple) else hook).remove()
         self.hooks = []
+        self.hooked = set()
 
     def _stream(self):
         if self.device.type != "cuda":
@@ -214,6 +224,11 @@ class _EngineDriver:
         self.declared_no_grad = None
         self.grad_version = None  # the buffer's after backward's last hook
         self.begun_hparams = None  # each group's lr and weight decay sent
+        # This step begins at step(): a parameter unfrozen since the last
+        # step has no hook yet, so backward cannot tell when its buckets are
+        # whole, nor when its gradient stopped changing.
+        self.begin_late = False
+        self._ensure_hooks()
 
     def _adopt_grad(self, index):
         """Makes parameter `index`'s .grad the view (copying a fresh one)."""
@@ -238,11 +253,15 @@ class _EngineDriver:
                 f"backwards, run all but the last inside "
                 f"`with optimizer.no_sync():`")
         self.fired[index] = True
-        if self.begin_at_step or self.plain:
+        if self.begin_at_step or self.begin_late or self.plain:
             return
         if not self.begun:
             if self._weights_edited():
                 self.plain = True
+                return
+            if any(p.requires_grad and i not in self.hooked
+                   for i, p in enumerate(self.params)):
+                self.begin_late = True
                 return
             # A parameter without requires_grad gets no gradient in this
             # backward: its .grad now is its gradient for the step (None, or
