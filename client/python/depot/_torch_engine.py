@@ -230,13 +230,20 @@ class _EngineDriver:
         self.begin_late = False
         self._ensure_hooks()
 
-    def _adopt_grad(self, index):
-        """Makes parameter `index`'s .grad the view (copying a fresh one)."""
+    def _foreign_grad(self, index):
+        """Parameter `index`'s .grad when it is not its view (a fresh one
+        autograd made, or one the trainer assigned), else None."""
         grad = self.params[index].grad
         view = self._grad_view(index, self.step)
         if grad is None or grad is view:  # autograd accumulated in place
-            return
-        if grad.data_ptr() != view.data_ptr():
+            return None
+        return grad if grad.data_ptr() != view.data_ptr() else None
+
+    def _adopt_grad(self, index):
+        """Makes parameter `index`'s .grad the view (copying a fresh one)."""
+        grad = self._foreign_grad(index)
+        if grad is not None:
+            view = self._grad_view(index, self.step)
             with torch.no_grad():
                 view.copy_(grad)
             self.params[index].grad = view
@@ -434,11 +441,8 @@ class _EngineDriver:
         if self._grad_buffer(self.step)._version != self.grad_version:
             return ("changed in place, as clip_grad_norm_, "
                     "GradScaler.unscale_ or p.grad.mul_() do")
-        replaced = [index for index, p in enumerate(self.params)
-                    if p.grad is not None and
-                    p.grad is not self._grad_view(index, self.step) and
-                    p.grad.data_ptr() !=
-                    self._grad_view(index, self.step).data_ptr()]
+        replaced = [index for index in range(len(self.params))
+                    if self._foreign_grad(index) is not None]
         if replaced:
             return f".grad replaced for parameter(s) {replaced[:8]}"
         return None
