@@ -253,6 +253,28 @@ def test_engine_second_backward_needs_no_sync(client, job_name):
     opt.close()
 
 
+def one_step_stale(initial, backward, steps=STEPS):
+    """The delayed update's reference: torch.optim.AdamW (lr 1e-2) on master
+    weights from `initial` (a model), each step's gradient made by
+    `backward(reference, ref_opt, s)` on a copy whose weights are two steps
+    old (forward s, 0-based, sees the master before step s - 1). Returns the
+    masters' parameters after `steps` steps."""
+    reference = copy.deepcopy(initial)
+    master = copy.deepcopy(initial)
+    ref_opt = torch.optim.AdamW(master.parameters(), lr=1e-2, foreach=False)
+    history = [copy.deepcopy(master.state_dict())] * 2
+    for s in range(steps):
+        reference.load_state_dict(history[-2])
+        reference.zero_grad()
+        backward(reference, ref_opt, s)
+        for p_master, p_ref in zip(master.parameters(),
+                                   reference.parameters()):
+            p_master.grad = p_ref.grad.clone()
+        ref_opt.step()
+        history.append(copy.deepcopy(master.state_dict()))
+    return [p.detach() for p in master.parameters()]
+
+
 MICRO = 4  # micro-batches of an accumulated step
 
 
@@ -325,21 +347,9 @@ def test_engine_delayed_update_accumulates_into_the_steps_buffer(
         assert_grads_are_views(opt, model)
         opt.step()
     opt.synchronize()
-    got = [p.detach().clone() for p in model.parameters()]
-
-    master = copy.deepcopy(reference)
-    ref_opt = torch.optim.AdamW(master.parameters(), lr=1e-2, foreach=False)
-    history = [copy.deepcopy(master.state_dict())] * 2
-    for s in range(STEPS):
-        reference.load_state_dict(history[-2])
-        reference.zero_grad()
-        accumulate(reference, ref_opt, inputs, targets, s, drop_grad=(s == 3))
-        for p_master, p_ref in zip(master.parameters(),
-                                   reference.parameters()):
-            p_master.grad = p_ref.grad.clone()
-        ref_opt.step()
-        history.append(copy.deepcopy(master.state_dict()))
-    assert_bitwise(got, [p.detach() for p in master.parameters()])
+    assert_bitwise([p.detach() for p in model.parameters()],
+                   one_step_stale(reference, lambda r, o, s: accumulate(
+                       r, o, inputs, targets, s, drop_grad=(s == 3))))
     opt.close()
 
 
@@ -519,23 +529,9 @@ def test_engine_delayed_update_is_one_step_stale(client, job_name):
                          delayed_update=True, **small_chunks())
     train(model, opt, inputs, targets)
     opt.synchronize()
-    got = [p.detach().clone() for p in model.parameters()]
-
-    master = copy.deepcopy(reference)
-    ref_opt = torch.optim.AdamW(master.parameters(), lr=1e-2, foreach=False)
-    history = [copy.deepcopy(master.state_dict())] * 2
-    for s in range(STEPS):
-        # Forward s (1-based s + 1) uses the weights of step s - 1 (0-based:
-        # the master before the previous step).
-        reference.load_state_dict(history[-2])
-        reference.zero_grad()
-        loss_of(reference, inputs[s], targets[s]).backward()
-        for p_master, p_ref in zip(master.parameters(),
-                                   reference.parameters()):
-            p_master.grad = p_ref.grad.clone()
-        ref_opt.step()
-        history.append(copy.deepcopy(master.state_dict()))
-    assert_bitwise(got, [p.detach() for p in master.parameters()])
+    assert_bitwise([p.detach() for p in model.parameters()],
+                   one_step_stale(reference, lambda r, o, s: loss_of(
+                       r, inputs[s], targets[s]).backward()))
     opt.close()
 
 
