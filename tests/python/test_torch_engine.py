@@ -565,12 +565,15 @@ def test_cuda_engine_without_a_gpu_says_why(client, job_name):
     job.close()
 
 
-def test_node_of_two_local_ranks_equals_two_workers(client, job_name):
+@pytest.mark.parametrize("overlap_backward", [True, False])
+def test_node_of_two_local_ranks_equals_two_workers(client, job_name,
+                                                    overlap_backward):
     """A node of two local ranks (host engines in two threads, one node id):
     the engines reduce-scatter each bucket inside the node and each rank
     sends its part; the servers see one worker. Bit for bit the same as two
     data-parallel workers that each send their whole gradient (the servers
-    sum two workers in rank order in fp32, as the node's collective does)."""
+    sum two workers in rank order in fp32, as the node's collective does).
+    Also with the step begun at step() (overlap_backward=False)."""
     import threading
 
     def run(opts, models, inputs, targets):
@@ -604,7 +607,8 @@ def test_node_of_two_local_ranks_equals_two_workers(client, job_name):
         opts[rank] = DepotOptimizer(
             models[rank].parameters(), client=client, job_name=job_name,
             engine="host", lr=1e-2, local_rank=rank, local_ranks=2,
-            node_id=node, chunk_elems=64, bucket_chunks=2)
+            node_id=node, chunk_elems=64, bucket_chunks=2,
+            overlap_backward=overlap_backward)
 
     # The ranks' engines meet in the node's collectives as they are made.
     builders = [threading.Thread(target=construct, args=(r,))
