@@ -147,9 +147,11 @@ def test_cuda_gradients_clipped_after_backward(client, job_name, overlap):
             clipped_run(gpu, opt)
     else:
         host = Exact(torch.float32)
-        want = clipped_run(host, DepotOptimizer(
-            host.parameters(), job_name=f"{job_name}-host", engine="host",
-            **kwargs))
+        host_opt = DepotOptimizer(host.parameters(),
+                                  job_name=f"{job_name}-host",
+                                  engine="host", **kwargs)
+        want = clipped_run(host, host_opt)
+        host_opt.close()
         got = clipped_run(gpu, opt)
         for i, (g, w) in enumerate(zip(got, want)):
             # clip_grad_norm_'s norm is computed on each device: equal
