@@ -648,3 +648,13 @@ def test_node_id_over_torch_distributed():
         assert made != depot.torch.node_id(device="host")
     finally:
         dist.destroy_process_group()
+
+
+def test_engine_add_param_group_says_the_job_opened_at_construction(
+        client, job_name):
+    model, _, _ = model_and_data()
+    opt = DepotOptimizer(model.parameters(), client=client, job_name=job_name,
+                         engine="host", **small_chunks())
+    with pytest.raises(RuntimeError, match="to the constructor"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(3))]})
+    opt.close()

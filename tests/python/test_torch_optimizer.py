@@ -39,7 +39,7 @@ def test_add_param_group_after_the_first_step_is_refused(client, job_name):
     model, opt = make(client, job_name)
     inputs, targets = training.batch(0)
     training.train_step(model, opt, inputs, targets)
-    with pytest.raises(RuntimeError, match="after the first step"):
+    with pytest.raises(RuntimeError, match="before the first step"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(3))]})
 
 

@@ -357,10 +357,13 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
 
     def add_param_group(self, param_group):
         if getattr(self, "_job", None) is not None:
+            when = ("with an engine the job opens when the optimizer is "
+                    "made: pass every param group to the constructor"
+                    if getattr(self, "_engine_device", None) is not None else
+                    "add every param group before the first step()")
             raise RuntimeError(
-                "DepotOptimizer.add_param_group after the first step: the "
-                "job's layout is fixed once it is opened on the servers; add "
-                "every param group before the first step()")
+                f"DepotOptimizer.add_param_group after the job was opened on "
+                f"the servers: its layout is fixed from then on; {when}")
         for p in param_group["params"] if isinstance(
                 param_group["params"], (list, tuple)) else []:
             _check_param(p)
