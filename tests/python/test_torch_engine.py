@@ -658,3 +658,27 @@ def test_engine_add_param_group_says_the_job_opened_at_construction(
     with pytest.raises(RuntimeError, match="to the constructor"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(3))]})
     opt.close()
+
+
+@pytest.mark.parametrize("read", ["wait_weights", "state_dict"])
+def test_engine_attached_weights_are_waited_for_before_reads_outside_forward(
+        client, job_name, read):
+    """After step() with attach() the buckets' weights are waited for by the
+    forward (on CUDA they are still being copied in): wait_weights(), and
+    the model's state_dict() by itself, wait for all of them first, so that
+    an EMA or a checkpoint reads the new weights."""
+    model, inputs, targets = model_and_data()
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         **small_chunks())
+    opt.attach(model)
+    opt.zero_grad()
+    loss_of(model, inputs[0], targets[0]).backward()
+    opt.step()
+    assert opt._driver.pending_waits  # the forward would wait for them
+    if read == "wait_weights":
+        opt.wait_weights()
+    else:
+        model.state_dict()
+    assert not opt._driver.pending_waits
+    opt.close()

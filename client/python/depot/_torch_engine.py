@@ -571,6 +571,15 @@ class _EngineDriver:
             raise ValueError(
                 f"DepotOptimizer.attach: {missing} of the optimizer's "
                 f"parameters are not parameters of the model's modules")
+        # model.state_dict() hands out the parameters themselves: the
+        # weights still arriving are waited for first (a checkpoint written
+        # between step() and the next forward would hold them half copied).
+        if hasattr(model, "register_state_dict_pre_hook"):  # torch >= 2.0
+            hooks.append(model.register_state_dict_pre_hook(
+                lambda *unused: self.wait_pending()))
+        else:  # a hook after it, before anyone reads the tensors
+            hooks.append(model._register_state_dict_hook(
+                lambda *unused: self.wait_pending()))
         self.module_hooks.extend(hooks)
         self.attached = True
 

@@ -700,11 +700,26 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         still arrive (without it, step() waits for every bucket). Every
         parameter must be used only inside the forward of a module that
         holds it (as nn.Module code does); ValueError when some of the
-        optimizer's parameters are not the model's."""
+        optimizer's parameters are not the model's.
+
+        Between step() and the next forward the parameters are not yet the
+        new weights (on CUDA they are being copied in on the engine's
+        stream): before reading them outside a forward (an EMA of the
+        weights, logging their norms) call wait_weights(). model.state_dict()
+        waits by itself."""
         if self._driver is None:
             raise RuntimeError("DepotOptimizer.attach needs an engine (CUDA "
                                "parameters or engine=\"host\")")
         self._driver.attach(model)
+
+    def wait_weights(self):
+        """After step() with attach(): makes the current stream wait for the
+        weights of every bucket no forward has waited for yet, so that the
+        parameters can be read outside a forward (an EMA, logging, a copy).
+        Without attach() step() has waited already; without an engine there
+        is nothing to wait for."""
+        if self._driver is not None:
+            self._driver.wait_pending()
 
     def synchronize(self):
         """Finishes every step in flight (with the delayed update, the last
