@@ -147,7 +147,7 @@ def test_missing_library_error_says_how_to_point_at_it(tmp_path):
 # mapping of its own (its default) after a depot.Client is created with the
 # argument given (Depot's threshold, 32 MiB, keeps it in a heap).
 _MAPPED_AFTER_CLIENT = """
-import ctypes, sys
+import ctypes, json, sys
 import depot
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in (
@@ -157,7 +157,7 @@ libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = Info
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
-depot.Client(["127.0.0.1:1"], **eval(sys.argv[1]))
+depot.Client(["127.0.0.1:1"], **json.loads(sys.argv[1]))
 before = libc.mallinfo2().hblks
 block = libc.malloc(16 << 20)
 print(libc.mallinfo2().hblks > before)
@@ -166,8 +166,8 @@ libc.free(block)
 
 
 @pytest.mark.parametrize("kwargs, mapped", [
-    ("{}", True), ("{'retain_transport_buffers': False}", True),
-    ("{'retain_transport_buffers': True}", False)])
+    ("{}", True), ('{"retain_transport_buffers": false}', True),
+    ('{"retain_transport_buffers": true}', False)])
 def test_client_tunes_malloc_only_when_asked(kwargs, mapped):
     env = {k: v for k, v in os.environ.items()
            if k not in ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_",

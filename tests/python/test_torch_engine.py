@@ -60,6 +60,19 @@ def small_chunks(**kwargs):
     return dict(chunk_elems=64, bucket_chunks=1, **kwargs)
 
 
+def beside_torch(model, client, job_name, **hparams):
+    """A DepotOptimizer (host engine, small chunks, lr 1e-2 and `hparams`)
+    over `model`, and a copy of the model with torch.optim.AdamW of the same
+    hyperparameters: (opt, reference, ref_opt)."""
+    reference = copy.deepcopy(model)
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         **hparams, **small_chunks())
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2,
+                                foreach=False, **hparams)
+    return opt, reference, ref_opt
+
+
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_engine_adamw_is_torch_bit_for_bit(client, job_name, set_to_none):
     model, inputs, targets = model_and_data()
@@ -227,12 +240,7 @@ def test_engine_unused_parameter_without_the_flag_raises(client, job_name):
 
 def test_engine_second_backward_needs_no_sync(client, job_name):
     model, inputs, targets = model_and_data()
-    reference = copy.deepcopy(model)
-    opt = DepotOptimizer(model.parameters(), client=client,
-                         job_name=job_name, engine="host", lr=1e-2,
-                         **small_chunks())
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2,
-                                foreach=False)
+    opt, reference, ref_opt = beside_torch(model, client, job_name)
     for s in range(2):
         for m, o in ((model, opt), (reference, ref_opt)):
             o.zero_grad()
@@ -312,12 +320,8 @@ def test_engine_accumulation_over_micro_batches_is_torch_bit_for_bit(
     accumulates into the view in place), with a .grad dropped midway (a
     fresh gradient the hook must adopt), equal torch.optim.AdamW."""
     model, inputs, targets = model_and_data()
-    reference = copy.deepcopy(model)
-    opt = DepotOptimizer(model.parameters(), client=client,
-                         job_name=job_name, engine="host", lr=1e-2,
-                         weight_decay=0.1, **small_chunks())
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2,
-                                weight_decay=0.1, foreach=False)
+    opt, reference, ref_opt = beside_torch(model, client, job_name,
+                                           weight_decay=0.1)
     for s in range(STEPS):
         for m, o in ((model, opt), (reference, ref_opt)):
             o.zero_grad(set_to_none=set_to_none)
@@ -442,12 +446,8 @@ def test_engine_freezing_and_unfreezing_between_steps_is_torch_bit_for_bit(
     model, inputs, targets = model_and_data()
     if frozen_at_construction:
         model[layer].weight.requires_grad_(False)
-    reference = copy.deepcopy(model)
-    opt = DepotOptimizer(model.parameters(), client=client,
-                         job_name=job_name, engine="host", lr=1e-2,
-                         weight_decay=0.1, **small_chunks())
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2,
-                                weight_decay=0.1, foreach=False)
+    opt, reference, ref_opt = beside_torch(model, client, job_name,
+                                           weight_decay=0.1)
     for s in range(STEPS):
         for m, o in ((model, opt), (reference, ref_opt)):
             m[layer].weight.requires_grad_(s % 2 == 1)
@@ -461,12 +461,7 @@ def test_engine_freezing_and_unfreezing_between_steps_is_torch_bit_for_bit(
 
 def test_engine_weights_edited_outside_become_master(client, job_name):
     model, inputs, targets = model_and_data()
-    reference = copy.deepcopy(model)
-    opt = DepotOptimizer(model.parameters(), client=client,
-                         job_name=job_name, engine="host", lr=1e-2,
-                         **small_chunks())
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2,
-                                foreach=False)
+    opt, reference, ref_opt = beside_torch(model, client, job_name)
     for s in range(4):
         if s == 2:
             with torch.no_grad():

@@ -584,8 +584,6 @@ class _EngineDriver:
         self.attached = True
 
     def _wait_buckets(self, buckets):
-        if not self.pending_waits:
-            return
         stream = self._stream()
         for b in buckets:
             if b in self.pending_waits:
