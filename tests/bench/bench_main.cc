@@ -22,6 +22,7 @@
 #include "tests/bench/pipeline_bench.h"
 #include "tests/bench/step_bench.h"
 #include "tests/bench/transport_bench.h"
+#include "wire/transport_memory.h"
 
 ABSL_FLAG(uint64_t, params, 0,
           "Parameters (0 = the subcommand's default: 100000000 for kernel, "
@@ -64,6 +65,10 @@ int main(int argc, char** argv) {
                  "[flags] (--help)\n");
     return 2;
   }
+  // depot-bench is a process of its own, as a trainer's is: it lets Depot
+  // tune malloc for transfers once, for every bench's clients (the opt-in
+  // of ClientOptions::retain_transport_buffers; docs/protocol.md).
+  depot::RetainTransportBuffers();
   const std::string command = args[1];
   const uint64_t params = absl::GetFlag(FLAGS_params);
   const bool json = absl::GetFlag(FLAGS_json);

@@ -122,9 +122,6 @@ absl::Status RunCheckpointCommand(bool json) {
 
   ClientOptions options;
   options.servers = {(*server)->grpc_address()};
-  // The benchmark is a trainer whose process is its own: it lets Depot tune
-  // malloc for transfers (opt-in; ClientOptions::retain_transport_buffers).
-  options.retain_transport_buffers = true;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   if (!client.ok()) return client.status();
   if (absl::Status s = (*client)->WaitForServers(absl::Seconds(30)); !s.ok()) {

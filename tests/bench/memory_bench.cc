@@ -98,9 +98,6 @@ absl::Status MeasureOne(const MemoryBenchOptions& options, DType moments) {
   if (!server.ok()) return server.status();
   ClientOptions client_options;
   client_options.servers = {address};
-  // The benchmark is a trainer whose process is its own: it lets Depot tune
-  // malloc for transfers (opt-in; ClientOptions::retain_transport_buffers).
-  client_options.retain_transport_buffers = true;
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect(client_options);
   if (!client.ok()) return client.status();

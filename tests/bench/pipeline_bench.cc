@@ -571,9 +571,6 @@ absl::StatusOr<PipelineFigures> Measure(const PipelineBenchOptions& options,
   std::vector<std::unique_ptr<testing::ServerProcess>> servers;
   std::vector<pid_t> pids;
   ClientOptions client_options;
-  // The benchmark is a trainer whose process is its own: it lets Depot tune
-  // malloc for transfers (opt-in; ClientOptions::retain_transport_buffers).
-  client_options.retain_transport_buffers = true;
   for (int s = 0; s < options.servers; ++s) {
     absl::StatusOr<std::unique_ptr<testing::ServerProcess>> server =
         testing::ServerProcess::Start(

@@ -477,9 +477,6 @@ absl::StatusOr<BenchJob> OpenBenchJob(const std::string& address,
                                       const TlsFiles* tls) {
   ClientOptions options;
   options.servers = {address};
-  // The benchmark is a trainer whose process is its own: it lets Depot tune
-  // malloc for transfers (opt-in; ClientOptions::retain_transport_buffers).
-  options.retain_transport_buffers = true;
   options.connections_per_server = absl::GetFlag(FLAGS_transport_connections);
   options.max_inflight_chunks = work.inflight;
   if (tls != nullptr) {
