@@ -357,7 +357,7 @@ def test_engine_delayed_update_accumulates_into_the_steps_buffer(
     opt.close()
 
 
-def clip_after_backward(model, opt, inputs, targets, steps, edit):
+def train_changing_after_backward(model, opt, inputs, targets, steps, edit):
     """torch's usual loop with a change between backward and step():
     `edit(model, opt, s)`."""
     for s in range(steps):
@@ -393,7 +393,7 @@ def test_engine_changes_after_backward_raise(client, job_name, edit, what):
                          job_name=job_name, engine="host", lr=1e-2,
                          **small_chunks())
     with pytest.raises(RuntimeError, match=what + ".*overlap_backward=False"):
-        clip_after_backward(model, opt, inputs, targets, 1, edit)
+        train_changing_after_backward(model, opt, inputs, targets, 1, edit)
     assert opt.job.status()[0].step == 1
     train(model, opt, inputs[1:], targets[1:], steps=2)  # no change after
     assert opt.job.status()[0].step == 3
@@ -411,8 +411,8 @@ def test_engine_without_overlap_sends_what_changed_after_backward(
     opt = DepotOptimizer(model.parameters(), client=client,
                          job_name=job_name, engine="host", lr=1e-2,
                          overlap_backward=False, **small_chunks())
-    clip_after_backward(model, opt, inputs, targets, STEPS, edit)
-    clip_after_backward(reference, torch.optim.AdamW(
+    train_changing_after_backward(model, opt, inputs, targets, STEPS, edit)
+    train_changing_after_backward(reference, torch.optim.AdamW(
         reference.parameters(), lr=1e-2, foreach=False), inputs, targets,
         STEPS, edit)
     assert_bitwise([p.detach() for p in model.parameters()],
