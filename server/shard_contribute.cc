@@ -23,7 +23,8 @@ absl::Status ShardState::BeginStep(
     uint64_t step, uint32_t worker_rank,
     std::vector<GroupHyperParams> group_hparams, const StepNumerics& numerics,
     const std::shared_ptr<StepReplySink>& stats_sink,
-    std::string no_grad_tensors, NodeShape node_shape) {
+    std::string no_grad_tensors, NodeShape node_shape,
+    std::string sum_only_tensors) {
   if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
   const Accepting accepting(*this);
   if (absl::Status s = accepting.status(); !s.ok()) return s;
@@ -42,8 +43,26 @@ absl::Status ShardState::BeginStep(
     return s;
   }
   if (absl::Status s = ValidateStepNumerics(numerics); !s.ok()) return s;
-  if (absl::Status s = ValidateNoGradTensors(no_grad_tensors); !s.ok()) {
+  if (absl::Status s = ValidateTensorBitmap(no_grad_tensors, "no_grad_tensors");
+      !s.ok()) {
     return s;
+  }
+  if (absl::Status s =
+          ValidateTensorBitmap(sum_only_tensors, "sum_only_tensors");
+      !s.ok()) {
+    return s;
+  }
+  if (numerics.two_phase && !sum_only_tensors.empty()) {
+    return absl::InvalidArgumentError(
+        "sum_only_tensors in a two-phase step: the shard's GradStats would "
+        "leave out the gradients the workers update themselves");
+  }
+  // This worker's no_grad_tensors bits of the sum-only tensors.
+  std::string sum_only_no_grad = sum_only_tensors;
+  for (size_t i = 0; i < sum_only_no_grad.size(); ++i) {
+    sum_only_no_grad[i] =
+        static_cast<char>(sum_only_no_grad[i] &
+                          (no_grad_tensors.empty() ? 0 : no_grad_tensors[i]));
   }
   if (numerics.two_phase && stats_sink == nullptr) {
     return absl::InvalidArgumentError(
@@ -81,6 +100,8 @@ absl::Status ShardState::BeginStep(
       StepProgress fresh;
       fresh.group_hparams = std::move(group_hparams);
       fresh.numerics = numerics;
+      fresh.sum_only = sum_only_tensors;
+      fresh.sum_only_no_grad = sum_only_no_grad;
       fresh.no_grad.resize(workers);
       fresh.node_shapes.resize(workers);
       fresh.header_seen.resize(workers, false);
@@ -102,6 +123,19 @@ absl::Status ShardState::BeginStep(
           "loss_scale, two_phase or commit of step ", step,
           " differ from those of the step's first header on this server: "
           "every worker must send the same"));
+    }
+    if (!inserted && progress.sum_only != sum_only_tensors) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sum_only_tensors of step ", step,
+          " differ from those of the step's first header on this server: "
+          "every stream of every worker must send the same"));
+    }
+    if (!inserted && progress.sum_only_no_grad != sum_only_no_grad) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no_grad_tensors of worker ", worker_rank, " in step ", step,
+          " differ from the step's first header's for a sum-only tensor: the "
+          "workers update those themselves, so every worker must have a "
+          "gradient for each of them, or none"));
     }
     if (!progress.header_seen[worker_rank]) {
       progress.header_seen[worker_rank] = true;
@@ -129,21 +163,21 @@ absl::Status ShardState::BeginStep(
   return absl::OkStatus();
 }
 
-absl::Status ShardState::ValidateNoGradTensors(
-    const std::string& bitmap) const {
+absl::Status ShardState::ValidateTensorBitmap(const std::string& bitmap,
+                                              absl::string_view field) const {
   if (bitmap.empty()) return absl::OkStatus();
   const uint64_t tensors = shape_.layout().tensors().size();
   const uint64_t bytes = (tensors + 7) / 8;
   if (bitmap.size() != bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "no_grad_tensors: has ", bitmap.size(), " bytes, the job's ", tensors,
-        " tensors need ", bytes, " (or none: every tensor has a gradient)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": has ", bitmap.size(), " bytes, the job's ",
+                     tensors, " tensors need ", bytes, " (or none)"));
   }
   const unsigned last = static_cast<unsigned char>(bitmap.back());
   const unsigned used_bits = tensors % 8 == 0 ? 8 : tensors % 8;
   if (used_bits < 8 && (last >> used_bits) != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("no_grad_tensors: bits past tensor ", tensors - 1,
+        absl::StrCat(field, ": bits past tensor ", tensors - 1,
                      " are set; the job has ", tensors, " tensors"));
   }
   return absl::OkStatus();
@@ -338,7 +372,7 @@ absl::Status ShardState::Contribute(Contribution contribution) {
       replay = ChunkWeights{index,
                             std::make_shared<const std::string>(EncodeMaster(
                                 range.begin, range.end, config.weight_dtype)),
-                            0.0, true};
+                            0.0, true, nullptr};
     } else {
       return absl::AbortedError(
           absl::StrCat("step ", step, " is out of order for chunk ", index,

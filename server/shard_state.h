@@ -268,12 +268,18 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // (NodeSender::FromHeader checked it): FAILED_PRECONDITION when another
   // stream of the same worker and step declared another shape (docs/
   // protocol.md, "Node workers").
+  //
+  // `sum_only_tensors` (depot.proto StepHeader.sum_only_tensors; empty: none)
+  // is validated as no_grad_tensors; INVALID_ARGUMENT in a two-phase step;
+  // FAILED_PRECONDITION when it differs from the step's first header's, or
+  // when this worker's no_grad_tensors bits of those tensors do.
   absl::Status BeginStep(uint64_t step, uint32_t worker_rank,
                          std::vector<GroupHyperParams> group_hparams,
                          const StepNumerics& numerics = {},
                          const std::shared_ptr<StepReplySink>& stats_sink = {},
                          std::string no_grad_tensors = {},
-                         NodeShape node_shape = {});
+                         NodeShape node_shape = {},
+                         std::string sum_only_tensors = {});
 
   // New master weights for part of chunk `chunk_index` from worker
   // `worker_rank` in step `step`, sent before the worker's gradient for that
@@ -438,6 +444,11 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
     // Each worker's no_grad_tensors bitmap, from its first header (empty:
     // every tensor has a gradient, or no header yet).
     std::vector<std::string> no_grad;
+    // The step's sum_only_tensors bitmap (empty: none), and the first
+    // header's no_grad_tensors bits of those tensors, which every worker's
+    // must equal.
+    std::string sum_only;
+    std::string sum_only_no_grad;
     // Each worker's NodeShape, from its first header.
     std::vector<NodeShape> node_shapes;
     std::vector<bool> header_seen;
@@ -469,6 +480,13 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The sizes of `payloads`, summed.
   static uint64_t TotalBytes(const std::vector<std::string>& payloads);
 
+  // The GradSum.sums of chunk `range` (depot.proto) from its one-phase
+  // `payloads`; null when the chunk holds no sum-only tensor.
+  std::shared_ptr<const std::string> SumOnlyGradients(
+      const StepProgress& settings, const ChunkRange& range,
+      const std::vector<Segment>& segments,
+      const std::vector<std::string>& payloads) const;
+
   // Writes the initial state of chunk `chunk_index` (see Create).
   void InitChunkState(uint64_t chunk_index);
 
@@ -477,7 +495,10 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // their length (UNAVAILABLE instead of waiting while a rollback holds it).
   class Accepting;
   // INVALID_ARGUMENT unless `bitmap` is a valid no_grad_tensors (BeginStep).
-  absl::Status ValidateNoGradTensors(const std::string& bitmap) const;
+  // A bitmap over the layout's tensors (no_grad_tensors, sum_only_tensors:
+  // `field` names it in the error).
+  absl::Status ValidateTensorBitmap(const std::string& bitmap,
+                                    absl::string_view field) const;
   // OUT_OF_RANGE unless the chunk is in the shard; INVALID_ARGUMENT unless
   // payload_bytes == chunk elements * dtype_size.
   absl::Status CheckChunkPayload(uint64_t chunk_index, size_t payload_bytes,

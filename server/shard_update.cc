@@ -14,6 +14,7 @@
 #include "server/chunk_state.h"
 #include "server/grad_stats.h"
 #include "server/gradient_sum.h"
+#include "server/optimizer/optimizer_kernel.h"
 #include "server/shard_state.h"
 #include "server/step_hparams.h"
 #include "server/step_numerics.h"
@@ -172,6 +173,13 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   // Weights the trainer changed outside the optimizer become the master
   // before anything reads it, whether the step updates or skips.
   if (!noop_update_) ApplyOverrides(range, overrides);
+  const std::vector<Segment> segments =
+      shape_.layout().SegmentsIn(range.begin, range.end);
+  // Sum-only tensors: the workers update them from this sum.
+  std::shared_ptr<const std::string> grad_sum =
+      settings.sum_only.empty()
+          ? nullptr
+          : SumOnlyGradients(settings, range, segments, payloads);
 
   std::shared_ptr<const std::string> weights;
   if (noop_update_ && config.grad_dtype == config.weight_dtype &&
@@ -184,9 +192,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
     if (noop_update_ || commit.skip) {
       EncodeMasterInto(range.begin, range.end, config.weight_dtype, out.data());
     } else {
-      const std::vector<Segment> segments =
-          shape_.layout().SegmentsIn(range.begin, range.end);
-      const std::vector<uint32_t> absent =
+      std::vector<uint32_t> absent =
           CountAbsentWorkers(settings.no_grad, segments);
       // One phase: the workers' payloads as they arrived (absent parts
       // zeroed); two phases: the chunk's sum, already unscaled (RunSum).
@@ -206,6 +212,13 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
       }
       grad.parts = parts.data();
       grad.num_parts = parts.size();
+      // A sum-only tensor is not updated here, as one nobody has a
+      // gradient for.
+      for (size_t i = 0; i < segments.size(); ++i) {
+        if (LacksGradient(settings.sum_only, segments[i].tensor_index)) {
+          absent[i] = config.num_workers;
+        }
+      }
       // Megatron clips only when the coefficient is below 1.
       grad.clip = commit.clip_coef < 1.0;
       grad.clip_coef = static_cast<float>(commit.clip_coef);
@@ -254,8 +267,42 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   // completed in GetJob.
   NoteChunkApplied(step);
   for (const std::shared_ptr<StepReplySink>& sink : sinks) {
-    sink->Deliver({chunk_index, weights, seconds, false});
+    sink->Deliver({chunk_index, weights, seconds, false, grad_sum});
   }
+}
+
+std::shared_ptr<const std::string> ShardState::SumOnlyGradients(
+    const StepProgress& settings, const ChunkRange& range,
+    const std::vector<Segment>& segments,
+    const std::vector<std::string>& payloads) const {
+  uint64_t elems = 0;
+  for (const Segment& segment : segments) {
+    if (LacksGradient(settings.sum_only, segment.tensor_index)) {
+      elems += segment.end - segment.begin;
+    }
+  }
+  if (elems == 0) return nullptr;
+  std::string sums(elems * sizeof(float), '\0');
+  float* out = reinterpret_cast<float*>(sums.data());
+  absl::InlinedVector<const void*, 8> parts;
+  for (const std::string& payload : payloads) parts.push_back(payload.data());
+  for (const Segment& segment : segments) {
+    if (!LacksGradient(settings.sum_only, segment.tensor_index)) continue;
+    const uint64_t n = segment.end - segment.begin;
+    // Every worker has a gradient for it, or none (BeginStep checked): the
+    // sum of the parts as they arrived, not unscaled (the workers' update
+    // unscales and clips it as the server's would).
+    if (!LacksGradient(settings.sum_only_no_grad, segment.tensor_index)) {
+      GradientInput grad;
+      grad.dtype = shape_.config().grad_dtype;
+      grad.parts = parts.data();
+      grad.num_parts = parts.size();
+      grad.offset = segment.begin - range.begin;
+      SumGradientInput(grad, out, n);
+    }
+    out += n;
+  }
+  return std::make_shared<const std::string>(std::move(sums));
 }
 
 void ShardState::ZeroAbsentParts(const StepProgress& settings,

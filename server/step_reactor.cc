@@ -194,10 +194,11 @@ class DepotService::StepReactor final
         (*shard)->shape().plan(), header_.local_ranks(), header_.local_rank(),
         header_.bucket_chunks());
     if (!sender.ok()) return sender.status();
-    if (absl::Status s = (*shard)->BeginStep(
-            header_.step(), header_.worker_rank(),
-            GroupHyperParamsFromProto(header_), numerics_, stream_,
-            header_.no_grad_tensors(), sender->shape());
+    if (absl::Status s =
+            (*shard)->BeginStep(header_.step(), header_.worker_rank(),
+                                GroupHyperParamsFromProto(header_), numerics_,
+                                stream_, header_.no_grad_tensors(),
+                                sender->shape(), header_.sum_only_tensors());
         !s.ok()) {
       return s;
     }

@@ -23,6 +23,9 @@ struct ChunkWeights {
   double update_seconds = 0.0;
   // True when the chunk had already applied the step (a resent contribution).
   bool replayed = false;
+  // A step with sum-only tensors: the chunk's GradSum.sums (depot.proto),
+  // sent before the weights; null when the chunk holds none of them.
+  std::shared_ptr<const std::string> grad_sum;
 };
 
 class StepReplySink {

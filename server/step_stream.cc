@@ -87,6 +87,13 @@ void StepStream::ReadsDone() {
 }
 
 void StepStream::Deliver(ChunkWeights weights) {
+  if (weights.grad_sum != nullptr) {
+    Outgoing sum;
+    sum.kind = Outgoing::kGradSum;
+    sum.weights.chunk_index = weights.chunk_index;
+    sum.weights.grad_sum = weights.grad_sum;
+    Enqueue(std::move(sum));
+  }
   Outgoing message;
   message.kind = Outgoing::kWeights;
   message.weights = std::move(weights);
@@ -150,7 +157,9 @@ void StepStream::OnWriteDone(bool ok) {
     // A chunk is answered once its ack or weights are written: what waits in
     // the send queue still holds a credit, so a client that does not read
     // stops being read too, and the queue stays short.
-    if (ok && in_flight_.kind != Outgoing::kGradStats &&
+    if (ok &&
+        (in_flight_.kind == Outgoing::kAck ||
+         in_flight_.kind == Outgoing::kWeights) &&
         AnsweredLocked(in_flight_.kind == Outgoing::kAck
                            ? in_flight_.ack_index
                            : in_flight_.weights.chunk_index)) {
@@ -163,6 +172,9 @@ void StepStream::OnWriteDone(bool ok) {
       update_seconds_ += weights.update_seconds;
       metrics_->sent_step_bytes.Increment(
           static_cast<double>(weights.payload->size()));
+    } else if (ok && in_flight_.kind == Outgoing::kGradSum) {
+      metrics_->sent_step_bytes.Increment(
+          static_cast<double>(in_flight_.weights.grad_sum->size()));
     } else if (!ok && failure_.ok()) {
       failure_ = absl::CancelledError(
           "the client went away before the step's weights were sent");
@@ -218,6 +230,13 @@ StepStream::Action StepStream::NextActionLocked() {
         response.mutable_ack()->set_index(in_flight_.ack_index);
         wire::SerializeToBuffer(response, &response_);
         break;
+      case Outgoing::kGradSum: {
+        v1::GradSum* sum = response.mutable_grad_sum();
+        sum->set_index(in_flight_.weights.chunk_index);
+        sum->set_sums(*in_flight_.weights.grad_sum);
+        wire::SerializeToBuffer(response, &response_);
+        break;
+      }
       case Outgoing::kGradStats: {
         v1::GradStats* stats = response.mutable_grad_stats();
         stats->set_sum_squares(in_flight_.stats.sum_squares);

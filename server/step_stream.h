@@ -122,9 +122,10 @@ class StepStream final : public StepReplySink {
   };
   // One message waiting to be written.
   struct Outgoing {
-    enum Kind { kWeights, kAck, kGradStats };
+    // kGradSum: weights.grad_sum, written just before the chunk's weights.
+    enum Kind { kWeights, kAck, kGradStats, kGradSum };
     Kind kind = kWeights;
-    ChunkWeights weights;    // kWeights
+    ChunkWeights weights;    // kWeights, kGradSum
     uint64_t ack_index = 0;  // kAck
     GradStats stats;         // kGradStats
   };

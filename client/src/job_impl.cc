@@ -91,21 +91,21 @@ absl::Status JobImpl::InitShard(uint32_t server, const void* weights,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> JobImpl::NoGradBitmap(
-    const std::vector<uint32_t>& tensors) const {
+absl::StatusOr<std::string> JobImpl::TensorBitmap(
+    const std::vector<uint32_t>& tensors, absl::string_view field) const {
   if (tensors.empty()) return std::string();
   const size_t count = layout().tensors().size();
   std::string bitmap((count + 7) / 8, '\0');
   for (const uint32_t t : tensors) {
     if (t >= count) {
       return absl::InvalidArgumentError(
-          absl::StrCat("Step: no_grad_tensors names tensor ", t,
-                       ", the job has ", count, " tensors"));
+          absl::StrCat("Step: ", field, " names tensor ", t, ", the job has ",
+                       count, " tensors"));
     }
     const char bit = static_cast<char>(1u << (t % 8));
     if (bitmap[t / 8] & bit) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Step: no_grad_tensors lists tensor ", t, " twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Step: ", field, " lists tensor ", t, " twice"));
     }
     bitmap[t / 8] = static_cast<char>(bitmap[t / 8] | bit);
   }
@@ -228,7 +228,7 @@ absl::StatusOr<std::string> JobImpl::CheckStepOptions(
         "Step: known_commit.clip_coef must be in (0, 1] unless skip, got ",
         options.known_commit->clip_coef));
   }
-  return NoGradBitmap(options.no_grad_tensors);
+  return TensorBitmap(options.no_grad_tensors);
 }
 
 StepStreamParams JobImpl::StreamParams(uint64_t step,
@@ -329,6 +329,14 @@ absl::Status JobImpl::StepStreamed(const StreamedStep& step,
   const absl::Time start = absl::Now();
   StepStreamParams params = StreamParams(step.step, options, *no_grad, start);
   params.sink = step.sink;
+  std::string sum_only;
+  if (!step.sum_only_tensors.empty()) {
+    absl::StatusOr<std::string> bitmap =
+        TensorBitmap(step.sum_only_tensors, "sum_only_tensors");
+    if (!bitmap.ok()) return bitmap.status();
+    sum_only = *std::move(bitmap);
+    params.sum_only_tensors = &sum_only;
+  }
   params.barrier = barrier.has_value() ? &*barrier : nullptr;
   params.local_ranks = step.local_ranks;
   params.local_rank = step.local_rank;

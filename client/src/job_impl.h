@@ -109,10 +109,12 @@ class JobImpl : public Job {
   // words ("checkpoint" vs "this job"), or the two fingerprints when the blob
   // does not carry its config (format version 1).
   std::string SavedConfigDifferences(const StateBlob& blob) const;
-  // StepOptions::no_grad_tensors as the header's bitmap (empty for none).
+  // A list of tensors (StepOptions::no_grad_tensors, `field`) as the
+  // header's bitmap (empty for none).
   // INVALID_ARGUMENT: an index out of range or listed twice.
-  absl::StatusOr<std::string> NoGradBitmap(
-      const std::vector<uint32_t>& tensors) const;
+  absl::StatusOr<std::string> TensorBitmap(
+      const std::vector<uint32_t>& tensors,
+      absl::string_view field = "no_grad_tensors") const;
   // StepOptions::weight_overrides cut into per-chunk pieces, sorted by chunk.
   // INVALID_ARGUMENT: an index out of range or twice, or null values.
   absl::StatusOr<std::vector<ChunkOverride>> OverridePieces(

@@ -133,6 +133,9 @@ class StepCall {
     if (params_.known_commit.has_value()) {
       CommitToProto(*params_.known_commit, header->mutable_commit());
     }
+    if (params_.sum_only_tensors != nullptr) {
+      header->set_sum_only_tensors(*params_.sum_only_tensors);
+    }
     if (params_.no_grad_tensors != nullptr) {
       header->set_no_grad_tensors(*params_.no_grad_tensors);
     }
@@ -336,6 +339,8 @@ class StepCall {
         return AcceptAck(response.ack());
       case v1::StepResponse::kGradStats:
         return AcceptGradStats(response.grad_stats());
+      case v1::StepResponse::kGradSum:
+        return AcceptGradSum(response.grad_sum());
       case v1::StepResponse::KIND_NOT_SET:
         break;
     }
@@ -367,6 +372,19 @@ class StepCall {
     }
     grad_stats_ = stats;
     return absl::OkStatus();
+  }
+
+  absl::Status AcceptGradSum(const v1::GradSum& sum) {
+    if (params_.sum_only_tensors == nullptr || params_.sink == nullptr) {
+      return absl::InternalError(
+          "server sent a GradSum in a step without sum-only tensors");
+    }
+    if (absl::Status s = CheckAnsweredChunk(sum.index(), "a GradSum");
+        !s.ok()) {
+      return s;
+    }
+    stats_.bytes_received += sum.sums().size();
+    return params_.sink->AcceptGradSum(sum.index(), sum.sums());
   }
 
   // INTERNAL unless `index` is a chunk of the stream that was sent, or a
@@ -482,6 +500,12 @@ class StepCall {
 };
 
 }  // namespace
+
+absl::Status WeightSink::AcceptGradSum(uint64_t index, const std::string&) {
+  return absl::InternalError(
+      absl::StrCat("server sent a GradSum of chunk ", index,
+                   " to a step whose weights have nowhere to take it"));
+}
 
 absl::StatusOr<StepStreamStats> RunStepStream(const StepChannel& channel,
                                               const StepStreamParams& params,

@@ -76,6 +76,11 @@ class WeightSink {
       std::function<void(char* dst, uint64_t offset, uint64_t n)>;
   virtual absl::Status Accept(uint64_t index, uint64_t bytes,
                               const CopyWeights& copy) = 0;
+  // A step with sum-only tensors (StreamedStep::sum_only_tensors): chunk
+  // `index`'s GradSum.sums (depot.proto), which the server sends just
+  // before that chunk's weights, on the same stream. Same calling rules as
+  // Accept. The default refuses them (INTERNAL).
+  virtual absl::Status AcceptGradSum(uint64_t index, const std::string& sums);
 };
 
 struct StepStreamParams {
@@ -89,6 +94,9 @@ struct StepStreamParams {
   std::optional<StepCommit> known_commit;
   // The header's no_grad_tensors bitmap (empty: none); null: none.
   const std::string* no_grad_tensors = nullptr;
+  // The header's sum_only_tensors bitmap (a streamed step's, for its sink's
+  // AcceptGradSum); null: none.
+  const std::string* sum_only_tensors = nullptr;
   // Weights overrides of the whole job, sorted by chunk index; each stream
   // sends those of its chunks. Null: none.
   const std::vector<ChunkOverride>* overrides = nullptr;
@@ -147,6 +155,10 @@ struct StreamedStep {
   };
   std::vector<Route> routes;
   WeightSink* sink = nullptr;
+  // The tensors whose optimizer this node runs itself in a job of several
+  // workers (the offload fraction, docs/gpu.md): the servers send their
+  // summed gradient to `sink` (AcceptGradSum) instead of updating them.
+  std::vector<uint32_t> sum_only_tensors;
   // Called once, at the step's first failure (another thread may still be
   // blocked in a feed's Next or the sink's Accept, which gRPC's cancellation
   // does not reach): the feeds and the sink must then stop waiting.

@@ -54,7 +54,7 @@ class FakeTransport : public StepTransport {
 ChunkWeights Weights(uint64_t chunk, std::string bytes, double seconds,
                      bool replayed) {
   return {chunk, std::make_shared<const std::string>(std::move(bytes)), seconds,
-          replayed};
+          replayed, nullptr};
 }
 
 class StepStreamTest : public ::testing::Test {
@@ -78,7 +78,7 @@ TEST_F(StepStreamTest, WritesOneChunkAtATime) {
 
 TEST_F(StepStreamTest, WeightsAreSentFromTheSharedPayloadWithoutACopy) {
   auto payload = std::make_shared<const std::string>(1000, 'w');
-  stream_.Deliver({7, payload, 0.0, false});
+  stream_.Deliver({7, payload, 0.0, false, nullptr});
   ASSERT_EQ(transport_.buffers.size(), 1u);
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(transport_.buffers[0].Dump(&slices).ok());
@@ -170,6 +170,28 @@ TEST_F(StepStreamTest, AcksAndGradStatsAreWrittenInDeliveryOrder) {
   stream_.OnWriteDone(true);
   ASSERT_EQ(transport_.writes.size(), 3u);
   EXPECT_EQ(transport_.writes[2].chunk().index(), 4u);
+}
+
+// Sum-only tensors: a chunk's GradSum is written just before its weights,
+// and only the weights answer the chunk.
+TEST_F(StepStreamTest, AGradSumGoesJustBeforeItsWeightsAndIsNotAnAnswer) {
+  stream_.set_step(1);
+  stream_.ExpectChunk();
+  ChunkWeights weights = Weights(4, "abcd", 0.0, false);
+  weights.grad_sum = std::make_shared<const std::string>("12345678");
+  stream_.Deliver(std::move(weights));
+  stream_.ReadsDone();
+  ASSERT_EQ(transport_.writes.size(), 1u);
+  EXPECT_EQ(transport_.writes[0].grad_sum().index(), 4u);
+  EXPECT_EQ(transport_.writes[0].grad_sum().sums(), "12345678");
+  stream_.OnWriteDone(true);
+  EXPECT_FALSE(transport_.finished_ok);  // the weights are still owed
+  ASSERT_EQ(transport_.writes.size(), 2u);
+  EXPECT_EQ(transport_.writes[1].chunk().index(), 4u);
+  stream_.OnWriteDone(true);
+  ASSERT_TRUE(transport_.finished_ok);
+  EXPECT_EQ(transport_.writes.back().stats().chunks(), 1u);
+  EXPECT_EQ(metrics_.sent_step_bytes.Value(), 12.0);
 }
 
 TEST_F(StepStreamTest, AnAckIsNotAnAnsweredChunk) {

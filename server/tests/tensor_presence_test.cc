@@ -127,6 +127,90 @@ TEST_F(TensorPresenceTest, NoGradBitmapIsValidated) {
   EXPECT_TRUE(shard->BeginStep(1, 0, {}, {}, {}, Bitmap(0b01)).ok());
 }
 
+// Sum-only tensors (StepHeader.sum_only_tensors): the workers update them
+// from the server's sum, which comes with the chunk's weights.
+TEST_F(TensorPresenceTest, SumOnlyTensorIsSummedAndSentNotUpdated) {
+  auto shard = MakeShard(TwoTensorsInOneChunk(2));
+  auto sink = std::make_shared<RecordingSink>();
+  for (uint32_t worker : {0u, 1u}) {
+    ASSERT_TRUE(
+        shard->BeginStep(1, worker, {}, {}, {}, {}, {}, Bitmap(0b10)).ok());
+  }
+  ASSERT_TRUE(Send(*shard, 1, 0, {1, 2, 3, 0, 0.5f, -1, 1e-8f, 0}, sink).ok());
+  ASSERT_TRUE(Send(*shard, 1, 1, {1, 1, 1, 0, 0.25f, 3, 1, 0}, sink).ok());
+  sink->WaitFor(2);
+  const ChunkSnapshot chunk = Snapshot(*shard);
+  // a is updated from the sum (lr 0.5); b keeps its master and count.
+  EXPECT_EQ(Fp32Values(chunk.master),
+            std::vector<float>({-1, -1.5f, -2, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(chunk.tensor_steps, std::vector<uint64_t>({1, 0}));
+  // b's sum in rank order, in fp32: 1e-8 + 1 rounds to 1.
+  for (const ChunkWeights& weights : sink->received()) {
+    ASSERT_NE(weights.grad_sum, nullptr);
+    EXPECT_EQ(Fp32Values(*weights.grad_sum),
+              std::vector<float>({0.75f, 2, 1e-8f + 1.0f}));
+  }
+}
+
+TEST_F(TensorPresenceTest, SumOnlyTensorWithoutAGradientSumsToZero) {
+  auto shard = MakeShard(TwoTensorsInOneChunk(2));
+  auto sink = std::make_shared<RecordingSink>();
+  for (uint32_t worker : {0u, 1u}) {
+    ASSERT_TRUE(
+        shard->BeginStep(1, worker, {}, {}, {}, Bitmap(0b01), {}, Bitmap(0b01))
+            .ok());
+  }
+  ASSERT_TRUE(Send(*shard, 1, 0, std::vector<float>(8, 7.0f), sink).ok());
+  ASSERT_TRUE(Send(*shard, 1, 1, std::vector<float>(8, 1.0f), sink).ok());
+  sink->WaitFor(2);
+  const ChunkSnapshot chunk = Snapshot(*shard);
+  EXPECT_EQ(Fp32Values(chunk.master),
+            std::vector<float>({0, 0, 0, 0, -4, -4, -4, 0}));
+  EXPECT_EQ(chunk.tensor_steps, std::vector<uint64_t>({0, 1}));
+  for (const ChunkWeights& weights : sink->received()) {
+    ASSERT_NE(weights.grad_sum, nullptr);
+    EXPECT_EQ(Fp32Values(*weights.grad_sum), std::vector<float>(3, 0.0f));
+  }
+}
+
+TEST_F(TensorPresenceTest, ChunkWithoutSumOnlyTensorsSendsNoSum) {
+  auto shard = MakeShard(TwoTensorsInOneChunk(1));
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
+  ASSERT_TRUE(Send(*shard, 1, 0, std::vector<float>(8, 1.0f), sink).ok());
+  sink->WaitFor(1);
+  EXPECT_EQ(sink->received().at(0).grad_sum, nullptr);
+}
+
+TEST_F(TensorPresenceTest, SumOnlyBitmapIsValidatedAndTheSameFromEveryWorker) {
+  auto shard = MakeShard(TwoTensorsInOneChunk(2));
+  const auto begin = [&](uint32_t worker, std::string no_grad,
+                         std::string sum_only, bool two_phase = false) {
+    StepNumerics numerics;
+    numerics.two_phase = two_phase;
+    return shard
+        ->BeginStep(1, worker, {}, numerics, std::make_shared<RecordingSink>(),
+                    std::move(no_grad), {}, std::move(sum_only))
+        .code();
+  };
+  EXPECT_EQ(begin(0, {}, std::string(2, '\0')),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(begin(0, {}, Bitmap(0b100)), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(begin(0, {}, Bitmap(0b10), /*two_phase=*/true),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_EQ(begin(0, Bitmap(0b01), Bitmap(0b10)), absl::StatusCode::kOk);
+  // Another worker with other sum-only tensors, or none.
+  EXPECT_EQ(begin(1, Bitmap(0b01), Bitmap(0b01)),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(begin(1, Bitmap(0b01), {}), absl::StatusCode::kFailedPrecondition);
+  // Without a gradient for b where worker 0 has one: the server would need
+  // to tell every worker whether b is updated.
+  EXPECT_EQ(begin(1, Bitmap(0b11), Bitmap(0b10)),
+            absl::StatusCode::kFailedPrecondition);
+  // a's gradient may differ (it is the server's to update).
+  EXPECT_EQ(begin(1, Bitmap(0b00), Bitmap(0b10)), absl::StatusCode::kOk);
+}
+
 TEST_F(TensorPresenceTest, OverrideReplacesMasterWeightsBeforeTheUpdate) {
   auto shard = MakeShard(TwoTensorsInOneChunk(1));
   auto sink = std::make_shared<RecordingSink>();

@@ -560,6 +560,57 @@ def test_cuda_engine_without_a_gpu_says_why(client, job_name):
     job.close()
 
 
+def train_two_ranks(opts, models, inputs, targets):
+    """Three steps of two ranks (threads), each on its half of every batch;
+    returns each rank's parameters."""
+    import threading
+    errors = []
+
+    def rank_loop(rank):
+        try:
+            for s in range(3):
+                opts[rank].zero_grad()
+                loss_of(models[rank], inputs[s][rank::2],
+                        targets[s][rank::2]).backward()
+                opts[rank].step()
+        except Exception as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=rank_loop, args=(r,))
+               for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return [[p.detach().clone() for p in m.parameters()] for m in models]
+
+
+def test_two_workers_with_an_offload_fraction_equal_full_offload(client,
+                                                                 job_name):
+    """Two workers (nodes) that keep half the parameters' optimizer on their
+    device: the servers sum those tensors' gradients over the workers and
+    send the sums back (sum-only tensors), and each worker updates them.
+    Bit for bit the same as two workers that offload everything."""
+    model, inputs, targets = model_and_data()
+    results = []
+    for fraction in (1.0, 0.5):
+        models = [copy.deepcopy(model) for _ in range(2)]
+        opts = [DepotOptimizer(models[r].parameters(), client=client,
+                               job_name=f"{job_name}-{fraction}",
+                               engine="host", lr=1e-2, weight_decay=0.1,
+                               num_workers=2, worker_rank=r,
+                               offload_fraction=fraction, **small_chunks())
+                for r in range(2)]
+        if fraction < 1:
+            assert opts[1].engine.device_tensors
+        results.append(train_two_ranks(opts, models, inputs, targets))
+        for o in opts:
+            o.close()
+    for r in range(2):
+        assert_bitwise(results[1][r], results[0][0])
+
+
 @pytest.mark.parametrize("overlap_backward", [True, False])
 def test_node_of_two_local_ranks_equals_two_workers(client, job_name,
                                                     overlap_backward):
@@ -571,28 +622,7 @@ def test_node_of_two_local_ranks_equals_two_workers(client, job_name,
     Also with the step begun at step() (overlap_backward=False)."""
     import threading
 
-    def run(opts, models, inputs, targets):
-        errors = []
-
-        def rank_loop(rank):
-            try:
-                for s in range(3):
-                    opts[rank].zero_grad()
-                    loss_of(models[rank], inputs[s][rank::2],
-                            targets[s][rank::2]).backward()
-                    opts[rank].step()
-            except Exception as error:  # reported below
-                errors.append(error)
-
-        threads = [threading.Thread(target=rank_loop, args=(r,))
-                   for r in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
-        return [[p.detach().clone() for p in m.parameters()] for m in models]
-
+    run = train_two_ranks
     model, inputs, targets = model_and_data()
     node = depot.engine.unique_id("host")
     models = [copy.deepcopy(model) for _ in range(2)]

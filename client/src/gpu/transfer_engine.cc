@@ -23,9 +23,15 @@ absl::Status TransferEngine::Impl::Init() {
     if (!buffer.ok()) return buffer.status();
     (i == 0 ? live_ : incoming_[i - 1]) = *std::move(buffer);
   }
+  // A job of several nodes with an offload fraction: an H2D slot also
+  // carries a chunk's fp32 gradient sums (AcceptGradSum).
+  sums_from_servers_ =
+      options_.offload_fraction < 1.0 && job_.config().num_workers > 1;
+  const size_t h2d_elem_bytes =
+      sums_from_servers_ ? std::max(weight_size_, sizeof(float)) : weight_size_;
   for (auto [ring, slots, size] :
        {std::tuple{&d2h_, options_.d2h_slots, grad_size_},
-        std::tuple{&h2d_, options_.h2d_slots, weight_size_}}) {
+        std::tuple{&h2d_, options_.h2d_slots, h2d_elem_bytes}}) {
     ring->slots = slots;
     ring->slot_bytes = chunk * size;
     absl::StatusOr<std::unique_ptr<Buffer>> buffer =
@@ -134,12 +140,6 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
     if (options.device_optimizer == nullptr) {
       return absl::InvalidArgumentError(
           "TransferEngine: offload_fraction < 1 needs a device_optimizer");
-    }
-    if (job.config().num_workers != 1) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "TransferEngine: offload_fraction < 1 needs the whole gradient on "
-          "the GPU, which only a job of one worker (node) has; this job has ",
-          job.config().num_workers, " (its nodes meet only at the servers)"));
     }
     absl::StatusOr<std::vector<ServerJobStatus>> statuses =
         job.Status(/*with_checksum=*/false);

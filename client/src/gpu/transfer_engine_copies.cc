@@ -10,6 +10,22 @@ using client_internal::WeightSink;
 absl::Status TransferEngine::Impl::Accept(StepRun& run, uint64_t index,
                                           uint64_t bytes,
                                           const WeightSink::CopyWeights& copy) {
+  if (sums_from_servers_ && kept_of_chunk_[index].elems > 0) {
+    bool received;
+    {
+      absl::MutexLock lock(&mu_);
+      received = run.sum_received[index];
+    }
+    if (!received) {
+      absl::Status status = absl::InternalError(absl::StrCat(
+          "server sent the weights of chunk ", index,
+          " without the GradSum of its tensors kept on the GPU (a server "
+          "that does not know sum_only_tensors, or a chunk replayed after a "
+          "retry, whose sum is gone)"));
+      Fail(run, status);
+      return status;
+    }
+  }
   const int slot = Acquire(run, h2d_);
   if (slot < 0) return Aborted(run);
   char* data = h2d_.slot(slot);
@@ -33,6 +49,54 @@ absl::Status TransferEngine::Impl::Accept(StepRun& run, uint64_t index,
   return status;
 }
 
+absl::Status TransferEngine::Impl::AcceptGradSum(StepRun& run, uint64_t index,
+                                                 const std::string& sums) {
+  const KeptChunk kept =
+      sums_from_servers_ ? kept_of_chunk_[index] : KeptChunk();
+  absl::Status status;
+  if (kept.elems * sizeof(float) != sums.size()) {
+    status = absl::InternalError(absl::StrCat(
+        "server sent a GradSum of ", sums.size(), " bytes for chunk ", index,
+        ", whose elements kept on the GPU need ", kept.elems * sizeof(float)));
+  } else {
+    absl::MutexLock lock(&mu_);
+    if (run.sum_received[index]) {
+      status = absl::InternalError(
+          absl::StrCat("server sent chunk ", index, "'s GradSum twice"));
+    }
+    run.sum_received[index] = true;
+  }
+  if (!status.ok()) {
+    Fail(run, status);
+    return status;
+  }
+  const int slot = Acquire(run, h2d_);
+  if (slot < 0) return Aborted(run);
+  char* data = h2d_.slot(slot);
+  status = Fill(run, data, 0, sums.size(),
+                [&sums](char* dst, uint64_t offset, uint64_t n) {
+                  sums.copy(dst, n, offset);
+                });
+  if (status.ok()) {
+    char* dst =
+        static_cast<char*>(
+            kept_sum_[options_.delayed_update ? run.parity : 0]->data()) +
+        kept.state_offset * sizeof(float);
+    absl::MutexLock h2d_lock(&h2d_mu_);
+    status = WaitBucketReadyOnce(run, partition_.BucketOfChunk(index));
+    if (status.ok()) {
+      status = device_.CopyAsync(*h2d_stream_, dst, data, sums.size(),
+                                 CopyKind::kHostToDevice);
+    }
+    if (status.ok()) {
+      status = device_.LaunchHostFunc(*h2d_stream_,
+                                      [this, slot] { Free(h2d_, slot); });
+    }
+  }
+  if (!status.ok()) Fail(run, status);
+  return status;
+}
+
 uint64_t TransferEngine::Impl::H2dPartBytes(uint64_t bytes) {
   constexpr uint64_t kPage = 4096, kLeast = uint64_t{64} << 10;
   const uint64_t quarter = (bytes / 4 + kPage - 1) / kPage * kPage;
@@ -43,19 +107,7 @@ absl::Status TransferEngine::Impl::QueueH2d(StepRun& run, uint64_t bucket,
                                             char* dst, const char* src,
                                             uint64_t n, int slot) {
   absl::MutexLock h2d_lock(&h2d_mu_);
-  bool first;
-  {
-    absl::MutexLock lock(&mu_);
-    first = !run.h2d_waited[bucket];
-    run.h2d_waited[bucket] = true;
-  }
-  absl::Status status;
-  // Backward may still read this bucket's weights until its ready point
-  // (with the delayed update: the forward before it applied step - 2's
-  // weights out of the buffer this step writes).
-  if (first) {
-    status = device_.Wait(*h2d_stream_, *ready_[run.parity][bucket]);
-  }
+  absl::Status status = WaitBucketReadyOnce(run, bucket);
   if (status.ok()) {
     status =
         device_.CopyAsync(*h2d_stream_, dst, src, n, CopyKind::kHostToDevice);
@@ -82,6 +134,22 @@ absl::Status TransferEngine::Impl::QueueH2d(StepRun& run, uint64_t bucket,
     --run.h2d_pending[bucket];
   }
   return status;
+}
+
+absl::Status TransferEngine::Impl::WaitBucketReadyOnce(StepRun& run,
+                                                       uint64_t bucket) {
+  bool first;
+  {
+    absl::MutexLock lock(&mu_);
+    first = !run.h2d_waited[bucket];
+    run.h2d_waited[bucket] = true;
+  }
+  // Backward may still read this bucket's weights until its ready point
+  // (with the delayed update: the forward before it applied step - 2's
+  // weights out of the buffer this step writes); the same holds for the
+  // kept tensors' sums, which the previous step's update of the bucket read.
+  if (!first) return absl::OkStatus();
+  return device_.Wait(*h2d_stream_, *ready_[run.parity][bucket]);
 }
 
 absl::Status TransferEngine::Impl::Fill(StepRun& run, char* data,

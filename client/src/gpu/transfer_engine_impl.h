@@ -119,10 +119,24 @@ class TransferEngine::Impl {
     // Per route of the step: its chunks queued for D2H or in a D2H slot.
     std::vector<int> route_in_slots;
 
+    // Sum-only tensors: the chunks whose GradSum has come.
+    std::vector<bool> sum_received;
+
     absl::Status Accept(uint64_t index, uint64_t bytes,
                         const CopyWeights& copy) override {
       return engine->Accept(*this, index, bytes, copy);
     }
+    absl::Status AcceptGradSum(uint64_t index,
+                               const std::string& sums) override {
+      return engine->AcceptGradSum(*this, index, sums);
+    }
+  };
+
+  // Sum-only tensors: where chunk c's kept elements' sums go (their first
+  // element's offset in the kept state's numbering) and how many there are.
+  struct KeptChunk {
+    uint64_t state_offset = 0;
+    uint64_t elems = 0;
   };
 
   Impl(Job& job, Device& device, Collective* collective,
@@ -184,6 +198,13 @@ class TransferEngine::Impl {
   absl::Status Accept(StepRun& run, uint64_t index, uint64_t bytes,
                       const client_internal::WeightSink::CopyWeights& copy);
 
+  // StepRun::AcceptGradSum: a chunk's summed gradient of its kept elements
+  // (a job of several nodes with an offload fraction: the servers sum the
+  // kept tensors' gradients over the nodes and send the sum). It goes
+  // through a free H2D slot into kept_sum_, before the chunk's weights.
+  absl::Status AcceptGradSum(StepRun& run, uint64_t index,
+                             const std::string& sums);
+
  private:
   // The bytes of each H2D copy of a chunk of `bytes` bytes: a quarter of
   // it, in whole 4 KiB pages, but not below 64 KiB (a copy's fixed cost on
@@ -195,6 +216,10 @@ class TransferEngine::Impl {
   // the bucket's last chunk, its event.
   absl::Status QueueH2d(StepRun& run, uint64_t bucket, char* dst,
                         const char* src, uint64_t n, int slot);
+  // Before the first H2D copy of `bucket` in `run`: the H2D stream waits
+  // for the bucket's ready event.
+  absl::Status WaitBucketReadyOnce(StepRun& run, uint64_t bucket)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(h2d_mu_);
 
   // Writes bytes [offset, offset + n) of a chunk's weights into the same
   // place of the slot at `data`.
@@ -306,6 +331,13 @@ class TransferEngine::Impl {
   DType slot_dtype_[kMaxStateSlots] = {DType::kFloat32, DType::kFloat32,
                                        DType::kFloat32};
   std::unique_ptr<Buffer> kept_state_;
+  // A job of several nodes (sums_from_servers_): the kept tensors are the
+  // step's sum-only tensors, and each step's summed gradient of this rank's
+  // kept elements lands here (fp32, in the state's numbering; one per step
+  // parity with the delayed update). kept_of_chunk_: per chunk.
+  bool sums_from_servers_ = false;
+  std::unique_ptr<Buffer> kept_sum_[2];
+  std::vector<KeptChunk> kept_of_chunk_;
   // Per tensor, the kept tensors' optimizer step counts (trainer thread).
   std::vector<uint64_t> kept_steps_;
   // A step failed after the kept tensors' state may have taken part of it:

@@ -30,6 +30,30 @@ absl::Status TransferEngine::Impl::InitGpuTensors() {
     }
   }
   if (elems == 0) return absl::OkStatus();
+  if (sums_from_servers_) {
+    // Within a chunk the kept elements are numbered consecutively (the
+    // segments above are in element order), so its sums land in one run.
+    kept_of_chunk_.assign(plan.num_chunks(), KeptChunk());
+    for (const std::vector<KeptSegment>& segments : kept_in_bucket_) {
+      for (const KeptSegment& k : segments) {
+        for (uint64_t c = k.begin / plan.chunk_elems();
+             c < plan.num_chunks() && plan.chunk(c).begin < k.end; ++c) {
+          const uint64_t lo = std::max(k.begin, plan.chunk(c).begin);
+          const uint64_t hi = std::min(k.end, plan.chunk(c).end);
+          KeptChunk& kept = kept_of_chunk_[c];
+          if (kept.elems == 0)
+            kept.state_offset = k.state_offset + (lo - k.begin);
+          kept.elems += hi - lo;
+        }
+      }
+    }
+    for (int i = 0; i < (options_.delayed_update ? 2 : 1); ++i) {
+      absl::StatusOr<std::unique_ptr<Buffer>> sums =
+          device_.Allocate(elems * sizeof(float));
+      if (!sums.ok()) return sums.status();
+      kept_sum_[i] = *std::move(sums);
+    }
+  }
   // master (fp32), then each slot's array, each 256-byte aligned.
   const OptimizerConfig slot_config = JobSlotConfig(config);
   const int slots = OptimizerStateSlots(slot_config);
@@ -87,14 +111,19 @@ absl::Status TransferEngine::Impl::PlanGpuUpdates(const StepOptions& options,
   const StepCommit commit = options.known_commit.value_or(StepCommit());
   run.gpu_hparams.assign(layout.tensors().size(), std::nullopt);
   for (uint32_t t : gpu_tensors_) {
-    if (!no_grad[t]) run.options.no_grad_tensors.push_back(t);
+    // One node: the servers skip the kept tensors as gradient-less. Several:
+    // they sum their gradients over the nodes for us (sum-only tensors), and
+    // a kept tensor without a gradient must lack it on every node.
+    if (!no_grad[t] && !sums_from_servers_) {
+      run.options.no_grad_tensors.push_back(t);
+    }
     if (no_grad[t] || commit.skip) continue;
     const uint32_t group = layout.tensors()[t].param_group;
     run.gpu_hparams[t] =
         ResolveHyperParams(GroupOptimizer(config, group), options.group_hparams,
                            group, kept_steps_[t] + 1);
   }
-  run.gpu_grad.dtype = config.grad_dtype;
+  run.gpu_grad.dtype = sums_from_servers_ ? DType::kFloat32 : config.grad_dtype;
   run.gpu_grad.unscale_factor = UnscaleFactor(options.loss_scale);
   run.gpu_grad.unscale = run.gpu_grad.unscale_factor != 1.0f;
   run.gpu_grad.clip = commit.clip_coef < 1.0;
@@ -115,7 +144,16 @@ absl::Status TransferEngine::Impl::UpdateGpuTensors(StepRun& run, uint64_t b,
                                 target + k.begin * weight_size_};
     absl::Status s;
     if (run.gpu_hparams[k.tensor].has_value()) {
-      const void* part = run.grads + k.begin * grad_size_;
+      // The node's reduce-scattered gradient, or with several nodes the
+      // servers' sum over them (the same fp32 sum their update starts from).
+      const void* part =
+          sums_from_servers_
+              ? static_cast<const void*>(
+                    static_cast<const float*>(
+                        kept_sum_[options_.delayed_update ? run.parity : 0]
+                            ->data()) +
+                    k.state_offset)
+              : run.grads + k.begin * grad_size_;
       GradientInput grad = run.gpu_grad;
       grad.parts = &part;
       grad.num_parts = 1;
