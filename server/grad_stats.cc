@@ -66,8 +66,14 @@ struct Accumulator {
 
 GradStats ComputeGradStats(const Layout& layout, const ChunkRange& range,
                            const float* grad) {
+  return ComputeGradStats(layout.SegmentsIn(range.begin, range.end), range,
+                          grad);
+}
+
+GradStats ComputeGradStats(const std::vector<Segment>& segments,
+                           const ChunkRange& range, const float* grad) {
   Accumulator acc;
-  for (const Segment& segment : layout.SegmentsIn(range.begin, range.end)) {
+  for (const Segment& segment : segments) {
     acc.AddRange(grad, segment.begin - range.begin, segment.end - range.begin);
   }
   GradStats stats;

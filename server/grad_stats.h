@@ -7,6 +7,7 @@
 #define DEPOT_SERVER_GRAD_STATS_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "depot/layout.h"
 #include "depot/shard_plan.h"
@@ -24,6 +25,10 @@ struct GradStats {
 // elements of `layout`'s tensors (padding skipped).
 GradStats ComputeGradStats(const Layout& layout, const ChunkRange& range,
                            const float* grad);
+// The same over `segments` only (a subset of the chunk's, in element order:
+// Layout::SegmentsIn), e.g. leaving out tensors no worker has a gradient for.
+GradStats ComputeGradStats(const std::vector<Segment>& segments,
+                           const ChunkRange& range, const float* grad);
 
 // Adds the statistics of the next chunk (in index order) to `total`.
 void AccumulateGradStats(const GradStats& chunk, GradStats& total);

@@ -52,11 +52,6 @@ absl::Status ShardState::BeginStep(
       !s.ok()) {
     return s;
   }
-  if (numerics.two_phase && !sum_only_tensors.empty()) {
-    return absl::InvalidArgumentError(
-        "sum_only_tensors in a two-phase step: the shard's GradStats would "
-        "leave out the gradients the workers update themselves");
-  }
   // This worker's no_grad_tensors bits of the sum-only tensors.
   std::string sum_only_no_grad = sum_only_tensors;
   for (size_t i = 0; i < sum_only_no_grad.size(); ++i) {
@@ -372,7 +367,7 @@ absl::Status ShardState::Contribute(Contribution contribution) {
       replay = ChunkWeights{index,
                             std::make_shared<const std::string>(EncodeMaster(
                                 range.begin, range.end, config.weight_dtype)),
-                            0.0, true, nullptr};
+                            0.0, true, nullptr, {}};
     } else {
       return absl::AbortedError(
           absl::StrCat("step ", step, " is out of order for chunk ", index,

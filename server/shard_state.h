@@ -480,12 +480,14 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The sizes of `payloads`, summed.
   static uint64_t TotalBytes(const std::vector<std::string>& payloads);
 
-  // The GradSum.sums of chunk `range` (depot.proto) from its one-phase
-  // `payloads`; null when the chunk holds no sum-only tensor.
+  // The GradSum.sums of chunk `range` (depot.proto): from its one-phase
+  // `payloads`, or from the two-phase sum `summed` (RunSum's); null when the
+  // chunk holds no sum-only tensor.
   std::shared_ptr<const std::string> SumOnlyGradients(
       const StepProgress& settings, const ChunkRange& range,
       const std::vector<Segment>& segments,
-      const std::vector<std::string>& payloads) const;
+      const std::vector<std::string>& payloads,
+      const std::string& summed) const;
 
   // Writes the initial state of chunk `chunk_index` (see Create).
   void InitChunkState(uint64_t chunk_index);

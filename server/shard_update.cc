@@ -67,8 +67,9 @@ void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
   }
   const std::vector<Segment> segments =
       shape_.layout().SegmentsIn(range.begin, range.end);
-  ZeroAbsentParts(settings, range, segments,
-                  CountAbsentWorkers(settings.no_grad, segments), payloads);
+  const std::vector<uint32_t> absent =
+      CountAbsentWorkers(settings.no_grad, segments);
+  ZeroAbsentParts(settings, range, segments, absent, payloads);
   std::string summed = payloads_->Take(range.size() * sizeof(float));
   // The pool's buffers come from operator new: aligned for float.
   float* sum = reinterpret_cast<float*>(summed.data());
@@ -79,7 +80,16 @@ void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
   apart_bytes_.fetch_add(summed.size(), std::memory_order_relaxed);
   Unhold(TotalBytes(payloads));
   GiveBack(payloads);
-  const GradStats stats = ComputeGradStats(shape_.layout(), range, sum);
+  // The norm is over the tensors that have a gradient (as clip_grad_norm_
+  // over the parameters with a .grad): a tensor no worker has one for is left
+  // out whatever its payloads hold.
+  std::vector<Segment> with_gradient;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    if (absent[i] < shape_.config().num_workers) {
+      with_gradient.push_back(segments[i]);
+    }
+  }
+  const GradStats stats = ComputeGradStats(with_gradient, range, sum);
 
   std::vector<std::shared_ptr<StepReplySink>> sinks;
   {
@@ -179,7 +189,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   std::shared_ptr<const std::string> grad_sum =
       settings.sum_only.empty()
           ? nullptr
-          : SumOnlyGradients(settings, range, segments, payloads);
+          : SumOnlyGradients(settings, range, segments, payloads, summed);
 
   std::shared_ptr<const std::string> weights;
   if (noop_update_ && config.grad_dtype == config.weight_dtype &&
@@ -267,14 +277,15 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   // completed in GetJob.
   NoteChunkApplied(step);
   for (const std::shared_ptr<StepReplySink>& sink : sinks) {
-    sink->Deliver({chunk_index, weights, seconds, false, grad_sum});
+    sink->Deliver({chunk_index, weights, seconds, false, grad_sum, commit});
   }
 }
 
 std::shared_ptr<const std::string> ShardState::SumOnlyGradients(
     const StepProgress& settings, const ChunkRange& range,
     const std::vector<Segment>& segments,
-    const std::vector<std::string>& payloads) const {
+    const std::vector<std::string>& payloads,
+    const std::string& summed) const {
   uint64_t elems = 0;
   for (const Segment& segment : segments) {
     if (LacksGradient(settings.sum_only, segment.tensor_index)) {
@@ -289,10 +300,17 @@ std::shared_ptr<const std::string> ShardState::SumOnlyGradients(
   for (const Segment& segment : segments) {
     if (!LacksGradient(settings.sum_only, segment.tensor_index)) continue;
     const uint64_t n = segment.end - segment.begin;
-    // Every worker has a gradient for it, or none (BeginStep checked): the
-    // sum of the parts as they arrived, not unscaled (the workers' update
-    // unscales and clips it as the server's would).
-    if (!LacksGradient(settings.sum_only_no_grad, segment.tensor_index)) {
+    // Every worker has a gradient for it, or none (BeginStep checked). One
+    // phase: the sum of the parts as they arrived, not unscaled (the
+    // workers' update unscales and clips it as the server's would); two
+    // phases: the chunk's sum, which RunSum unscaled.
+    if (LacksGradient(settings.sum_only_no_grad, segment.tensor_index)) {
+      // zeros
+    } else if (settings.two_phase != nullptr) {
+      std::memcpy(out,
+                  summed.data() + (segment.begin - range.begin) * sizeof(float),
+                  n * sizeof(float));
+    } else {
       GradientInput grad;
       grad.dtype = shape_.config().grad_dtype;
       grad.parts = parts.data();

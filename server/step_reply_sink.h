@@ -11,6 +11,7 @@
 #include <string>
 
 #include "server/grad_stats.h"
+#include "server/step_numerics.h"
 
 namespace depot {
 
@@ -26,6 +27,8 @@ struct ChunkWeights {
   // A step with sum-only tensors: the chunk's GradSum.sums (depot.proto),
   // sent before the weights; null when the chunk holds none of them.
   std::shared_ptr<const std::string> grad_sum;
+  // With grad_sum: the decision the chunk's update applied (GradSum.commit).
+  CommitDecision commit;
 };
 
 class StepReplySink {

@@ -92,6 +92,7 @@ void StepStream::Deliver(ChunkWeights weights) {
     sum.kind = Outgoing::kGradSum;
     sum.weights.chunk_index = weights.chunk_index;
     sum.weights.grad_sum = weights.grad_sum;
+    sum.weights.commit = weights.commit;
     Enqueue(std::move(sum));
   }
   Outgoing message;
@@ -234,6 +235,9 @@ StepStream::Action StepStream::NextActionLocked() {
         v1::GradSum* sum = response.mutable_grad_sum();
         sum->set_index(in_flight_.weights.chunk_index);
         sum->set_sums(*in_flight_.weights.grad_sum);
+        sum->mutable_commit()->set_clip_coef(
+            in_flight_.weights.commit.clip_coef);
+        sum->mutable_commit()->set_skip(in_flight_.weights.commit.skip);
         wire::SerializeToBuffer(response, &response_);
         break;
       }

@@ -384,7 +384,12 @@ class StepCall {
       return s;
     }
     stats_.bytes_received += sum.sums().size();
-    return params_.sink->AcceptGradSum(sum.index(), sum.sums());
+    StepCommit commit;
+    if (sum.has_commit()) {
+      commit.clip_coef = sum.commit().clip_coef();
+      commit.skip = sum.commit().skip();
+    }
+    return params_.sink->AcceptGradSum(sum.index(), sum.sums(), commit);
   }
 
   // INTERNAL unless `index` is a chunk of the stream that was sent, or a
@@ -501,7 +506,8 @@ class StepCall {
 
 }  // namespace
 
-absl::Status WeightSink::AcceptGradSum(uint64_t index, const std::string&) {
+absl::Status WeightSink::AcceptGradSum(uint64_t index, const std::string&,
+                                       const StepCommit&) {
   return absl::InternalError(
       absl::StrCat("server sent a GradSum of chunk ", index,
                    " to a step whose weights have nowhere to take it"));

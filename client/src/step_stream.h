@@ -78,9 +78,11 @@ class WeightSink {
                               const CopyWeights& copy) = 0;
   // A step with sum-only tensors (StreamedStep::sum_only_tensors): chunk
   // `index`'s GradSum.sums (depot.proto), which the server sends just
-  // before that chunk's weights, on the same stream. Same calling rules as
-  // Accept. The default refuses them (INTERNAL).
-  virtual absl::Status AcceptGradSum(uint64_t index, const std::string& sums);
+  // before that chunk's weights, on the same stream, and the decision its
+  // update applied (GradSum.commit). Same calling rules as Accept. The
+  // default refuses them (INTERNAL).
+  virtual absl::Status AcceptGradSum(uint64_t index, const std::string& sums,
+                                     const StepCommit& commit);
 };
 
 struct StepStreamParams {

@@ -32,7 +32,7 @@ uint32_t ChunkField(StepMessage message) {
 
 // Whether `field` is a member of the message's oneof other than its chunk
 // (StepRequest: header 1, commit 3, weights_override 4; StepResponse: stats
-// 2, ack 3, grad_stats 4). step_codec_test checks this list against the
+// 2, ack 3, grad_stats 4, grad_sum 5). step_codec_test checks this list against the
 // messages' descriptors, so that a member added to the .proto is not read
 // as an unknown field here (weights_override was, until issue 13's fuzzing:
 // a chunk followed by a weights_override was taken for a chunk).
@@ -40,7 +40,7 @@ bool IsOtherOneofMember(StepMessage message, uint32_t field) {
   if (message == StepMessage::kRequest) {
     return field == 1 || field == 3 || field == 4;
   }
-  return field >= 2 && field <= 4;
+  return field >= 2 && field <= 5;
 }
 
 char* PutVarint(uint64_t value, char* out) {

@@ -182,6 +182,58 @@ TEST_F(TensorPresenceTest, ChunkWithoutSumOnlyTensorsSendsNoSum) {
   EXPECT_EQ(sink->received().at(0).grad_sum, nullptr);
 }
 
+// Two phases: the sum-only tensor counts in the shard's GradStats, its sums
+// come unscaled (as the server's own two-phase update reads them), and each
+// GradSum carries the decision the update applied.
+TEST_F(TensorPresenceTest, SumOnlyTensorInTwoPhasesCountsInTheNorm) {
+  auto shard = MakeShard(TwoTensorsInOneChunk(2));
+  auto sink = std::make_shared<RecordingSink>();
+  StepNumerics numerics;
+  numerics.two_phase = true;
+  numerics.loss_scale = 2.0;
+  for (uint32_t worker : {0u, 1u}) {
+    ASSERT_TRUE(shard
+                    ->BeginStep(1, worker, {}, numerics, sink, {}, {},
+                                Bitmap(0b10))
+                    .ok());
+  }
+  ASSERT_TRUE(Send(*shard, 1, 0, {2, 2, 2, 0, 4, 4, 4, 0}, sink).ok());
+  ASSERT_TRUE(Send(*shard, 1, 1, {2, 2, 2, 0, 2, 2, 2, 0}, sink).ok());
+  // Unscaled sums: a 2 each, b 3 each; b is in the norm.
+  EXPECT_EQ(sink->WaitForGradStats().sum_squares, 3 * 4.0 + 3 * 9.0);
+  ASSERT_TRUE(shard->Commit(1, {0.5, false}).ok());
+  for (const ChunkWeights& weights : sink->WaitFor(2)) {
+    ASSERT_NE(weights.grad_sum, nullptr);
+    EXPECT_EQ(Fp32Values(*weights.grad_sum), std::vector<float>(3, 3.0f));
+    EXPECT_EQ(weights.commit.clip_coef, 0.5);
+    EXPECT_FALSE(weights.commit.skip);
+  }
+  const ChunkSnapshot chunk = Snapshot(*shard);
+  // a: -0.5 * 2 * 0.5; b untouched.
+  EXPECT_EQ(Fp32Values(chunk.master),
+            std::vector<float>({-0.5f, -0.5f, -0.5f, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(chunk.tensor_steps, std::vector<uint64_t>({1, 0}));
+}
+
+// clip_grad_norm_ sees only the parameters with a .grad: a tensor no worker
+// has a gradient for is left out of GradStats whatever its payloads hold.
+TEST_F(TensorPresenceTest, TwoPhaseStatsLeaveOutATensorNoWorkerHasAGradientFor) {
+  auto shard = MakeShard(TwoTensorsInOneChunk(2));
+  auto sink = std::make_shared<RecordingSink>();
+  StepNumerics numerics;
+  numerics.two_phase = true;
+  for (uint32_t worker : {0u, 1u}) {
+    ASSERT_TRUE(
+        shard->BeginStep(1, worker, {}, numerics, sink, Bitmap(0b10)).ok());
+  }
+  ASSERT_TRUE(Send(*shard, 1, 0, {1, 1, 1, 0, 50, 50, 50, 0}, sink).ok());
+  ASSERT_TRUE(Send(*shard, 1, 1, {1, 1, 1, 0, 50, 50, 50, 0}, sink).ok());
+  const GradStats stats = sink->WaitForGradStats();
+  EXPECT_EQ(stats.sum_squares, 3 * 4.0);
+  EXPECT_EQ(stats.max_abs, 2.0);
+  EXPECT_EQ(stats.zero_count, 0u);
+}
+
 TEST_F(TensorPresenceTest, SumOnlyBitmapIsValidatedAndTheSameFromEveryWorker) {
   auto shard = MakeShard(TwoTensorsInOneChunk(2));
   const auto begin = [&](uint32_t worker, std::string no_grad,
@@ -196,8 +248,6 @@ TEST_F(TensorPresenceTest, SumOnlyBitmapIsValidatedAndTheSameFromEveryWorker) {
   EXPECT_EQ(begin(0, {}, std::string(2, '\0')),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(begin(0, {}, Bitmap(0b100)), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(begin(0, {}, Bitmap(0b10), /*two_phase=*/true),
-            absl::StatusCode::kInvalidArgument);
   ASSERT_EQ(begin(0, Bitmap(0b01), Bitmap(0b10)), absl::StatusCode::kOk);
   // Another worker with other sum-only tensors, or none.
   EXPECT_EQ(begin(1, Bitmap(0b01), Bitmap(0b01)),

@@ -362,15 +362,21 @@ TEST_F(TransferEngineTest, TwoPhaseClippedStepsEqualTheOneProcessRunBitForBit) {
 // the sums back: sum-only tensors), a per-group lr and weight decay
 // schedule, and at step 2 a kept tensor without a gradient: every step's
 // weights equal bit for bit those of the same job with everything on the
-// servers.
+// servers. A static loss scale, and also clipped by the global norm
+// (two-phase steps: the servers' norm covers the kept tensors, whose sums
+// come back unscaled, with the decision), where every step must clip.
 TEST_F(TransferEngineTest, OffloadFractionEqualsTheFullyOffloadedRunBitForBit) {
-  for (const auto& [nodes, local_ranks] :
-       {std::pair{1u, 1u}, std::pair{1u, 2u}, std::pair{2u, 1u},
-        std::pair{2u, 2u}}) {
-    SCOPED_TRACE(
-        absl::StrCat(nodes, " nodes of ", local_ranks, " local ranks"));
+  for (const auto& [nodes, local_ranks, clip] :
+       {std::tuple{1u, 1u, 0.0}, std::tuple{1u, 2u, 0.0},
+        std::tuple{2u, 1u, 0.0}, std::tuple{2u, 2u, 0.0},
+        std::tuple{1u, 1u, 0.5}, std::tuple{1u, 2u, 0.5},
+        std::tuple{2u, 2u, 0.5}}) {
+    SCOPED_TRACE(absl::StrCat(nodes, " nodes of ", local_ranks,
+                              " local ranks, clip_grad ", clip));
     JobConfig config = SmallJobConfig(
-        absl::StrCat("offload-", nodes, "-", local_ranks), nodes, 2);
+        absl::StrCat("offload-", nodes, "-", local_ranks, clip > 0 ? "-clip" : ""),
+        nodes, 2);
+    config.optimizer.clip_grad = clip;
     const Layout layout = Layout::Create(config.tensors,
                                          config.alignment_elems).value();
     const std::vector<uint32_t> kept = gpu::ChooseGpuTensors(layout, 0.5);
@@ -378,6 +384,7 @@ TEST_F(TransferEngineTest, OffloadFractionEqualsTheFullyOffloadedRunBitForBit) {
     step_options_ = [kept](uint64_t step) {
       StepOptions options;
       options.group_hparams = StepHyperParams(step);
+      options.loss_scale = 2.0;  // divided out on the GPU in one phase only
       if (step == 2) options.no_grad_tensors = {kept.back()};
       return options;
     };
@@ -400,6 +407,12 @@ TEST_F(TransferEngineTest, OffloadFractionEqualsTheFullyOffloadedRunBitForBit) {
       for (uint64_t s = 0; s < kSteps; ++s) {
         EXPECT_EQ(FirstDifference(runs[r].weights[s], reference[s]), "")
             << "step " << s + 1;
+      }
+      for (const StepResult& result : runs[r].results) {
+        EXPECT_EQ(result.two_phase, clip > 0);
+        if (clip > 0) {
+          EXPECT_LT(result.clip_coef, 1.0);
+        }
       }
     }
   }
@@ -587,22 +600,27 @@ TEST_F(DelayedUpdateTest, TwoNodesOfTwoRanksReadTheOneStepStaleWeights) {
   // slowed to 5 MB/s (a chunk's copy about 0.1 ms), so that the two steps in
   // flight overlap more, and with one D2H slot, which the next step's D2H
   // thread must not hold while it waits for its turn (it deadlocked). The
-  // last two keep half the parameters' optimizer on the GPU (the servers
+  // last three keep half the parameters' optimizer on the GPU (the servers
   // send the kept tensors' sums, one buffer per step in flight), against
-  // the same fully offloaded reference.
-  for (const auto& [weight_dtype, rate, offload] :
-       {std::tuple{DType::kFloat32, 0.0, 1.0},
-        std::tuple{DType::kBFloat16, 0.0, 1.0},
-        std::tuple{DType::kBFloat16, 5e6, 1.0},
-        std::tuple{DType::kFloat32, 0.0, 0.5},
-        std::tuple{DType::kBFloat16, 5e6, 0.5}}) {
+  // the same fully offloaded reference, the last also clipped (two-phase
+  // steps, two in flight).
+  for (const auto& [weight_dtype, rate, offload, clip] :
+       {std::tuple{DType::kFloat32, 0.0, 1.0, 0.0},
+        std::tuple{DType::kBFloat16, 0.0, 1.0, 0.0},
+        std::tuple{DType::kBFloat16, 5e6, 1.0, 0.0},
+        std::tuple{DType::kFloat32, 0.0, 0.5, 0.0},
+        std::tuple{DType::kBFloat16, 5e6, 0.5, 0.0},
+        std::tuple{DType::kFloat32, 0.0, 0.5, 0.5}}) {
     SCOPED_TRACE(absl::StrCat(std::string(DTypeName(weight_dtype)), " at ",
-                              rate, " B/s, offload fraction ", offload));
+                              rate, " B/s, offload fraction ", offload,
+                              ", clip_grad ", clip));
     JobConfig config = SmallJobConfig(
         absl::StrCat("dpu-", std::string(DTypeName(weight_dtype)), "-",
-                     rate > 0 ? "slow" : "fast", offload < 1.0 ? "-kept" : ""),
+                     rate > 0 ? "slow" : "fast", offload < 1.0 ? "-kept" : "",
+                     clip > 0 ? "-clip" : ""),
         2, 2);
     config.weight_dtype = weight_dtype;
+    config.optimizer.clip_grad = clip;
     const std::vector<std::string> reference = Reference(config, 2);
     config.name += "-engine";
     ASSERT_TRUE(InitJob(config));
@@ -816,19 +834,6 @@ TEST_F(TransferEngineErrorTest, AFailedStepWithGpuTensorsLeavesTheEngineUnusable
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(again.message().find("cannot replay"), absl::string_view::npos)
       << again;
-  // And a config that clips is refused at BeginStep, not run with a norm
-  // that misses the kept tensors.
-  JobConfig clipped = SmallJobConfig("kept-clip", 1, 2);
-  clipped.optimizer.clip_grad = 1.0;
-  ASSERT_TRUE(InitJob(clipped));
-  auto clipped_job = client->OpenJob(clipped, 0).value();
-  auto clipped_optimizer =
-      gpu::MakeHostDeviceOptimizer(clipped, device).value();
-  options.device_optimizer = clipped_optimizer.get();
-  auto clipped_engine =
-      TransferEngine::Create(*clipped_job, device, nullptr, options).value();
-  EXPECT_EQ(clipped_engine->BeginStep(1, StepOptions()).code(),
-            absl::StatusCode::kFailedPrecondition);
 }
 
 // Each deliberate engine bug is caught: by the HostDevice's host-access

@@ -498,17 +498,25 @@ def test_engine_state_dict_round_trip(client, job_name):
     opt.close()
 
 
-def test_engine_offload_fraction_equals_full_offload(client, job_name):
+@pytest.mark.parametrize("clip_grad", [0.0, 1e-2])
+def test_engine_offload_fraction_equals_full_offload(client, job_name,
+                                                     clip_grad):
+    """Half the parameters' optimizer on the device, bit for bit the fully
+    offloaded run; also clipping by the global norm, which then covers the
+    kept parameters too (the servers measure it and send their sums)."""
     results = []
     for fraction in (1.0, 0.5):
         model, inputs, targets = model_and_data()
         opt = DepotOptimizer(model.parameters(), client=client,
                              job_name=f"{job_name}-{fraction}",
                              engine="host", lr=1e-2, weight_decay=0.1,
-                             offload_fraction=fraction, **small_chunks())
+                             clip_grad=clip_grad, offload_fraction=fraction,
+                             **small_chunks())
         if fraction < 1:
             assert opt.engine.device_tensors  # some stay on the "GPU"
         results.append(train(model, opt, inputs, targets))
+        if clip_grad:
+            assert opt.last_result.clip_coef < 1  # the step did clip
         opt.close()
     assert_bitwise(results[1], results[0])
 

@@ -23,10 +23,14 @@ absl::Status TransferEngine::Impl::Init() {
     if (!buffer.ok()) return buffer.status();
     (i == 0 ? live_ : incoming_[i - 1]) = *std::move(buffer);
   }
-  // A job of several nodes with an offload fraction: an H2D slot also
-  // carries a chunk's fp32 gradient sums (AcceptGradSum).
+  // An offload fraction in a job of several nodes, or whose steps may run
+  // in two phases (the servers' norm and decision then cover the kept
+  // tensors): the kept tensors are sum-only, and an H2D slot also carries a
+  // chunk's fp32 gradient sums (AcceptGradSum).
   sums_from_servers_ =
-      options_.offload_fraction < 1.0 && job_.config().num_workers > 1;
+      options_.offload_fraction < 1.0 &&
+      (job_.config().num_workers > 1 ||
+       client_internal::StreamedStepIsTwoPhase(job_, StepOptions()));
   const size_t h2d_elem_bytes =
       sums_from_servers_ ? std::max(weight_size_, sizeof(float)) : weight_size_;
   for (auto [ring, slots, size] :

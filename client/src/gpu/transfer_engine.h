@@ -98,10 +98,13 @@ struct TransferEngineOptions {
   // fp32 master weights and state live in device memory (each local rank
   // holds those of its own chunks), `device_optimizer` updates them after
   // the reduce-scatter, and the servers skip them (sent as tensors without
-  // a gradient). Needs a job of one worker (the node's sum is then the whole
-  // gradient), one-phase steps, and a job with no step applied yet (Create
-  // reads the kept tensors' initial master weights from the servers). The
-  // servers' checkpoints do not hold the kept tensors' state.
+  // a gradient). In a job of several workers (nodes), or whose steps may run
+  // in two phases, the servers instead sum their gradients (sum-only
+  // tensors, docs/protocol.md), count them in the norm, and send the sums
+  // with the step's decision; each rank updates from those. Needs a job with
+  // no step applied yet (Create reads the kept tensors' initial master
+  // weights from the servers). The servers' checkpoints do not hold the kept
+  // tensors' state.
   double offload_fraction = 1.0;
   DeviceOptimizer* device_optimizer = nullptr;
   EngineFaults faults;

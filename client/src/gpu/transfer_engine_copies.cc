@@ -50,7 +50,8 @@ absl::Status TransferEngine::Impl::Accept(StepRun& run, uint64_t index,
 }
 
 absl::Status TransferEngine::Impl::AcceptGradSum(StepRun& run, uint64_t index,
-                                                 const std::string& sums) {
+                                                 const std::string& sums,
+                                                 const StepCommit& commit) {
   const KeptChunk kept =
       sums_from_servers_ ? kept_of_chunk_[index] : KeptChunk();
   absl::Status status;
@@ -63,8 +64,16 @@ absl::Status TransferEngine::Impl::AcceptGradSum(StepRun& run, uint64_t index,
     if (run.sum_received[index]) {
       status = absl::InternalError(
           absl::StrCat("server sent chunk ", index, "'s GradSum twice"));
+    } else if (run.commit.has_value() &&
+               (run.commit->skip != commit.skip ||
+                (!commit.skip && run.commit->clip_coef != commit.clip_coef))) {
+      status = absl::InternalError(absl::StrCat(
+          "server applied another decision to chunk ", index, " (skip ",
+          commit.skip, ", clip_coef ", commit.clip_coef, ") than to the step (",
+          run.commit->skip, ", ", run.commit->clip_coef, ")"));
     }
     run.sum_received[index] = true;
+    if (!run.commit.has_value()) run.commit = commit;
   }
   if (!status.ok()) {
     Fail(run, status);

@@ -101,10 +101,15 @@ class TransferEngine::Impl {
     char* grads = nullptr;  // the gradient buffer this step reads
     StepOptions options;
     bool two_phase = false;  // its routes are routes_two_phase_
-    // Offload fraction: per kept tensor, the update's hyperparameters, or
-    // nullopt when it is not updated this step (no gradient, or skipped).
+    // Offload fraction: per tensor, whether it is kept and has a gradient
+    // this step (BeginStep). Then, once the step's decision is known
+    // (ResolveGpuUpdates, comm thread): per kept tensor, the update's
+    // hyperparameters, or nullopt when it is not updated this step (no
+    // gradient, or skipped), and the dtype, unscale and clip of the updates.
+    std::vector<bool> kept_has_grad;
+    bool gpu_resolved = false;
     std::vector<std::optional<UpdateHyperParams>> gpu_hparams;
-    GradientInput gpu_grad;  // dtype, unscale and clip of the kept updates
+    GradientInput gpu_grad;
     std::vector<std::unique_ptr<ChunkQueue>> queues;
     StepResult result;  // the step thread's until joined
     std::thread step_thread, comm_thread, d2h_thread;
@@ -121,14 +126,17 @@ class TransferEngine::Impl {
 
     // Sum-only tensors: the chunks whose GradSum has come.
     std::vector<bool> sum_received;
+    // The decision the step applies: a one-phase step's at BeginStep, a
+    // two-phase step's from its first GradSum (every later one must agree).
+    std::optional<StepCommit> commit;
 
     absl::Status Accept(uint64_t index, uint64_t bytes,
                         const CopyWeights& copy) override {
       return engine->Accept(*this, index, bytes, copy);
     }
-    absl::Status AcceptGradSum(uint64_t index,
-                               const std::string& sums) override {
-      return engine->AcceptGradSum(*this, index, sums);
+    absl::Status AcceptGradSum(uint64_t index, const std::string& sums,
+                               const StepCommit& commit) override {
+      return engine->AcceptGradSum(*this, index, sums, commit);
     }
   };
 
@@ -154,7 +162,10 @@ class TransferEngine::Impl {
       Fail(*run, absl::CancelledError("the transfer engine was destroyed"));
     }
     for (std::unique_ptr<StepRun>& run : runs_) JoinRun(*run);
-    if (!runs_.empty()) Drain();
+    // Also after the last FinishStep: it only queues the step's device work
+    // (the weights' copies, the kept tensors' updates, the all-gathers),
+    // which must not outlive the buffers freed below.
+    Drain();
   }
 
   absl::Status Init();
@@ -203,7 +214,7 @@ class TransferEngine::Impl {
   // kept tensors' gradients over the nodes and send the sum). It goes
   // through a free H2D slot into kept_sum_, before the chunk's weights.
   absl::Status AcceptGradSum(StepRun& run, uint64_t index,
-                             const std::string& sums);
+                             const std::string& sums, const StepCommit& commit);
 
  private:
   // The bytes of each H2D copy of a chunk of `bytes` bytes: a quarter of
@@ -261,10 +272,18 @@ class TransferEngine::Impl {
   // `run` is aborted.
   bool AwaitPreviousCollectives(StepRun& run);
 
-  // The offload fraction's part of BeginStep: the kept tensors join the
-  // step's tensors without a gradient (the servers skip them), and each gets
-  // its update's hyperparameters, as the servers would resolve them.
+  // The offload fraction's part of BeginStep: which kept tensors have a
+  // gradient; with one node and no sums from the servers they join the
+  // step's tensors without a gradient (the servers skip them); a one-phase
+  // step's decision.
   absl::Status PlanGpuUpdates(const StepOptions& options, StepRun& run);
+
+  // Once per step, at its first kept segment (comm thread, so steps resolve
+  // in order, each after the one before it): each kept tensor's update
+  // hyperparameters, as the servers would resolve them, and its step count
+  // moved, unless the step's decision skips it. INTERNAL when the decision
+  // has not come.
+  absl::Status ResolveGpuUpdates(StepRun& run);
 
   // Bucket b's kept segments on the comm stream, after the weights of this
   // rank's chunks landed in `target`: an update, or just the weights.
@@ -338,7 +357,8 @@ class TransferEngine::Impl {
   bool sums_from_servers_ = false;
   std::unique_ptr<Buffer> kept_sum_[2];
   std::vector<KeptChunk> kept_of_chunk_;
-  // Per tensor, the kept tensors' optimizer step counts (trainer thread).
+  // Per tensor, the kept tensors' optimizer step counts (comm threads, one
+  // step after another: ResolveGpuUpdates).
   std::vector<uint64_t> kept_steps_;
   // A step failed after the kept tensors' state may have taken part of it:
   // unlike the servers' state, it cannot replay a step (trainer thread).

@@ -29,11 +29,12 @@ absl::Status TransferEngine::Impl::InitGpuTensors() {
       elems += segment.end - segment.begin;
     }
   }
+  // Every chunk's entry, also on a rank that keeps none (Accept reads it).
+  if (sums_from_servers_) kept_of_chunk_.assign(plan.num_chunks(), KeptChunk());
   if (elems == 0) return absl::OkStatus();
   if (sums_from_servers_) {
     // Within a chunk the kept elements are numbered consecutively (the
     // segments above are in element order), so its sums land in one run.
-    kept_of_chunk_.assign(plan.num_chunks(), KeptChunk());
     for (const std::vector<KeptSegment>& segments : kept_in_bucket_) {
       for (const KeptSegment& k : segments) {
         for (uint64_t c = k.begin / plan.chunk_elems();
@@ -102,42 +103,72 @@ ParamRun TransferEngine::Impl::KeptRun(const KeptSegment& k, char* base) const {
 
 absl::Status TransferEngine::Impl::PlanGpuUpdates(const StepOptions& options,
                                                   StepRun& run) {
-  const JobConfig& config = job_.config();
   const Layout& layout = job_.layout();
-  std::vector<bool> no_grad(layout.tensors().size(), false);
+  run.kept_has_grad.assign(layout.tensors().size(), false);
+  for (uint32_t t : gpu_tensors_) run.kept_has_grad[t] = true;
   for (uint32_t t : options.no_grad_tensors) {
-    if (t < no_grad.size()) no_grad[t] = true;
+    if (t < run.kept_has_grad.size()) run.kept_has_grad[t] = false;
   }
-  const StepCommit commit = options.known_commit.value_or(StepCommit());
-  run.gpu_hparams.assign(layout.tensors().size(), std::nullopt);
   for (uint32_t t : gpu_tensors_) {
-    // One node: the servers skip the kept tensors as gradient-less. Several:
-    // they sum their gradients over the nodes for us (sum-only tensors), and
-    // a kept tensor without a gradient must lack it on every node.
-    if (!no_grad[t] && !sums_from_servers_) {
+    // One node: the servers skip the kept tensors as gradient-less. With
+    // the servers' sums: they sum their gradients (over the nodes) for us
+    // (sum-only tensors), and a kept tensor without a gradient must lack it
+    // on every node.
+    if (run.kept_has_grad[t] && !sums_from_servers_) {
       run.options.no_grad_tensors.push_back(t);
     }
-    if (no_grad[t] || commit.skip) continue;
+  }
+  // A two-phase step's decision comes with the servers' sums.
+  if (!run.two_phase) {
+    absl::MutexLock lock(&mu_);
+    run.commit = options.known_commit.value_or(StepCommit());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TransferEngine::Impl::ResolveGpuUpdates(StepRun& run) {
+  std::optional<StepCommit> decided;
+  {
+    absl::MutexLock lock(&mu_);
+    decided = run.commit;
+  }
+  if (!decided.has_value()) {
+    return absl::InternalError(absl::StrCat(
+        "step ", run.step, ": the weights of chunks with tensors kept on the "
+        "GPU came without the servers' decision (GradSum.commit)"));
+  }
+  const StepCommit commit = *decided;
+  const JobConfig& config = job_.config();
+  const Layout& layout = job_.layout();
+  run.gpu_hparams.assign(layout.tensors().size(), std::nullopt);
+  for (uint32_t t : gpu_tensors_) {
+    if (!run.kept_has_grad[t] || commit.skip) continue;
     const uint32_t group = layout.tensors()[t].param_group;
     run.gpu_hparams[t] =
-        ResolveHyperParams(GroupOptimizer(config, group), options.group_hparams,
-                           group, kept_steps_[t] + 1);
+        ResolveHyperParams(GroupOptimizer(config, group),
+                           run.options.group_hparams, group, kept_steps_[t] + 1);
+    // The servers' counts move when they apply the step; a failed step
+    // leaves the engine unusable (FinishStep).
+    ++kept_steps_[t];
   }
+  // One phase: the node's gradient, or the servers' sums (fp32), not yet
+  // unscaled; two phases: the servers' sums, which they unscaled.
   run.gpu_grad.dtype = sums_from_servers_ ? DType::kFloat32 : config.grad_dtype;
-  run.gpu_grad.unscale_factor = UnscaleFactor(options.loss_scale);
+  run.gpu_grad.unscale_factor =
+      run.two_phase ? 1.0f : UnscaleFactor(run.options.loss_scale);
   run.gpu_grad.unscale = run.gpu_grad.unscale_factor != 1.0f;
   run.gpu_grad.clip = commit.clip_coef < 1.0;
   run.gpu_grad.clip_coef = static_cast<float>(commit.clip_coef);
-  // The step counts move now (the servers' move when they apply the
-  // step); a failed step leaves the engine unusable (FinishStep).
-  for (uint32_t t : gpu_tensors_) {
-    if (run.gpu_hparams[t].has_value()) ++kept_steps_[t];
-  }
+  run.gpu_resolved = true;
   return absl::OkStatus();
 }
 
 absl::Status TransferEngine::Impl::UpdateGpuTensors(StepRun& run, uint64_t b,
                                                     char* target) {
+  if (kept_in_bucket_[b].empty()) return absl::OkStatus();
+  if (!run.gpu_resolved) {
+    if (absl::Status s = ResolveGpuUpdates(run); !s.ok()) return s;
+  }
   for (const KeptSegment& k : kept_in_bucket_[b]) {
     const ParamRun state = KeptRun(k, static_cast<char*>(kept_state_->data()));
     const WeightsOutput weights{job_.config().weight_dtype,

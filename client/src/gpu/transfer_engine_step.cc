@@ -40,13 +40,6 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
         "servers' with Job::Step's overrides on a host step");
   }
   const bool two_phase = client_internal::StreamedStepIsTwoPhase(job_, options);
-  if (!gpu_tensors_.empty() && two_phase) {
-    return absl::FailedPreconditionError(
-        "BeginStep: with an offload fraction below 1 a step runs in one "
-        "phase (the servers' gradient norm would miss the tensors kept on "
-        "the GPU): pass StepOptions::known_commit, or do not clip, skip on "
-        "a norm threshold or scale the loss dynamically");
-  }
   const uint64_t buckets = partition_.num_buckets();
   auto run = std::make_unique<StepRun>();
   run->engine = this;
@@ -55,6 +48,7 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
   run->grads = static_cast<char*>(
       grads_[options_.delayed_update ? step % 2 : 0]->data());
   run->options = options;
+  run->two_phase = two_phase;
   if (!gpu_tensors_.empty()) {
     if (absl::Status s = PlanGpuUpdates(options, *run); !s.ok()) return s;
   }
@@ -81,7 +75,6 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
   streamed.on_failure = [this, r](const absl::Status& status) {
     Fail(*r, status);
   };
-  r->two_phase = two_phase;
   for (const StreamedStep::Route& route :
        r->two_phase ? routes_two_phase_ : routes_) {
     r->queues.push_back(std::make_unique<ChunkQueue>(
@@ -360,7 +353,8 @@ void TransferEngine::Impl::JoinRun(StepRun& run) {
 
 void TransferEngine::Impl::Drain() {
   for (Stream* stream : {comm_.get(), d2h_stream_.get(), h2d_stream_.get()}) {
-    (void)device_.SynchronizeStream(*stream);
+    // Null when Init failed before making it.
+    if (stream != nullptr) (void)device_.SynchronizeStream(*stream);
   }
   absl::MutexLock lock(&mu_);
   for (SlotRing* ring : {&d2h_, &h2d_}) {
