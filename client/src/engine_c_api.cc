@@ -223,6 +223,24 @@ int OnTrainerStream(const char* function, depot_engine_t* engine,
   });
 }
 
+// depot_engine_read_device_state and _write_: the C arrays as the engine's.
+int EngineDeviceState(const char* function, depot_engine_t* engine,
+                      const depot_flat_state_t* state, bool write) {
+  return Guarded(function, [&]() -> absl::Status {
+    if (engine == nullptr) {
+      return c_api::NullArgument(function, "engine");
+    }
+    if (state == nullptr) return c_api::NullArgument(function, "state");
+    gpu::StateArrays arrays;
+    arrays.master = state->master;
+    arrays.num_slots = 3;
+    for (int k = 0; k < 3; ++k) arrays.slots[k] = state->slots[k];
+    arrays.tensor_steps = state->tensor_steps;
+    return write ? engine->engine->WriteGpuState(arrays)
+                 : engine->engine->ReadGpuState(arrays);
+  });
+}
+
 }  // namespace
 }  // namespace depot
 
@@ -346,6 +364,18 @@ size_t depot_engine_device_tensors(const depot_engine_t* engine,
     std::copy_n(tensors.begin(), std::min(capacity, tensors.size()), out);
   }
   return tensors.size();
+}
+
+int depot_engine_read_device_state(depot_engine_t* engine,
+                                   depot_flat_state_t* state) {
+  return depot::EngineDeviceState("depot_engine_read_device_state", engine, state,
+                           /*write=*/false);
+}
+
+int depot_engine_write_device_state(depot_engine_t* engine,
+                                    const depot_flat_state_t* state) {
+  return depot::EngineDeviceState("depot_engine_write_device_state", engine, state,
+                           /*write=*/true);
 }
 
 int depot_engine_begin_step(depot_engine_t* engine, uint64_t step,

@@ -827,13 +827,39 @@ TEST_F(TransferEngineErrorTest, AFailedStepWithGpuTensorsLeavesTheEngineUnusable
   options.device_optimizer = optimizer.get();
   auto engine = TransferEngine::Create(*job, device, nullptr, options).value();
   auto compute = device.CreateStream().value();
+  // The kept tensors' state as it starts (arrays over the whole job).
+  const uint64_t n = job->layout().total_elems();
+  std::vector<float> master(n, -1.0f), slot0(n), slot1(n);
+  std::vector<uint64_t> counts(config.tensors.size(), 7);
+  gpu::StateArrays state;
+  state.master = master.data();
+  state.slots[0] = slot0.data();
+  state.slots[1] = slot1.data();
+  state.tensor_steps = counts.data();
+  EXPECT_EQ(engine->ReadGpuState(state).code(),
+            absl::StatusCode::kInvalidArgument);  // AdamW keeps two slots
+  state.num_slots = 2;
+  ASSERT_TRUE(engine->ReadGpuState(state).ok());
+  const std::vector<uint32_t>& kept = engine->gpu_tensors();
+  const Layout& layout = job->layout();
+  for (uint32_t t = 0; t < counts.size(); ++t) {
+    const bool is_kept = std::count(kept.begin(), kept.end(), t) > 0;
+    EXPECT_EQ(counts[t], is_kept ? 0u : 7u) << "tensor " << t;
+    // Kept: the initial master (not -1); others: left as they were.
+    EXPECT_EQ(master[layout.offset(t)] == -1.0f, !is_kept) << "tensor " << t;
+  }
   ASSERT_TRUE(engine->BeginStep(1, StepOptions()).ok());
+  EXPECT_EQ(engine->ReadGpuState(state).code(),
+            absl::StatusCode::kFailedPrecondition);  // a step in flight
   ASSERT_TRUE(engine->GradientsReady(0, *compute).ok());
   EXPECT_FALSE(engine->FinishStep().ok());  // not every bucket named
   const absl::Status again = engine->BeginStep(1, StepOptions());
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(again.message().find("cannot replay"), absl::string_view::npos)
       << again;
+  // Loading a state (here the one it started from) makes it usable again.
+  ASSERT_TRUE(engine->WriteGpuState(state).ok());
+  EXPECT_TRUE(engine->BeginStep(1, StepOptions()).ok());
 }
 
 // Each deliberate engine bug is caught: by the HostDevice's host-access

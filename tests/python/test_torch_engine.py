@@ -521,6 +521,76 @@ def test_engine_offload_fraction_equals_full_offload(client, job_name,
     assert_bitwise(results[1], results[0])
 
 
+def test_engine_offload_fraction_state_is_the_whole_jobs(client, job_name):
+    """With half the parameters' optimizer on the device, the state read
+    (torch_state_dict, state[p]) equals the fully offloaded run's bit for
+    bit, step counts included: the kept parameters' part comes from the
+    device, not from the servers, which never updated it."""
+    states = []
+    for fraction in (1.0, 0.5):
+        model, inputs, targets = model_and_data()
+        opt = DepotOptimizer(model.parameters(), client=client,
+                             job_name=f"{job_name}-{fraction}",
+                             engine="host", lr=1e-2, weight_decay=0.1,
+                             offload_fraction=fraction, **small_chunks())
+        train(model, opt, inputs, targets, steps=3)
+        states.append(opt.torch_state_dict()["state"])
+        last = list(model.parameters())[-1]
+        assert int(opt.state[last]["step"]) == 3
+        opt.close()
+    full, kept = states
+    assert full.keys() == kept.keys()
+    for index in full:
+        for key in full[index]:
+            assert_bitwise([torch.as_tensor(kept[index][key])],
+                           [torch.as_tensor(full[index][key])])
+
+
+def test_engine_offload_fraction_state_dict_round_trip(client, job_name):
+    """state_dict() by value holds the kept parameters' state from the
+    device, and load_state_dict() puts it back there, also in a new
+    optimizer of another job: the steps after it equal the uninterrupted
+    run's bit for bit."""
+    model, inputs, targets = model_and_data()
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         offload_fraction=0.5, **small_chunks())
+    assert opt.engine.device_tensors
+    train(model, opt, inputs, targets, steps=2)
+    saved_opt = opt.state_dict()
+    saved_model = copy.deepcopy(model.state_dict())
+    train(model, opt, inputs[2:], targets[2:], steps=3)
+    after = [p.detach().clone() for p in model.parameters()]
+    opt.close()
+    fresh = copy.deepcopy(model)
+    fresh.load_state_dict(saved_model)
+    opt = DepotOptimizer(fresh.parameters(), client=client,
+                         job_name=f"{job_name}-loaded", engine="host",
+                         lr=1e-2, offload_fraction=0.5, **small_chunks())
+    opt.load_state_dict(saved_opt)
+    train(fresh, opt, inputs[2:], targets[2:], steps=3)
+    assert_bitwise([p.detach() for p in fresh.parameters()], after)
+    opt.close()
+
+
+def test_engine_offload_fraction_refuses_state_it_cannot_hold(client,
+                                                             job_name):
+    """A reference to the servers' checkpoint and resume=True would lose the
+    kept parameters' state: both are refused, saying why."""
+    model, inputs, targets = model_and_data()
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         offload_fraction=0.5, **small_chunks())
+    train(model, opt, inputs, targets, steps=1)
+    with pytest.raises(ValueError, match="kept on the device"):
+        opt.state_dict(reference=True)
+    opt.close()
+    with pytest.raises(ValueError, match="resume=True"):
+        DepotOptimizer(model.parameters(), client=client, job_name=job_name,
+                       engine="host", lr=1e-2, offload_fraction=0.5,
+                       resume=True, **small_chunks())
+
+
 def test_engine_delayed_update_is_one_step_stale(client, job_name):
     """With the delayed update, step s's forward sees the weights of step
     s - 2: the reference applies torch.optim to master weights and runs each

@@ -58,7 +58,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 9
+#define DEPOT_API_VERSION 10
 DEPOT_API uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -559,6 +559,22 @@ DEPOT_API uint64_t depot_engine_pinned_bytes(const depot_engine_t* engine);
  * there are. */
 DEPOT_API size_t depot_engine_device_tensors(const depot_engine_t* engine,
                                              uint32_t* out, size_t capacity);
+
+/* The optimizer state of the tensors kept on this device (offload fraction
+ * < 1), which the servers' state (depot_job_save_state) does not hold:
+ * writes this rank's kept elements' master weights and slots and the kept
+ * tensors' step counts over `state`'s arrays (a whole job's, as
+ * depot_job_decode_state fills them), leaving every other value as it is.
+ * With one local rank the result is the whole job's state. FAILED_PRECONDITION:
+ * a step in flight; INVALID_ARGUMENT: a NULL array the job needs. */
+DEPOT_API int depot_engine_read_device_state(depot_engine_t* engine,
+                                             depot_flat_state_t* state);
+/* The reverse: loads those values from `state` onto the device (bf16 slots
+ * rounded to nearest even), e.g. after depot_job_load_state of the same
+ * state; an engine whose step failed may step again. The weights buffer is
+ * left as it is. Same errors. */
+DEPOT_API int depot_engine_write_device_state(depot_engine_t* engine,
+                                              const depot_flat_state_t* state);
 
 /* TransferEngine::BeginStep: starts step `step` (options as depot_job_step;
  * weight overrides are refused). FAILED_PRECONDITION: a step in flight

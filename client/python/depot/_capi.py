@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 9
+API_VERSION = 10
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -263,6 +263,10 @@ _PROTOTYPES = {
     "depot_engine_pinned_bytes": (c_uint64, [c_void_p]),
     "depot_engine_device_tensors": (c_size_t, [
         c_void_p, ctypes.POINTER(c_uint32), c_size_t]),
+    "depot_engine_read_device_state": (ctypes.c_int, [
+        c_void_p, _p(FlatState)]),
+    "depot_engine_write_device_state": (ctypes.c_int, [
+        c_void_p, _p(FlatState)]),
     "depot_engine_begin_step": (ctypes.c_int, [
         c_void_p, c_uint64, _p(StepOptions)]),
     "depot_engine_gradients_ready": (ctypes.c_int, [

@@ -22,18 +22,51 @@ _DEPOT_KEYS = (_STATE_KEY, _REFERENCE_KEY, _STEP_KEY, _SCALER_KEY)
 
 
 class CheckpointMixin:
-    """state_dict, load_state_dict, torch_state_dict and what they read."""
+    """state_dict, load_state_dict, torch_state_dict and what they read.
+
+    With an offload fraction below 1 the optimizer state of the parameters
+    kept on the device lives in the engine, not on the servers: the state
+    read here is the servers' with the engine's overlaid
+    (Engine.read_device_state), and a loaded state goes to both."""
+
+    def _device_engine(self, what):
+        """The engine holding some parameters' optimizer state, or None.
+        ValueError where that state cannot be taken whole: a node of several
+        local ranks (each holds its own chunks' part)."""
+        driver = getattr(self, "_driver", None)
+        if driver is None or driver.offloads_all:
+            return None
+        if driver.local_ranks > 1:
+            raise ValueError(
+                f"{what}: with offload_fraction < 1 on a node of "
+                f"{driver.local_ranks} local ranks, each rank holds the "
+                f"optimizer state of its own chunks of the parameters kept "
+                f"on the device, and no rank has all of it; use one local "
+                f"rank per worker, or offload_fraction=1.0")
+        return driver.engine
+
+    def _refuse_reference_with_kept_state(self, what):
+        if self._device_engine(what) is not None:
+            raise ValueError(
+                f"{what}: the servers' checkpoints do not hold the optimizer "
+                f"state of the parameters kept on the device "
+                f"(offload_fraction < 1); save and load by value "
+                f"(state_dict(reference=False))")
 
     def _flat_state(self):
-        """The servers' whole state (depot.FlatState), read once per step."""
+        """The whole state (depot.FlatState): the servers', with the engine's
+        kept parameters' state over it; read once per step."""
         job = self._open_job()
         self.synchronize()
         if not self._initialized:
             return None
         if self._state_cache is None or self._state_cache[0] != \
                 self._depot_step:
-            self._state_cache = (self._depot_step,
-                                 job.decode_state(job.save_state_array()))
+            flat = job.decode_state(job.save_state_array())
+            engine = self._device_engine("the optimizer's state")
+            if engine is not None:
+                engine.read_device_state(flat)
+            self._state_cache = (self._depot_step, flat)
         return self._state_cache[1]
 
     def _param_state(self, index):
@@ -113,8 +146,13 @@ class CheckpointMixin:
         if not self._initialized:
             state[_STATE_KEY] = None  # nothing on the servers yet
         elif reference:
+            self._refuse_reference_with_kept_state("state_dict(reference=True)")
             state[_REFERENCE_KEY] = state_reference.take(
                 job, self._client.servers)
+        elif self._device_engine("state_dict") is not None:
+            state[_STATE_KEY] = torch.frombuffer(
+                bytearray(job.encode_state(self._flat_state())),
+                dtype=torch.uint8)
         else:
             state[_STATE_KEY] = torch.from_numpy(job.save_state_array())
         state[_STEP_KEY] = self._depot_step
@@ -163,6 +201,10 @@ class CheckpointMixin:
             state_reference.check_job_name(reference,
                                            self._job_args["job_name"])
         job = self._open_job()
+        if by_reference:
+            self._refuse_reference_with_kept_state(
+                "load_state_dict of a reference")
+        engine = self._device_engine("load_state_dict")
         args.check_fixed(self._kind, self._fixed, torch_state["param_groups"],
                          what="the state dict's param group")
         if by_reference:
@@ -173,6 +215,8 @@ class CheckpointMixin:
             blob = state_dict[_STATE_KEY]
             if blob is not None:
                 job.load_state(blob)
+                if engine is not None:
+                    engine.write_device_state(job.decode_state(blob))
             loaded = blob is not None
             step = int(state_dict[_STEP_KEY])
         # After the servers accepted the state; a scaler state made by
@@ -225,10 +269,13 @@ class CheckpointMixin:
                 if value is not None:
                     flat[offset:offset + numel].copy_(value)
         applied = max([self._depot_step] + tensor_steps)
-        blob = job.encode_state(depot.FlatState(
+        engine = self._device_engine("load_state_dict")
+        flat = depot.FlatState(
             applied_step=applied, master=master.numpy(),
-            slots=[s.numpy() for s in flat_slots], tensor_steps=tensor_steps))
-        job.load_state(blob)
+            slots=[s.numpy() for s in flat_slots], tensor_steps=tensor_steps)
+        job.load_state(job.encode_state(flat))
+        if engine is not None:
+            engine.write_device_state(flat)
         for group, saved in zip(self.param_groups, saved_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
         self._depot_step = applied

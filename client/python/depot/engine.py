@@ -145,6 +145,23 @@ class Engine(OwnedHandle):
     def weights_address(self) -> int:
         return _capi.lib().depot_engine_weights(self._live_handle())
 
+    def read_device_state(self, flat) -> None:
+        """Writes the optimizer state of the tensors kept on this device
+        (device_tensors: master weights, slots and step counts of this
+        rank's elements of them), which the servers' state does not hold,
+        over `flat` (a depot.FlatState of the whole job, as
+        Job.decode_state returns), leaving its other values as they are."""
+        c_state = self.job._c_flat_state(flat)
+        _capi.check(_capi.lib().depot_engine_read_device_state(
+            self._live_handle(), ctypes.byref(c_state)))
+
+    def write_device_state(self, flat) -> None:
+        """Loads the kept tensors' state from `flat` onto the device (with
+        the servers' state of the same FlatState: Job.load_state)."""
+        c_state = self.job._c_flat_state(flat)
+        _capi.check(_capi.lib().depot_engine_write_device_state(
+            self._live_handle(), ctypes.byref(c_state)))
+
     def begin_step(self, step: int, *, group_hparams: Iterable = (),
                    loss_scale: float = 1.0, known_commit=None,
                    no_grad_tensors: Iterable[int] = ()) -> None:

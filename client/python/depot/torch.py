@@ -102,6 +102,11 @@ checkpoint to their --checkpoint_dir and holds only a reference to it under
 the job back to that step, also in a new process that opens the same job.
 Restore the model's own state_dict too: it holds the low-precision weights.
 Take both between steps, on one worker.
+With offload_fraction < 1, the state of the parameters kept on the device is
+the engine's, not the servers': state_dict(), state[p] and torch_state_dict()
+include it (read from the device), and load_state_dict() loads it there; a
+reference, resume=True, and a node of several local ranks (each holds only
+its chunks' part) are refused with ValueError.
 Every worker loads the same dict (loading the same state twice is harmless),
 and all must have loaded before any steps again (a barrier): a load while a
 peer's step is pending is refused with FailedPreconditionError.
@@ -320,6 +325,12 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
             delayed_update=delayed_update, offload_fraction=offload_fraction,
             local_rank=local_rank, local_ranks=local_ranks,
             unique_id=node_id, bucket_chunks=bucket_chunks)
+        if self._resume and offload_fraction != 1.0:
+            raise ValueError(
+                "resume=True with offload_fraction < 1: the servers' state "
+                "does not hold the optimizer state of the parameters kept on "
+                "the device, so the job cannot continue from it; load a "
+                "state_dict() saved by value into a new job instead")
         self._engine_device = engine_device(self._all_params(), engine)
         if self._engine_device is None and self._resume:
             # The step to resume from is known at construction.

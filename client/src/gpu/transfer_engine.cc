@@ -207,6 +207,12 @@ const std::vector<uint32_t>& TransferEngine::gpu_tensors() const {
 uint64_t TransferEngine::gpu_state_bytes() const {
   return impl_->gpu_state_bytes();
 }
+absl::Status TransferEngine::ReadGpuState(const StateArrays& state) {
+  return impl_->ReadGpuState(state);
+}
+absl::Status TransferEngine::WriteGpuState(const StateArrays& state) {
+  return impl_->WriteGpuState(state);
+}
 absl::Status TransferEngine::BeginStep(uint64_t step,
                                        const StepOptions& options) {
   return impl_->BeginStep(step, options);

@@ -110,6 +110,16 @@ struct TransferEngineOptions {
   EngineFaults faults;
 };
 
+// Arrays over a job's index space [0, N) (as FlatState's, or the C API's
+// depot_flat_state_t): the fp32 master weights, `num_slots` state slots
+// widened to fp32, and one optimizer step count per layout tensor.
+struct StateArrays {
+  float* master = nullptr;
+  float* slots[3] = {nullptr, nullptr, nullptr};
+  size_t num_slots = 0;
+  uint64_t* tensor_steps = nullptr;
+};
+
 // The tensors (layout indices, ascending) an offload fraction keeps on the
 // GPU: walking from the last tensor to the first (backward's order), each
 // tensor whose elements still fit within (1 - offload_fraction) of the
@@ -152,6 +162,20 @@ class TransferEngine {
   // device memory their state takes on this rank, in bytes.
   const std::vector<uint32_t>& gpu_tensors() const;
   uint64_t gpu_state_bytes() const;
+  // The optimizer state of the tensors kept on this device, which the
+  // servers' state (Job::SaveState) does not hold: ReadGpuState writes this
+  // rank's kept elements' master weights and slots (widened to fp32) and the
+  // kept tensors' step counts over `state`, leaving every other value as it
+  // is, so that a FlatState the servers' state decoded into becomes the
+  // whole job's (with one local rank; a node's ranks each hold their own
+  // chunks'). WriteGpuState loads the same values from `state` onto the
+  // device (bf16 slots rounded to nearest even, as Job::EncodeState); the
+  // servers' state should be loaded from the same FlatState (Job::LoadState),
+  // and it makes an engine whose step failed usable again. Neither changes
+  // weights(). FAILED_PRECONDITION: a step in flight; INVALID_ARGUMENT: null
+  // arrays, or fewer slots than the job keeps.
+  absl::Status ReadGpuState(const StateArrays& state);
+  absl::Status WriteGpuState(const StateArrays& state);
 
   // Starts step `step` (options as Job::Step, without weight_overrides). A
   // step that needs two phases (the config clips, has a skip threshold or

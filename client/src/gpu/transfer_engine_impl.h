@@ -177,6 +177,10 @@ class TransferEngine::Impl {
   // Segment k's master and slots inside the state block at `base`.
   ParamRun KeptRun(const KeptSegment& k, char* base) const;
 
+  // TransferEngine::ReadGpuState and WriteGpuState.
+  absl::Status ReadGpuState(const StateArrays& state);
+  absl::Status WriteGpuState(const StateArrays& state);
+
   const std::vector<uint32_t>& gpu_tensors() const { return gpu_tensors_; }
   uint64_t gpu_state_bytes() const {
     return kept_state_ == nullptr ? 0 : kept_state_->bytes();
@@ -277,6 +281,13 @@ class TransferEngine::Impl {
   // step's tensors without a gradient (the servers skip them); a one-phase
   // step's decision.
   absl::Status PlanGpuUpdates(const StepOptions& options, StepRun& run);
+
+  // For ReadGpuState and WriteGpuState (`what`): FAILED_PRECONDITION with a
+  // step in flight, INVALID_ARGUMENT for arrays that do not fit the job.
+  absl::Status CheckGpuStateAccess(const char* what, const StateArrays& state);
+  // The kept state block on the host, or back on the device (comm stream,
+  // after its queued work; synchronized).
+  absl::Status CopyKeptState(std::string& host, CopyKind kind);
 
   // Once per step, at its first kept segment (comm thread, so steps resolve
   // in order, each after the one before it): each kept tensor's update

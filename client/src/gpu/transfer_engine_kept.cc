@@ -199,4 +199,96 @@ absl::Status TransferEngine::Impl::UpdateGpuTensors(StepRun& run, uint64_t b,
   return absl::OkStatus();
 }
 
+absl::Status TransferEngine::Impl::CheckGpuStateAccess(
+    const char* what, const StateArrays& state) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!runs_.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": step ", runs_.front()->step,
+          " is in flight (call FinishStep first)"));
+    }
+  }
+  const size_t slots = OptimizerStateSlots(JobSlotConfig(job_.config()));
+  if (state.master == nullptr || state.tensor_steps == nullptr ||
+      state.num_slots < slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the state needs master weights, step counts and ", slots,
+        " slot arrays (", state.num_slots, " given)"));
+  }
+  for (size_t k = 0; k < slots; ++k) {
+    if (state.slots[k] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": slot array ", k, " is null"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TransferEngine::Impl::CopyKeptState(std::string& host,
+                                                 CopyKind kind) {
+  host.resize(kept_state_->bytes());
+  absl::Status s =
+      kind == CopyKind::kDeviceToHost
+          ? device_.CopyAsync(*comm_, host.data(), kept_state_->data(),
+                              host.size(), kind)
+          : device_.CopyAsync(*comm_, kept_state_->data(), host.data(),
+                              host.size(), kind);
+  if (s.ok()) s = device_.SynchronizeStream(*comm_);
+  return s;
+}
+
+absl::Status TransferEngine::Impl::ReadGpuState(const StateArrays& state) {
+  if (absl::Status s = CheckGpuStateAccess("ReadGpuState", state); !s.ok()) {
+    return s;
+  }
+  for (uint32_t t : gpu_tensors_) state.tensor_steps[t] = kept_steps_[t];
+  if (kept_state_ == nullptr) return absl::OkStatus();  // none on this rank
+  std::string host;
+  if (absl::Status s = CopyKeptState(host, CopyKind::kDeviceToHost); !s.ok()) {
+    return s;
+  }
+  for (const std::vector<KeptSegment>& segments : kept_in_bucket_) {
+    for (const KeptSegment& k : segments) {
+      const ParamRun run = KeptRun(k, host.data());
+      std::copy_n(run.master, run.n, state.master + k.begin);
+      for (int slot = 0; slot < kMaxStateSlots; ++slot) {
+        if (run.slots[slot] == nullptr) continue;
+        ConvertToFloat(slot_dtype_[slot], run.slots[slot],
+                       state.slots[slot] + k.begin, run.n);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TransferEngine::Impl::WriteGpuState(const StateArrays& state) {
+  if (absl::Status s = CheckGpuStateAccess("WriteGpuState", state); !s.ok()) {
+    return s;
+  }
+  if (kept_state_ != nullptr) {
+    // Read first: the block's alignment gaps keep what they hold.
+    std::string host;
+    absl::Status s = CopyKeptState(host, CopyKind::kDeviceToHost);
+    for (const std::vector<KeptSegment>& segments : kept_in_bucket_) {
+      for (const KeptSegment& k : segments) {
+        if (!s.ok()) break;
+        const ParamRun run = KeptRun(k, host.data());
+        std::copy_n(state.master + k.begin, run.n, run.master);
+        for (int slot = 0; slot < kMaxStateSlots; ++slot) {
+          if (run.slots[slot] == nullptr) continue;
+          ConvertFromFloat(state.slots[slot] + k.begin, slot_dtype_[slot],
+                           run.slots[slot], run.n);
+        }
+      }
+    }
+    if (s.ok()) s = CopyKeptState(host, CopyKind::kHostToDevice);
+    if (!s.ok()) return s;
+  }
+  for (uint32_t t : gpu_tensors_) kept_steps_[t] = state.tensor_steps[t];
+  // The state no longer depends on what a failed step did.
+  kept_state_lost_ = false;
+  return absl::OkStatus();
+}
+
 }  // namespace depot::gpu
