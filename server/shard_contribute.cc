@@ -52,13 +52,6 @@ absl::Status ShardState::BeginStep(
       !s.ok()) {
     return s;
   }
-  // This worker's no_grad_tensors bits of the sum-only tensors.
-  std::string sum_only_no_grad = sum_only_tensors;
-  for (size_t i = 0; i < sum_only_no_grad.size(); ++i) {
-    sum_only_no_grad[i] =
-        static_cast<char>(sum_only_no_grad[i] &
-                          (no_grad_tensors.empty() ? 0 : no_grad_tensors[i]));
-  }
   if (numerics.two_phase && stats_sink == nullptr) {
     return absl::InvalidArgumentError(
         "a two-phase step needs a stream to send its GradStats to");
@@ -96,7 +89,6 @@ absl::Status ShardState::BeginStep(
       fresh.group_hparams = std::move(group_hparams);
       fresh.numerics = numerics;
       fresh.sum_only = sum_only_tensors;
-      fresh.sum_only_no_grad = sum_only_no_grad;
       fresh.no_grad.resize(workers);
       fresh.node_shapes.resize(workers);
       fresh.header_seen.resize(workers, false);
@@ -124,13 +116,6 @@ absl::Status ShardState::BeginStep(
           "sum_only_tensors of step ", step,
           " differ from those of the step's first header on this server: "
           "every stream of every worker must send the same"));
-    }
-    if (!inserted && progress.sum_only_no_grad != sum_only_no_grad) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "no_grad_tensors of worker ", worker_rank, " in step ", step,
-          " differ from the step's first header's for a sum-only tensor: the "
-          "workers update those themselves, so every worker must have a "
-          "gradient for each of them, or none"));
     }
     if (!progress.header_seen[worker_rank]) {
       progress.header_seen[worker_rank] = true;

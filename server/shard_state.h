@@ -270,9 +270,8 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // protocol.md, "Node workers").
   //
   // `sum_only_tensors` (depot.proto StepHeader.sum_only_tensors; empty: none)
-  // is validated as no_grad_tensors; INVALID_ARGUMENT in a two-phase step;
-  // FAILED_PRECONDITION when it differs from the step's first header's, or
-  // when this worker's no_grad_tensors bits of those tensors do.
+  // is validated as no_grad_tensors; FAILED_PRECONDITION when it differs
+  // from the step's first header's.
   absl::Status BeginStep(uint64_t step, uint32_t worker_rank,
                          std::vector<GroupHyperParams> group_hparams,
                          const StepNumerics& numerics = {},
@@ -444,11 +443,8 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
     // Each worker's no_grad_tensors bitmap, from its first header (empty:
     // every tensor has a gradient, or no header yet).
     std::vector<std::string> no_grad;
-    // The step's sum_only_tensors bitmap (empty: none), and the first
-    // header's no_grad_tensors bits of those tensors, which every worker's
-    // must equal.
+    // The step's sum_only_tensors bitmap (empty: none).
     std::string sum_only;
-    std::string sum_only_no_grad;
     // Each worker's NodeShape, from its first header.
     std::vector<NodeShape> node_shapes;
     std::vector<bool> header_seen;
@@ -480,12 +476,15 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The sizes of `payloads`, summed.
   static uint64_t TotalBytes(const std::vector<std::string>& payloads);
 
-  // The GradSum.sums of chunk `range` (depot.proto): from its one-phase
-  // `payloads`, or from the two-phase sum `summed` (RunSum's); null when the
-  // chunk holds no sum-only tensor.
-  std::shared_ptr<const std::string> SumOnlyGradients(
+  // The GradSum of chunk `range` (depot.proto): the sums from its one-phase
+  // `payloads` (absent workers' parts already zeroed), or from the
+  // two-phase sum `summed` (RunSum's), and the sum-only tensors no worker
+  // has a gradient for (`absent`: CountAbsentWorkers of `segments`); null
+  // when the chunk holds no sum-only tensor.
+  std::shared_ptr<const GradSumReply> SumOnlyGradients(
       const StepProgress& settings, const ChunkRange& range,
       const std::vector<Segment>& segments,
+      const std::vector<uint32_t>& absent,
       const std::vector<std::string>& payloads,
       const std::string& summed) const;
 

@@ -185,11 +185,18 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   if (!noop_update_) ApplyOverrides(range, overrides);
   const std::vector<Segment> segments =
       shape_.layout().SegmentsIn(range.begin, range.end);
+  std::vector<uint32_t> absent =
+      CountAbsentWorkers(settings.no_grad, segments);
+  // One phase: the workers' payloads as they arrived, absent parts zeroed
+  // (two phases: RunSum zeroed them before summing).
+  if (!noop_update_ && settings.two_phase == nullptr) {
+    ZeroAbsentParts(settings, range, segments, absent, payloads);
+  }
   // Sum-only tensors: the workers update them from this sum.
-  std::shared_ptr<const std::string> grad_sum =
-      settings.sum_only.empty()
-          ? nullptr
-          : SumOnlyGradients(settings, range, segments, payloads, summed);
+  std::shared_ptr<const GradSumReply> grad_sum =
+      settings.sum_only.empty() ? nullptr
+                                : SumOnlyGradients(settings, range, segments,
+                                                   absent, payloads, summed);
 
   std::shared_ptr<const std::string> weights;
   if (noop_update_ && config.grad_dtype == config.weight_dtype &&
@@ -202,14 +209,11 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
     if (noop_update_ || commit.skip) {
       EncodeMasterInto(range.begin, range.end, config.weight_dtype, out.data());
     } else {
-      std::vector<uint32_t> absent =
-          CountAbsentWorkers(settings.no_grad, segments);
-      // One phase: the workers' payloads as they arrived (absent parts
-      // zeroed); two phases: the chunk's sum, already unscaled (RunSum).
+      // One phase: the workers' payloads (absent parts zeroed above); two
+      // phases: the chunk's sum, already unscaled (RunSum).
       absl::InlinedVector<const void*, 8> parts;
       GradientInput grad;
       if (settings.two_phase == nullptr) {
-        ZeroAbsentParts(settings, range, segments, absent, payloads);
         for (const std::string& payload : payloads) {
           parts.push_back(payload.data());
         }
@@ -281,11 +285,10 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   }
 }
 
-std::shared_ptr<const std::string> ShardState::SumOnlyGradients(
+std::shared_ptr<const GradSumReply> ShardState::SumOnlyGradients(
     const StepProgress& settings, const ChunkRange& range,
-    const std::vector<Segment>& segments,
-    const std::vector<std::string>& payloads,
-    const std::string& summed) const {
+    const std::vector<Segment>& segments, const std::vector<uint32_t>& absent,
+    const std::vector<std::string>& payloads, const std::string& summed) const {
   uint64_t elems = 0;
   for (const Segment& segment : segments) {
     if (LacksGradient(settings.sum_only, segment.tensor_index)) {
@@ -293,19 +296,23 @@ std::shared_ptr<const std::string> ShardState::SumOnlyGradients(
     }
   }
   if (elems == 0) return nullptr;
-  std::string sums(elems * sizeof(float), '\0');
-  float* out = reinterpret_cast<float*>(sums.data());
+  auto reply = std::make_shared<GradSumReply>();
+  reply->sums.assign(elems * sizeof(float), '\0');
+  float* out = reinterpret_cast<float*>(reply->sums.data());
   absl::InlinedVector<const void*, 8> parts;
   for (const std::string& payload : payloads) parts.push_back(payload.data());
-  for (const Segment& segment : segments) {
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& segment = segments[i];
     if (!LacksGradient(settings.sum_only, segment.tensor_index)) continue;
     const uint64_t n = segment.end - segment.begin;
-    // Every worker has a gradient for it, or none (BeginStep checked). One
-    // phase: the sum of the parts as they arrived, not unscaled (the
-    // workers' update unscales and clips it as the server's would); two
-    // phases: the chunk's sum, which RunSum unscaled.
-    if (LacksGradient(settings.sum_only_no_grad, segment.tensor_index)) {
-      // zeros
+    // No worker has a gradient: zeros, and the workers skip the tensor as
+    // the server would. Else one phase: the sum of the parts (absent
+    // workers' zeroed), not unscaled (the workers' update unscales and clips
+    // it as the server's would); two phases: the chunk's sum, which RunSum
+    // unscaled.
+    if (absent[i] == shape_.config().num_workers) {
+      reply->skipped_tensors.push_back(
+          static_cast<uint32_t>(segment.tensor_index));
     } else if (settings.two_phase != nullptr) {
       std::memcpy(out,
                   summed.data() + (segment.begin - range.begin) * sizeof(float),
@@ -320,7 +327,7 @@ std::shared_ptr<const std::string> ShardState::SumOnlyGradients(
     }
     out += n;
   }
-  return std::make_shared<const std::string>(std::move(sums));
+  return reply;
 }
 
 void ShardState::ZeroAbsentParts(const StepProgress& settings,

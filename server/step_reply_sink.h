@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "server/grad_stats.h"
 #include "server/step_numerics.h"
@@ -17,6 +18,14 @@ namespace depot {
 
 // The updated weights of one chunk, in the job's weight dtype. One payload is
 // shared by every stream that receives the chunk.
+// A chunk's GradSum (depot.proto), for a step with sum-only tensors.
+struct GradSumReply {
+  std::string sums;  // GradSum.sums
+  // GradSum.skipped_tensors: the chunk's sum-only tensors no worker has a
+  // gradient for, ascending.
+  std::vector<uint32_t> skipped_tensors;
+};
+
 struct ChunkWeights {
   uint64_t chunk_index = 0;
   std::shared_ptr<const std::string> payload;
@@ -26,7 +35,7 @@ struct ChunkWeights {
   bool replayed = false;
   // A step with sum-only tensors: the chunk's GradSum.sums (depot.proto),
   // sent before the weights; null when the chunk holds none of them.
-  std::shared_ptr<const std::string> grad_sum;
+  std::shared_ptr<const GradSumReply> grad_sum;
   // With grad_sum: the decision the chunk's update applied (GradSum.commit).
   CommitDecision commit;
 };

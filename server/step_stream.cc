@@ -175,7 +175,7 @@ void StepStream::OnWriteDone(bool ok) {
           static_cast<double>(weights.payload->size()));
     } else if (ok && in_flight_.kind == Outgoing::kGradSum) {
       metrics_->sent_step_bytes.Increment(
-          static_cast<double>(in_flight_.weights.grad_sum->size()));
+          static_cast<double>(in_flight_.weights.grad_sum->sums.size()));
     } else if (!ok && failure_.ok()) {
       failure_ = absl::CancelledError(
           "the client went away before the step's weights were sent");
@@ -234,7 +234,10 @@ StepStream::Action StepStream::NextActionLocked() {
       case Outgoing::kGradSum: {
         v1::GradSum* sum = response.mutable_grad_sum();
         sum->set_index(in_flight_.weights.chunk_index);
-        sum->set_sums(*in_flight_.weights.grad_sum);
+        sum->set_sums(in_flight_.weights.grad_sum->sums);
+        for (uint32_t t : in_flight_.weights.grad_sum->skipped_tensors) {
+          sum->add_skipped_tensors(t);
+        }
         sum->mutable_commit()->set_clip_coef(
             in_flight_.weights.commit.clip_coef);
         sum->mutable_commit()->set_skip(in_flight_.weights.commit.skip);

@@ -384,12 +384,14 @@ class StepCall {
       return s;
     }
     stats_.bytes_received += sum.sums().size();
-    StepCommit commit;
+    WeightSink::GradSum accepted{sum.sums(), StepCommit(), {}};
     if (sum.has_commit()) {
-      commit.clip_coef = sum.commit().clip_coef();
-      commit.skip = sum.commit().skip();
+      accepted.commit.clip_coef = sum.commit().clip_coef();
+      accepted.commit.skip = sum.commit().skip();
     }
-    return params_.sink->AcceptGradSum(sum.index(), sum.sums(), commit);
+    accepted.skipped_tensors.assign(sum.skipped_tensors().begin(),
+                                    sum.skipped_tensors().end());
+    return params_.sink->AcceptGradSum(sum.index(), accepted);
   }
 
   // INTERNAL unless `index` is a chunk of the stream that was sent, or a
@@ -506,8 +508,7 @@ class StepCall {
 
 }  // namespace
 
-absl::Status WeightSink::AcceptGradSum(uint64_t index, const std::string&,
-                                       const StepCommit&) {
+absl::Status WeightSink::AcceptGradSum(uint64_t index, const GradSum&) {
   return absl::InternalError(
       absl::StrCat("server sent a GradSum of chunk ", index,
                    " to a step whose weights have nowhere to take it"));

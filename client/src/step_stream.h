@@ -76,13 +76,18 @@ class WeightSink {
       std::function<void(char* dst, uint64_t offset, uint64_t n)>;
   virtual absl::Status Accept(uint64_t index, uint64_t bytes,
                               const CopyWeights& copy) = 0;
+  // A chunk's GradSum (depot.proto).
+  struct GradSum {
+    const std::string& sums;
+    StepCommit commit;  // the decision the chunk's update applied
+    // The chunk's sum-only tensors no worker has a gradient for.
+    std::vector<uint32_t> skipped_tensors;
+  };
   // A step with sum-only tensors (StreamedStep::sum_only_tensors): chunk
-  // `index`'s GradSum.sums (depot.proto), which the server sends just
-  // before that chunk's weights, on the same stream, and the decision its
-  // update applied (GradSum.commit). Same calling rules as Accept. The
-  // default refuses them (INTERNAL).
-  virtual absl::Status AcceptGradSum(uint64_t index, const std::string& sums,
-                                     const StepCommit& commit);
+  // `index`'s GradSum, which the server sends just before that chunk's
+  // weights, on the same stream. Same calling rules as Accept. The default
+  // refuses them (INTERNAL).
+  virtual absl::Status AcceptGradSum(uint64_t index, const GradSum& sum);
 };
 
 struct StepStreamParams {

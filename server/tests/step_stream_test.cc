@@ -178,12 +178,15 @@ TEST_F(StepStreamTest, AGradSumGoesJustBeforeItsWeightsAndIsNotAnAnswer) {
   stream_.set_step(1);
   stream_.ExpectChunk();
   ChunkWeights weights = Weights(4, "abcd", 0.0, false);
-  weights.grad_sum = std::make_shared<const std::string>("12345678");
+  weights.grad_sum =
+      std::make_shared<const GradSumReply>(GradSumReply{"12345678", {3, 5}});
   stream_.Deliver(std::move(weights));
   stream_.ReadsDone();
   ASSERT_EQ(transport_.writes.size(), 1u);
   EXPECT_EQ(transport_.writes[0].grad_sum().index(), 4u);
   EXPECT_EQ(transport_.writes[0].grad_sum().sums(), "12345678");
+  EXPECT_EQ(transport_.writes[0].grad_sum().skipped_tensors_size(), 2);
+  EXPECT_EQ(transport_.writes[0].grad_sum().skipped_tensors(1), 5u);
   stream_.OnWriteDone(true);
   EXPECT_FALSE(transport_.finished_ok);  // the weights are still owed
   ASSERT_EQ(transport_.writes.size(), 2u);

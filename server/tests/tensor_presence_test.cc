@@ -147,7 +147,7 @@ TEST_F(TensorPresenceTest, SumOnlyTensorIsSummedAndSentNotUpdated) {
   // b's sum in rank order, in fp32: 1e-8 + 1 rounds to 1.
   for (const ChunkWeights& weights : sink->received()) {
     ASSERT_NE(weights.grad_sum, nullptr);
-    EXPECT_EQ(Fp32Values(*weights.grad_sum),
+    EXPECT_EQ(Fp32Values(weights.grad_sum->sums),
               std::vector<float>({0.75f, 2, 1e-8f + 1.0f}));
   }
 }
@@ -169,8 +169,32 @@ TEST_F(TensorPresenceTest, SumOnlyTensorWithoutAGradientSumsToZero) {
   EXPECT_EQ(chunk.tensor_steps, std::vector<uint64_t>({0, 1}));
   for (const ChunkWeights& weights : sink->received()) {
     ASSERT_NE(weights.grad_sum, nullptr);
-    EXPECT_EQ(Fp32Values(*weights.grad_sum), std::vector<float>(3, 0.0f));
+    EXPECT_EQ(Fp32Values(weights.grad_sum->sums), std::vector<float>(3, 0.0f));
+    EXPECT_EQ(weights.grad_sum->skipped_tensors, std::vector<uint32_t>{0});
   }
+}
+
+// Some workers have a gradient for a sum-only tensor: the others' parts
+// count as zero whatever their payloads hold, and the tensor is not skipped
+// (the workers update it, as the server updates such a tensor).
+TEST_F(TensorPresenceTest, SumOnlyTensorWithAGradientOnSomeWorkersOnly) {
+  auto shard = MakeShard(TwoTensorsInOneChunk(2));
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}, {}, {}, {}, {}, Bitmap(0b10)).ok());
+  ASSERT_TRUE(shard
+                  ->BeginStep(1, 1, {}, {}, {}, Bitmap(0b10), {},
+                              Bitmap(0b10))
+                  .ok());
+  ASSERT_TRUE(Send(*shard, 1, 0, {1, 1, 1, 0, 2, 3, 4, 0}, sink).ok());
+  ASSERT_TRUE(Send(*shard, 1, 1, {1, 1, 1, 0, 50, 50, 50, 0}, sink).ok());
+  sink->WaitFor(2);
+  for (const ChunkWeights& weights : sink->received()) {
+    ASSERT_NE(weights.grad_sum, nullptr);
+    EXPECT_EQ(Fp32Values(weights.grad_sum->sums),
+              std::vector<float>({2, 3, 4}));
+    EXPECT_TRUE(weights.grad_sum->skipped_tensors.empty());
+  }
+  EXPECT_EQ(Snapshot(*shard).tensor_steps, std::vector<uint64_t>({1, 0}));
 }
 
 TEST_F(TensorPresenceTest, ChunkWithoutSumOnlyTensorsSendsNoSum) {
@@ -204,7 +228,7 @@ TEST_F(TensorPresenceTest, SumOnlyTensorInTwoPhasesCountsInTheNorm) {
   ASSERT_TRUE(shard->Commit(1, {0.5, false}).ok());
   for (const ChunkWeights& weights : sink->WaitFor(2)) {
     ASSERT_NE(weights.grad_sum, nullptr);
-    EXPECT_EQ(Fp32Values(*weights.grad_sum), std::vector<float>(3, 3.0f));
+    EXPECT_EQ(Fp32Values(weights.grad_sum->sums), std::vector<float>(3, 3.0f));
     EXPECT_EQ(weights.commit.clip_coef, 0.5);
     EXPECT_FALSE(weights.commit.skip);
   }
@@ -253,12 +277,9 @@ TEST_F(TensorPresenceTest, SumOnlyBitmapIsValidatedAndTheSameFromEveryWorker) {
   EXPECT_EQ(begin(1, Bitmap(0b01), Bitmap(0b01)),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(begin(1, Bitmap(0b01), {}), absl::StatusCode::kFailedPrecondition);
-  // Without a gradient for b where worker 0 has one: the server would need
-  // to tell every worker whether b is updated.
-  EXPECT_EQ(begin(1, Bitmap(0b11), Bitmap(0b10)),
-            absl::StatusCode::kFailedPrecondition);
-  // a's gradient may differ (it is the server's to update).
-  EXPECT_EQ(begin(1, Bitmap(0b00), Bitmap(0b10)), absl::StatusCode::kOk);
+  // The workers' gradients may differ, for sum-only tensors too (GradSum
+  // says which no worker has).
+  EXPECT_EQ(begin(1, Bitmap(0b11), Bitmap(0b10)), absl::StatusCode::kOk);
 }
 
 TEST_F(TensorPresenceTest, OverrideReplacesMasterWeightsBeforeTheUpdate) {

@@ -498,6 +498,14 @@ def test_engine_state_dict_round_trip(client, job_name):
     opt.close()
 
 
+def host_engine_opt(model, client, job_name, **options):
+    """A DepotOptimizer with a host engine over `model` (lr 1e-2, small
+    chunks, `options`)."""
+    return DepotOptimizer(model.parameters(), client=client,
+                          job_name=job_name, engine="host", lr=1e-2,
+                          **options, **small_chunks())
+
+
 @pytest.mark.parametrize("clip_grad", [0.0, 1e-2])
 def test_engine_offload_fraction_equals_full_offload(client, job_name,
                                                      clip_grad):
@@ -507,11 +515,9 @@ def test_engine_offload_fraction_equals_full_offload(client, job_name,
     results = []
     for fraction in (1.0, 0.5):
         model, inputs, targets = model_and_data()
-        opt = DepotOptimizer(model.parameters(), client=client,
-                             job_name=f"{job_name}-{fraction}",
-                             engine="host", lr=1e-2, weight_decay=0.1,
-                             clip_grad=clip_grad, offload_fraction=fraction,
-                             **small_chunks())
+        opt = host_engine_opt(model, client, f"{job_name}-{fraction}",
+                              weight_decay=0.1, clip_grad=clip_grad,
+                              offload_fraction=fraction)
         if fraction < 1:
             assert opt.engine.device_tensors  # some stay on the "GPU"
         results.append(train(model, opt, inputs, targets))
@@ -529,10 +535,8 @@ def test_engine_offload_fraction_state_is_the_whole_jobs(client, job_name):
     states = []
     for fraction in (1.0, 0.5):
         model, inputs, targets = model_and_data()
-        opt = DepotOptimizer(model.parameters(), client=client,
-                             job_name=f"{job_name}-{fraction}",
-                             engine="host", lr=1e-2, weight_decay=0.1,
-                             offload_fraction=fraction, **small_chunks())
+        opt = host_engine_opt(model, client, f"{job_name}-{fraction}",
+                              weight_decay=0.1, offload_fraction=fraction)
         train(model, opt, inputs, targets, steps=3)
         states.append(opt.torch_state_dict()["state"])
         last = list(model.parameters())[-1]
@@ -638,30 +642,51 @@ def test_cuda_engine_without_a_gpu_says_why(client, job_name):
     job.close()
 
 
-def train_two_ranks(opts, models, inputs, targets):
-    """Three steps of two ranks (threads), each on its half of every batch;
-    returns each rank's parameters."""
+def on_two_ranks(loop):
+    """Runs loop(rank) for ranks 0 and 1, each on a thread; fails with the
+    errors they raised."""
     import threading
     errors = []
 
-    def rank_loop(rank):
+    def run(rank):
         try:
-            for s in range(3):
-                opts[rank].zero_grad()
-                loss_of(models[rank], inputs[s][rank::2],
-                        targets[s][rank::2]).backward()
-                opts[rank].step()
+            loop(rank)
         except Exception as error:  # reported below
             errors.append(error)
 
-    threads = [threading.Thread(target=rank_loop, args=(r,))
-               for r in range(2)]
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     assert not errors, errors
+
+
+def train_two_ranks(opts, models, inputs, targets):
+    """Three steps of two ranks (threads), each on its half of every batch;
+    returns each rank's parameters."""
+    def rank_loop(rank):
+        for s in range(3):
+            opts[rank].zero_grad()
+            loss_of(models[rank], inputs[s][rank::2],
+                    targets[s][rank::2]).backward()
+            opts[rank].step()
+
+    on_two_ranks(rank_loop)
     return [[p.detach().clone() for p in m.parameters()] for m in models]
+
+
+def two_workers(model, client, job_name, **options):
+    """Two copies of `model`, each with the DepotOptimizer of one of the two
+    workers of job `job_name` (host engine, lr 1e-2, weight decay 0.1,
+    `options`): (models, opts)."""
+    models = [copy.deepcopy(model) for _ in range(2)]
+    opts = [DepotOptimizer(models[r].parameters(), client=client,
+                           job_name=job_name, engine="host", lr=1e-2,
+                           weight_decay=0.1, num_workers=2, worker_rank=r,
+                           **options, **small_chunks())
+            for r in range(2)]
+    return models, opts
 
 
 def test_two_workers_with_an_offload_fraction_equal_full_offload(client,
@@ -673,16 +698,49 @@ def test_two_workers_with_an_offload_fraction_equal_full_offload(client,
     model, inputs, targets = model_and_data()
     results = []
     for fraction in (1.0, 0.5):
-        models = [copy.deepcopy(model) for _ in range(2)]
-        opts = [DepotOptimizer(models[r].parameters(), client=client,
-                               job_name=f"{job_name}-{fraction}",
-                               engine="host", lr=1e-2, weight_decay=0.1,
-                               num_workers=2, worker_rank=r,
-                               offload_fraction=fraction, **small_chunks())
-                for r in range(2)]
+        models, opts = two_workers(model, client, f"{job_name}-{fraction}",
+                                   offload_fraction=fraction)
         if fraction < 1:
             assert opts[1].engine.device_tensors
         results.append(train_two_ranks(opts, models, inputs, targets))
+        for o in opts:
+            o.close()
+    for r in range(2):
+        assert_bitwise(results[1][r], results[0][0])
+
+
+def test_two_workers_keeping_a_layer_only_some_use_equal_full_offload(
+        client, job_name):
+    """Every parameter's optimizer on the device (offload_fraction=0: the
+    servers only sum), two workers, and a layer that one worker, the other
+    or neither uses in a step: the servers say which tensors no worker has
+    a gradient for, and a tensor one worker lacks is updated from the
+    other's gradient. Bit for bit the two workers that offload everything."""
+    torch.manual_seed(0)
+    model = Branchy()
+    results = []
+    for fraction in (1.0, 0.0):
+        models, opts = two_workers(model, client, f"{job_name}-{fraction}",
+                                   offload_fraction=fraction,
+                                   find_unused_parameters=True)
+
+        def rank_loop(rank):
+            gen = torch.Generator().manual_seed(rank)
+            for s in range(6):
+                opts[rank].zero_grad(set_to_none=True)
+                x = torch.randn(4, 8, generator=gen)
+                y = torch.randn(4, 2, generator=gen)
+                # b: rank 0 at steps 0 and 3, rank 1 at 1 and 4, no one at
+                # 2 and 5.
+                out = models[rank](x, use_b=s % 3 == rank)
+                ((out - y) ** 2).mean().backward()
+                opts[rank].step()
+
+        on_two_ranks(rank_loop)
+        if fraction < 1:
+            assert len(opts[0].engine.device_tensors) == 6
+        results.append([[p.detach().clone() for p in m.parameters()]
+                        for m in models])
         for o in opts:
             o.close()
     for r in range(2):

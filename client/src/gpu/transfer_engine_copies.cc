@@ -49,9 +49,10 @@ absl::Status TransferEngine::Impl::Accept(StepRun& run, uint64_t index,
   return status;
 }
 
-absl::Status TransferEngine::Impl::AcceptGradSum(StepRun& run, uint64_t index,
-                                                 const std::string& sums,
-                                                 const StepCommit& commit) {
+absl::Status TransferEngine::Impl::AcceptGradSum(
+    StepRun& run, uint64_t index, const WeightSink::GradSum& sum) {
+  const std::string& sums = sum.sums;
+  const StepCommit& commit = sum.commit;
   const KeptChunk kept =
       sums_from_servers_ ? kept_of_chunk_[index] : KeptChunk();
   absl::Status status;
@@ -71,6 +72,15 @@ absl::Status TransferEngine::Impl::AcceptGradSum(StepRun& run, uint64_t index,
           "server applied another decision to chunk ", index, " (skip ",
           commit.skip, ", clip_coef ", commit.clip_coef, ") than to the step (",
           run.commit->skip, ", ", run.commit->clip_coef, ")"));
+    }
+    for (uint32_t t : sum.skipped_tensors) {
+      if (t >= run.sum_skipped.size() || !kept_tensor_[t]) {
+        status = absl::InternalError(absl::StrCat(
+            "server's GradSum of chunk ", index, " skips tensor ", t,
+            ", which is not kept on the GPU"));
+        break;
+      }
+      run.sum_skipped[t] = true;
     }
     run.sum_received[index] = true;
     if (!run.commit.has_value()) run.commit = commit;

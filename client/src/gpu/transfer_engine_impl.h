@@ -108,6 +108,7 @@ class TransferEngine::Impl {
     // gradient, or skipped), and the dtype, unscale and clip of the updates.
     std::vector<bool> kept_has_grad;
     bool gpu_resolved = false;
+    std::vector<bool> tensor_resolved;
     std::vector<std::optional<UpdateHyperParams>> gpu_hparams;
     GradientInput gpu_grad;
     std::vector<std::unique_ptr<ChunkQueue>> queues;
@@ -129,14 +130,15 @@ class TransferEngine::Impl {
     // The decision the step applies: a one-phase step's at BeginStep, a
     // two-phase step's from its first GradSum (every later one must agree).
     std::optional<StepCommit> commit;
+    // Per tensor: a GradSum named it as one no worker has a gradient for.
+    std::vector<bool> sum_skipped;
 
     absl::Status Accept(uint64_t index, uint64_t bytes,
                         const CopyWeights& copy) override {
       return engine->Accept(*this, index, bytes, copy);
     }
-    absl::Status AcceptGradSum(uint64_t index, const std::string& sums,
-                               const StepCommit& commit) override {
-      return engine->AcceptGradSum(*this, index, sums, commit);
+    absl::Status AcceptGradSum(uint64_t index, const GradSum& sum) override {
+      return engine->AcceptGradSum(*this, index, sum);
     }
   };
 
@@ -218,7 +220,7 @@ class TransferEngine::Impl {
   // kept tensors' gradients over the nodes and send the sum). It goes
   // through a free H2D slot into kept_sum_, before the chunk's weights.
   absl::Status AcceptGradSum(StepRun& run, uint64_t index,
-                             const std::string& sums, const StepCommit& commit);
+                             const client_internal::WeightSink::GradSum& sum);
 
  private:
   // The bytes of each H2D copy of a chunk of `bytes` bytes: a quarter of
@@ -290,11 +292,15 @@ class TransferEngine::Impl {
   absl::Status CopyKeptState(std::string& host, CopyKind kind);
 
   // Once per step, at its first kept segment (comm thread, so steps resolve
-  // in order, each after the one before it): each kept tensor's update
-  // hyperparameters, as the servers would resolve them, and its step count
-  // moved, unless the step's decision skips it. INTERNAL when the decision
-  // has not come.
+  // in order, each after the one before it): the dtype, unscale and clip of
+  // its kept updates. INTERNAL when the step's decision has not come.
   absl::Status ResolveGpuUpdates(StepRun& run);
+  // Once per step and kept tensor, at its first segment (comm thread): its
+  // update hyperparameters, as the servers would resolve them, and its step
+  // count moved, unless it is not updated: the step is skipped, or the
+  // tensor has no gradient (this node's list; with the servers' sums, no
+  // node's: the GradSums say).
+  void ResolveGpuTensor(StepRun& run, uint32_t tensor);
 
   // Bucket b's kept segments on the comm stream, after the weights of this
   // rank's chunks landed in `target`: an update, or just the weights.

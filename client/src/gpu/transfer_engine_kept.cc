@@ -112,8 +112,7 @@ absl::Status TransferEngine::Impl::PlanGpuUpdates(const StepOptions& options,
   for (uint32_t t : gpu_tensors_) {
     // One node: the servers skip the kept tensors as gradient-less. With
     // the servers' sums: they sum their gradients (over the nodes) for us
-    // (sum-only tensors), and a kept tensor without a gradient must lack it
-    // on every node.
+    // (sum-only tensors), and say which no node has a gradient for.
     if (run.kept_has_grad[t] && !sums_from_servers_) {
       run.options.no_grad_tensors.push_back(t);
     }
@@ -139,18 +138,9 @@ absl::Status TransferEngine::Impl::ResolveGpuUpdates(StepRun& run) {
   }
   const StepCommit commit = *decided;
   const JobConfig& config = job_.config();
-  const Layout& layout = job_.layout();
-  run.gpu_hparams.assign(layout.tensors().size(), std::nullopt);
-  for (uint32_t t : gpu_tensors_) {
-    if (!run.kept_has_grad[t] || commit.skip) continue;
-    const uint32_t group = layout.tensors()[t].param_group;
-    run.gpu_hparams[t] =
-        ResolveHyperParams(GroupOptimizer(config, group),
-                           run.options.group_hparams, group, kept_steps_[t] + 1);
-    // The servers' counts move when they apply the step; a failed step
-    // leaves the engine unusable (FinishStep).
-    ++kept_steps_[t];
-  }
+  const size_t tensors = job_.layout().tensors().size();
+  run.gpu_hparams.assign(tensors, std::nullopt);
+  run.tensor_resolved.assign(tensors, false);
   // One phase: the node's gradient, or the servers' sums (fp32), not yet
   // unscaled; two phases: the servers' sums, which they unscaled.
   run.gpu_grad.dtype = sums_from_servers_ ? DType::kFloat32 : config.grad_dtype;
@@ -163,6 +153,28 @@ absl::Status TransferEngine::Impl::ResolveGpuUpdates(StepRun& run) {
   return absl::OkStatus();
 }
 
+void TransferEngine::Impl::ResolveGpuTensor(StepRun& run, uint32_t tensor) {
+  run.tensor_resolved[tensor] = true;
+  bool has_grad;
+  StepCommit commit;
+  {
+    absl::MutexLock lock(&mu_);
+    has_grad = sums_from_servers_ ? !run.sum_skipped[tensor]
+                                  : run.kept_has_grad[tensor];
+    commit = *run.commit;  // ResolveGpuUpdates found it
+  }
+  if (!has_grad || commit.skip) return;
+  const JobConfig& config = job_.config();
+  const uint32_t group = job_.layout().tensors()[tensor].param_group;
+  run.gpu_hparams[tensor] =
+      ResolveHyperParams(GroupOptimizer(config, group),
+                         run.options.group_hparams, group,
+                         kept_steps_[tensor] + 1);
+  // The servers' counts move when they apply the step; a failed step leaves
+  // the engine unusable (FinishStep).
+  ++kept_steps_[tensor];
+}
+
 absl::Status TransferEngine::Impl::UpdateGpuTensors(StepRun& run, uint64_t b,
                                                     char* target) {
   if (kept_in_bucket_[b].empty()) return absl::OkStatus();
@@ -170,6 +182,7 @@ absl::Status TransferEngine::Impl::UpdateGpuTensors(StepRun& run, uint64_t b,
     if (absl::Status s = ResolveGpuUpdates(run); !s.ok()) return s;
   }
   for (const KeptSegment& k : kept_in_bucket_[b]) {
+    if (!run.tensor_resolved[k.tensor]) ResolveGpuTensor(run, k.tensor);
     const ParamRun state = KeptRun(k, static_cast<char*>(kept_state_->data()));
     const WeightsOutput weights{job_.config().weight_dtype,
                                 target + k.begin * weight_size_};

@@ -55,8 +55,10 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
   run->named.assign(buckets, false);
   run->weights_recorded.assign(buckets, false);
   run->h2d_waited.assign(buckets, false);
-  if (sums_from_servers_)
+  if (sums_from_servers_) {
     run->sum_received.assign(job_.plan().num_chunks(), false);
+    run->sum_skipped.assign(job_.layout().tensors().size(), false);
+  }
   run->h2d_pending = owned_in_bucket_;
   run->d2h_slot_of_chunk.assign(job_.plan().num_chunks(), -1);
   run->route_in_slots.assign((two_phase ? routes_two_phase_ : routes_).size(),
