@@ -506,24 +506,38 @@ def host_engine_opt(model, client, job_name, **options):
                           **options, **small_chunks())
 
 
-@pytest.mark.parametrize("clip_grad", [0.0, 1e-2])
+@pytest.mark.parametrize("clip_grad,inf_at", [(0.0, None), (1e-2, None),
+                                               (1e-2, 2)])
 def test_engine_offload_fraction_equals_full_offload(client, job_name,
-                                                     clip_grad):
+                                                     clip_grad, inf_at):
     """Half the parameters' optimizer on the device, bit for bit the fully
     offloaded run; also clipping by the global norm, which then covers the
-    kept parameters too (the servers measure it and send their sums)."""
+    kept parameters too (the servers measure it and send their sums and
+    decision), and with a step whose gradients are not finite, which the
+    servers skip: the kept parameters skip it too (no update, no count)."""
     results = []
     for fraction in (1.0, 0.5):
         model, inputs, targets = model_and_data()
+        if inf_at is not None:
+            inputs[inf_at] = inputs[inf_at].clone()
+            inputs[inf_at][0, 0] = float("inf")
         opt = host_engine_opt(model, client, f"{job_name}-{fraction}",
                               weight_decay=0.1, clip_grad=clip_grad,
                               offload_fraction=fraction)
         if fraction < 1:
             assert opt.engine.device_tensors  # some stay on the "GPU"
-        results.append(train(model, opt, inputs, targets))
-        if clip_grad:
-            assert opt.last_result.clip_coef < 1  # the step did clip
+        skipped = []
+        for s in range(STEPS):
+            opt.zero_grad()
+            loss_of(model, inputs[s], targets[s]).backward()
+            opt.step()
+            skipped.append(opt.last_result.skipped)
+            if clip_grad and s != inf_at:
+                assert opt.last_result.clip_coef < 1  # the step did clip
+        assert skipped == [s == inf_at for s in range(STEPS)]
+        results.append([p.detach().clone() for p in model.parameters()])
         opt.close()
+    assert all(torch.isfinite(p).all() for p in results[1])
     assert_bitwise(results[1], results[0])
 
 
