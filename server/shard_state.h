@@ -480,13 +480,14 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // `payloads` (absent workers' parts already zeroed), or from the
   // two-phase sum `summed` (RunSum's), and the sum-only tensors no worker
   // has a gradient for (`absent`: CountAbsentWorkers of `segments`); null
-  // when the chunk holds no sum-only tensor.
+  // when the chunk holds no sum-only tensor. Its bytes are held (Hold) until
+  // the last reference to it is gone.
   std::shared_ptr<const GradSumReply> SumOnlyGradients(
       const StepProgress& settings, const ChunkRange& range,
       const std::vector<Segment>& segments,
       const std::vector<uint32_t>& absent,
       const std::vector<std::string>& payloads,
-      const std::string& summed) const;
+      const std::string& summed);
 
   // Writes the initial state of chunk `chunk_index` (see Create).
   void InitChunkState(uint64_t chunk_index);

@@ -288,7 +288,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
 std::shared_ptr<const GradSumReply> ShardState::SumOnlyGradients(
     const StepProgress& settings, const ChunkRange& range,
     const std::vector<Segment>& segments, const std::vector<uint32_t>& absent,
-    const std::vector<std::string>& payloads, const std::string& summed) const {
+    const std::vector<std::string>& payloads, const std::string& summed) {
   uint64_t elems = 0;
   for (const Segment& segment : segments) {
     if (LacksGradient(settings.sum_only, segment.tensor_index)) {
@@ -296,8 +296,18 @@ std::shared_ptr<const GradSumReply> ShardState::SumOnlyGradients(
     }
   }
   if (elems == 0) return nullptr;
-  auto reply = std::make_shared<GradSumReply>();
-  reply->sums.assign(elems * sizeof(float), '\0');
+  // Charged to the budget, apart from the payloads, until the last stream
+  // that sends it lets go (a client that does not read holds it).
+  const uint64_t bytes = elems * sizeof(float);
+  Hold(bytes);
+  apart_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  std::shared_ptr<GradSumReply> reply(
+      new GradSumReply, [self = shared_from_this(), bytes](GradSumReply* p) {
+        delete p;
+        self->apart_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
+        self->Unhold(bytes);
+      });
+  reply->sums.assign(bytes, '\0');
   float* out = reinterpret_cast<float*>(reply->sums.data());
   absl::InlinedVector<const void*, 8> parts;
   for (const std::string& payload : payloads) parts.push_back(payload.data());

@@ -8,6 +8,7 @@
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 #include "server/job_shape.h"
+#include "server/memory_budget.h"
 #include "server/metrics.h"
 #include "server/shard_state.h"
 #include "server/tests/test_util.h"
@@ -195,6 +196,26 @@ TEST_F(TensorPresenceTest, SumOnlyTensorWithAGradientOnSomeWorkersOnly) {
     EXPECT_TRUE(weights.grad_sum->skipped_tensors.empty());
   }
   EXPECT_EQ(Snapshot(*shard).tensor_steps, std::vector<uint64_t>({1, 0}));
+}
+
+// The sums are charged to the server's memory budget from the update until
+// the last stream that sends them lets go (a client that does not read holds
+// them).
+TEST_F(TensorPresenceTest, AGradSumIsChargedUntilItsLastHolderLetsGo) {
+  auto budget = std::make_shared<MemoryBudget>(uint64_t{1} << 20);
+  auto shard = ShardState::Create(
+                   /*job_id=*/1,
+                   JobShape::Create(TwoTensorsInOneChunk(1), 0).value(),
+                   &pool_, payloads_, &metrics_, false, budget)
+                   .value();
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}, {}, {}, {}, {}, Bitmap(0b10)).ok());
+  ASSERT_TRUE(Send(*shard, 1, 0, std::vector<float>(8, 1.0f), sink).ok());
+  sink->WaitFor(1);
+  DrainPool(pool_);
+  EXPECT_EQ(budget->used(), 3 * sizeof(float));  // b's three sums
+  sink.reset();
+  EXPECT_EQ(budget->used(), 0u);
 }
 
 TEST_F(TensorPresenceTest, ChunkWithoutSumOnlyTensorsSendsNoSum) {
