@@ -80,15 +80,22 @@ def test_cuda_engine_equals_the_host_engine(client, job_name, dtype, delayed):
     opt.close()
 
 
-def test_cuda_offload_fraction_equals_full_offload(client, job_name):
+@pytest.mark.parametrize("clip_grad", [0.0, 1.0])
+def test_cuda_offload_fraction_equals_full_offload(client, job_name,
+                                                   clip_grad):
+    """Also clipped (two-phase steps: the servers sum the kept parameters'
+    gradients and send the sums with their decision)."""
     results = []
     for fraction in (1.0, 0.5):
         model = Exact(torch.float32).cuda()
         opt = DepotOptimizer(model.parameters(), client=client,
                              job_name=f"{job_name}-{fraction}", lr=1e-2,
                              weight_decay=0.1, offload_fraction=fraction,
-                             chunk_elems=256, bucket_chunks=1)
+                             clip_grad=clip_grad, chunk_elems=256,
+                             bucket_chunks=1)
         results.append(run(model, opt))
+        if clip_grad:
+            assert opt.last_result.clip_coef < 1  # the steps clip
         opt.close()
     for i, (g, w) in enumerate(zip(results[1], results[0])):
         assert torch.equal(bits(g), bits(w)), f"parameter {i}"
