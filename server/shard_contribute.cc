@@ -24,7 +24,8 @@ absl::Status ShardState::BeginStep(
     std::vector<GroupHyperParams> group_hparams, const StepNumerics& numerics,
     const std::shared_ptr<StepReplySink>& stats_sink,
     std::string no_grad_tensors, NodeShape node_shape,
-    std::string sum_only_tensors) {
+    SumOnlyTensors sum_only) {
+  const std::string& sum_only_tensors = sum_only.bitmap;
   if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
   const Accepting accepting(*this);
   if (absl::Status s = accepting.status(); !s.ok()) return s;
@@ -51,6 +52,13 @@ absl::Status ShardState::BeginStep(
           ValidateTensorBitmap(sum_only_tensors, "sum_only_tensors");
       !s.ok()) {
     return s;
+  }
+  if (sum_only.omit_sums && (sum_only_tensors.empty() || workers != 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "omit_sums needs sum_only_tensors and a job of one worker (whose "
+        "worker holds the whole gradient); this job has ", workers,
+        sum_only_tensors.empty() ? " and the header no sum_only_tensors"
+                                 : ""));
   }
   if (numerics.two_phase && stats_sink == nullptr) {
     return absl::InvalidArgumentError(
@@ -89,6 +97,7 @@ absl::Status ShardState::BeginStep(
       fresh.group_hparams = std::move(group_hparams);
       fresh.numerics = numerics;
       fresh.sum_only = sum_only_tensors;
+      fresh.omit_sums = sum_only.omit_sums;
       fresh.no_grad.resize(workers);
       fresh.node_shapes.resize(workers);
       fresh.header_seen.resize(workers, false);
@@ -111,9 +120,10 @@ absl::Status ShardState::BeginStep(
           " differ from those of the step's first header on this server: "
           "every worker must send the same"));
     }
-    if (!inserted && progress.sum_only != sum_only_tensors) {
+    if (!inserted && (progress.sum_only != sum_only_tensors ||
+                      progress.omit_sums != sum_only.omit_sums)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "sum_only_tensors of step ", step,
+          "sum_only_tensors or omit_sums of step ", step,
           " differ from those of the step's first header on this server: "
           "every stream of every worker must send the same"));
     }

@@ -172,6 +172,18 @@ struct PendingStepReport {
   std::chrono::steady_clock::time_point since;
 };
 
+// A step header's sum-only tensors (depot.proto StepHeader.sum_only_tensors,
+// omit_sums; docs/protocol.md, "Sum-only tensors").
+struct SumOnlyTensors {
+  SumOnlyTensors() = default;
+  // Implicit: a bitmap alone is the common case.
+  SumOnlyTensors(std::string bitmap, bool omit_sums = false)  // NOLINT
+      : bitmap(std::move(bitmap)), omit_sums(omit_sums) {}
+  std::string bitmap;  // empty: none
+  // GradSums without the sums (a job of one worker, which holds them).
+  bool omit_sums = false;
+};
+
 class ShardState : public std::enable_shared_from_this<ShardState> {
  public:
   // Allocates the state for `shape`'s shard (AlignedBuffer: 2 MiB-aligned,
@@ -269,16 +281,17 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // stream of the same worker and step declared another shape (docs/
   // protocol.md, "Node workers").
   //
-  // `sum_only_tensors` (depot.proto StepHeader.sum_only_tensors; empty: none)
-  // is validated as no_grad_tensors; FAILED_PRECONDITION when it differs
-  // from the step's first header's.
+  // `sum_only` (depot.proto StepHeader.sum_only_tensors, omit_sums; empty:
+  // none): the bitmap is validated as no_grad_tensors; omit_sums needs the
+  // bitmap and a job of one worker (INVALID_ARGUMENT); FAILED_PRECONDITION
+  // when either differs from the step's first header's.
   absl::Status BeginStep(uint64_t step, uint32_t worker_rank,
                          std::vector<GroupHyperParams> group_hparams,
                          const StepNumerics& numerics = {},
                          const std::shared_ptr<StepReplySink>& stats_sink = {},
                          std::string no_grad_tensors = {},
                          NodeShape node_shape = {},
-                         std::string sum_only_tensors = {});
+                         SumOnlyTensors sum_only = {});
 
   // New master weights for part of chunk `chunk_index` from worker
   // `worker_rank` in step `step`, sent before the worker's gradient for that
@@ -443,8 +456,10 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
     // Each worker's no_grad_tensors bitmap, from its first header (empty:
     // every tensor has a gradient, or no header yet).
     std::vector<std::string> no_grad;
-    // The step's sum_only_tensors bitmap (empty: none).
+    // The step's sum_only_tensors bitmap (empty: none), and whether its
+    // GradSums leave out the sums (StepHeader.omit_sums).
     std::string sum_only;
+    bool omit_sums = false;
     // Each worker's NodeShape, from its first header.
     std::vector<NodeShape> node_shapes;
     std::vector<bool> header_seen;

@@ -298,7 +298,7 @@ std::shared_ptr<const GradSumReply> ShardState::SumOnlyGradients(
   if (elems == 0) return nullptr;
   // Charged to the budget, apart from the payloads, until the last stream
   // that sends it lets go (a client that does not read holds it).
-  const uint64_t bytes = elems * sizeof(float);
+  const uint64_t bytes = settings.omit_sums ? 0 : elems * sizeof(float);
   Hold(bytes);
   apart_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   std::shared_ptr<GradSumReply> reply(
@@ -320,9 +320,11 @@ std::shared_ptr<const GradSumReply> ShardState::SumOnlyGradients(
     // workers' zeroed), not unscaled (the workers' update unscales and clips
     // it as the server's would); two phases: the chunk's sum, which RunSum
     // unscaled.
+    // With omit_sums, no sums: the one worker holds them.
     if (absent[i] == shape_.config().num_workers) {
       reply->skipped_tensors.push_back(
           static_cast<uint32_t>(segment.tensor_index));
+    } else if (settings.omit_sums) {
     } else if (settings.two_phase != nullptr) {
       std::memcpy(out,
                   summed.data() + (segment.begin - range.begin) * sizeof(float),
@@ -335,7 +337,7 @@ std::shared_ptr<const GradSumReply> ShardState::SumOnlyGradients(
       grad.offset = segment.begin - range.begin;
       SumGradientInput(grad, out, n);
     }
-    out += n;
+    if (!settings.omit_sums) out += n;
   }
   return reply;
 }

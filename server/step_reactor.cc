@@ -198,7 +198,9 @@ class DepotService::StepReactor final
             (*shard)->BeginStep(header_.step(), header_.worker_rank(),
                                 GroupHyperParamsFromProto(header_), numerics_,
                                 stream_, header_.no_grad_tensors(),
-                                sender->shape(), header_.sum_only_tensors());
+                                sender->shape(),
+                                SumOnlyTensors(header_.sum_only_tensors(),
+                                               header_.omit_sums()));
         !s.ok()) {
       return s;
     }

@@ -336,6 +336,7 @@ absl::Status JobImpl::StepStreamed(const StreamedStep& step,
     if (!bitmap.ok()) return bitmap.status();
     sum_only = *std::move(bitmap);
     params.sum_only_tensors = &sum_only;
+    params.omit_sums = step.omit_sums;
   }
   params.barrier = barrier.has_value() ? &*barrier : nullptr;
   params.local_ranks = step.local_ranks;

@@ -135,6 +135,7 @@ class StepCall {
     }
     if (params_.sum_only_tensors != nullptr) {
       header->set_sum_only_tensors(*params_.sum_only_tensors);
+      header->set_omit_sums(params_.omit_sums);
     }
     if (params_.no_grad_tensors != nullptr) {
       header->set_no_grad_tensors(*params_.no_grad_tensors);

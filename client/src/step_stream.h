@@ -102,8 +102,9 @@ struct StepStreamParams {
   // The header's no_grad_tensors bitmap (empty: none); null: none.
   const std::string* no_grad_tensors = nullptr;
   // The header's sum_only_tensors bitmap (a streamed step's, for its sink's
-  // AcceptGradSum); null: none.
+  // AcceptGradSum); null: none. omit_sums: the header's.
   const std::string* sum_only_tensors = nullptr;
+  bool omit_sums = false;
   // Weights overrides of the whole job, sorted by chunk index; each stream
   // sends those of its chunks. Null: none.
   const std::vector<ChunkOverride>* overrides = nullptr;
@@ -166,6 +167,9 @@ struct StreamedStep {
   // workers (the offload fraction, docs/gpu.md): the servers send their
   // summed gradient to `sink` (AcceptGradSum) instead of updating them.
   std::vector<uint32_t> sum_only_tensors;
+  // A job of one worker: the GradSums carry no sums (StepHeader.omit_sums),
+  // only the decision and the skipped tensors.
+  bool omit_sums = false;
   // Called once, at the step's first failure (another thread may still be
   // blocked in a feed's Next or the sink's Accept, which gRPC's cancellation
   // does not reach): the feeds and the sink must then stop waiting.

@@ -218,6 +218,34 @@ TEST_F(TensorPresenceTest, AGradSumIsChargedUntilItsLastHolderLetsGo) {
   EXPECT_EQ(budget->used(), 0u);
 }
 
+// omit_sums (a job of one worker, which holds the sums): the GradSum brings
+// the decision and the skipped tensors only, and costs no budget.
+TEST_F(TensorPresenceTest, OmittedSumsLeaveTheDecisionAndTheSkippedTensors) {
+  auto budget = std::make_shared<MemoryBudget>(uint64_t{1} << 20);
+  auto shard = ShardState::Create(
+                   /*job_id=*/1,
+                   JobShape::Create(TwoTensorsInOneChunk(1), 0).value(),
+                   &pool_, payloads_, &metrics_, false, budget)
+                   .value();
+  auto sink = std::make_shared<RecordingSink>();
+  StepNumerics numerics;
+  numerics.commit.clip_coef = 0.5;
+  ASSERT_TRUE(shard
+                  ->BeginStep(1, 0, {}, numerics, {}, Bitmap(0b01), {},
+                              SumOnlyTensors(Bitmap(0b11), true))
+                  .ok());
+  ASSERT_TRUE(Send(*shard, 1, 0, std::vector<float>(8, 1.0f), sink).ok());
+  const std::vector<ChunkWeights> got = sink->WaitFor(1);
+  ASSERT_NE(got[0].grad_sum, nullptr);
+  EXPECT_TRUE(got[0].grad_sum->sums.empty());
+  EXPECT_EQ(got[0].grad_sum->skipped_tensors, std::vector<uint32_t>{0});
+  EXPECT_EQ(got[0].commit.clip_coef, 0.5);
+  DrainPool(pool_);
+  EXPECT_EQ(budget->used(), 0u);
+  // Neither tensor is the server's to update.
+  EXPECT_EQ(Snapshot(*shard).tensor_steps, std::vector<uint64_t>({0, 0}));
+}
+
 TEST_F(TensorPresenceTest, ChunkWithoutSumOnlyTensorsSendsNoSum) {
   auto shard = MakeShard(TwoTensorsInOneChunk(1));
   auto sink = std::make_shared<RecordingSink>();
@@ -301,6 +329,22 @@ TEST_F(TensorPresenceTest, SumOnlyBitmapIsValidatedAndTheSameFromEveryWorker) {
   // The workers' gradients may differ, for sum-only tensors too (GradSum
   // says which no worker has).
   EXPECT_EQ(begin(1, Bitmap(0b11), Bitmap(0b10)), absl::StatusCode::kOk);
+  // omit_sums: only in a job of one worker, and with sum-only tensors.
+  EXPECT_EQ(shard
+                ->BeginStep(2, 0, {}, {}, {}, {}, {},
+                            SumOnlyTensors(Bitmap(0b10), true))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  auto one = MakeShard(TwoTensorsInOneChunk(1));
+  EXPECT_EQ(one->BeginStep(1, 0, {}, {}, {}, {}, {}, SumOnlyTensors({}, true))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(
+      one->BeginStep(1, 0, {}, {}, {}, {}, {}, SumOnlyTensors(Bitmap(0b10), true))
+          .ok());
+  // Another stream of the step must say the same.
+  EXPECT_EQ(one->BeginStep(1, 0, {}, {}, {}, {}, {}, Bitmap(0b10)).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(TensorPresenceTest, OverrideReplacesMasterWeightsBeforeTheUpdate) {

@@ -193,6 +193,7 @@ std::vector<std::string> DepotFuzzSeeds() {
   commit.mutable_commit()->set_clip_coef(0.5);
   commit.set_no_grad_tensors(std::string(1, '\x02'));
   commit.set_sum_only_tensors(std::string(1, '\x01'));
+  commit.set_omit_sums(true);
   depot::v1::CreateJobRequest sgd = request;
   sgd.mutable_spec()->mutable_optimizer()->set_kind(depot::v1::OPTIMIZER_SGD);
   sgd.mutable_spec()->mutable_optimizer()->set_sgd_nesterov(true);

@@ -615,6 +615,7 @@ class Hostile {
       if (Chance(0.1)) h->mutable_commit()->set_clip_coef(ExtremeDouble());
       if (Chance(0.1)) h->set_no_grad_tensors(RandomBytes(Below(3)));
       if (Chance(0.1)) h->set_sum_only_tensors(RandomBytes(Below(3)));
+      if (Chance(0.05)) h->set_omit_sums(true);
       if (Chance(0.1)) {
         h->set_local_ranks(static_cast<uint32_t>(Below(5)));
         h->set_local_rank(static_cast<uint32_t>(Below(5)));

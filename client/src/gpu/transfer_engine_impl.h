@@ -367,10 +367,14 @@ class TransferEngine::Impl {
   DType slot_dtype_[kMaxStateSlots] = {DType::kFloat32, DType::kFloat32,
                                        DType::kFloat32};
   std::unique_ptr<Buffer> kept_state_;
-  // A job of several nodes (sums_from_servers_): the kept tensors are the
-  // step's sum-only tensors, and each step's summed gradient of this rank's
-  // kept elements lands here (fp32, in the state's numbering; one per step
-  // parity with the delayed update). kept_of_chunk_: per chunk.
+  // sum_only_ (several nodes, or steps that may run in two phases): the
+  // kept tensors are the step's sum-only tensors, and the servers' GradSums
+  // bring the decision and the skipped tensors. sums_from_servers_ (several
+  // nodes): they bring the sums too, and each step's summed gradient of this
+  // rank's kept elements lands in kept_sum_ (fp32, in the state's numbering;
+  // one per step parity with the delayed update); one node updates from its
+  // own gradient. kept_of_chunk_: per chunk.
+  bool sum_only_ = false;
   bool sums_from_servers_ = false;
   std::unique_ptr<Buffer> kept_sum_[2];
   std::vector<KeptChunk> kept_of_chunk_;

@@ -30,9 +30,9 @@ absl::Status TransferEngine::Impl::InitGpuTensors() {
     }
   }
   // Every chunk's entry, also on a rank that keeps none (Accept reads it).
-  if (sums_from_servers_) kept_of_chunk_.assign(plan.num_chunks(), KeptChunk());
+  if (sum_only_) kept_of_chunk_.assign(plan.num_chunks(), KeptChunk());
   if (elems == 0) return absl::OkStatus();
-  if (sums_from_servers_) {
+  if (sum_only_) {
     // Within a chunk the kept elements are numbered consecutively (the
     // segments above are in element order), so its sums land in one run.
     for (const std::vector<KeptSegment>& segments : kept_in_bucket_) {
@@ -48,7 +48,8 @@ absl::Status TransferEngine::Impl::InitGpuTensors() {
         }
       }
     }
-    for (int i = 0; i < (options_.delayed_update ? 2 : 1); ++i) {
+    for (int i = 0; sums_from_servers_ && i < (options_.delayed_update ? 2 : 1);
+         ++i) {
       absl::StatusOr<std::unique_ptr<Buffer>> sums =
           device_.Allocate(elems * sizeof(float));
       if (!sums.ok()) return sums.status();
@@ -113,7 +114,7 @@ absl::Status TransferEngine::Impl::PlanGpuUpdates(const StepOptions& options,
     // One node: the servers skip the kept tensors as gradient-less. With
     // the servers' sums: they sum their gradients (over the nodes) for us
     // (sum-only tensors), and say which no node has a gradient for.
-    if (run.kept_has_grad[t] && !sums_from_servers_) {
+    if (run.kept_has_grad[t] && !sum_only_) {
       run.options.no_grad_tensors.push_back(t);
     }
   }
@@ -141,11 +142,12 @@ absl::Status TransferEngine::Impl::ResolveGpuUpdates(StepRun& run) {
   const size_t tensors = job_.layout().tensors().size();
   run.gpu_hparams.assign(tensors, std::nullopt);
   run.tensor_resolved.assign(tensors, false);
-  // One phase: the node's gradient, or the servers' sums (fp32), not yet
-  // unscaled; two phases: the servers' sums, which they unscaled.
+  // The node's gradient, as it came from backward; or the servers' sums
+  // (fp32), in one phase not yet unscaled, in two phases unscaled.
   run.gpu_grad.dtype = sums_from_servers_ ? DType::kFloat32 : config.grad_dtype;
-  run.gpu_grad.unscale_factor =
-      run.two_phase ? 1.0f : UnscaleFactor(run.options.loss_scale);
+  run.gpu_grad.unscale_factor = run.two_phase && sums_from_servers_
+                                    ? 1.0f
+                                    : UnscaleFactor(run.options.loss_scale);
   run.gpu_grad.unscale = run.gpu_grad.unscale_factor != 1.0f;
   run.gpu_grad.clip = commit.clip_coef < 1.0;
   run.gpu_grad.clip_coef = static_cast<float>(commit.clip_coef);
@@ -159,8 +161,8 @@ void TransferEngine::Impl::ResolveGpuTensor(StepRun& run, uint32_t tensor) {
   StepCommit commit;
   {
     absl::MutexLock lock(&mu_);
-    has_grad = sums_from_servers_ ? !run.sum_skipped[tensor]
-                                  : run.kept_has_grad[tensor];
+    has_grad = sum_only_ ? !run.sum_skipped[tensor]
+                         : run.kept_has_grad[tensor];
     commit = *run.commit;  // ResolveGpuUpdates found it
   }
   if (!has_grad || commit.skip) return;

@@ -55,7 +55,7 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
   run->named.assign(buckets, false);
   run->weights_recorded.assign(buckets, false);
   run->h2d_waited.assign(buckets, false);
-  if (sums_from_servers_) {
+  if (sum_only_) {
     run->sum_received.assign(job_.plan().num_chunks(), false);
     run->sum_skipped.assign(job_.layout().tensors().size(), false);
   }
@@ -73,7 +73,10 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
     streamed.bucket_chunks = partition_.bucket_chunks();
   }
   streamed.sink = r;
-  if (sums_from_servers_) streamed.sum_only_tensors = gpu_tensors_;
+  if (sum_only_) {
+    streamed.sum_only_tensors = gpu_tensors_;
+    streamed.omit_sums = !sums_from_servers_;
+  }
   streamed.on_failure = [this, r](const absl::Status& status) {
     Fail(*r, status);
   };
