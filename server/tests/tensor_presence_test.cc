@@ -42,6 +42,15 @@ class TensorPresenceTest : public ::depot::testing::ShardTest {
     return shard.Contribute(Grad(step, worker, 0, grad, std::move(sink)));
   }
 
+  // A shard of `config` charging `budget`.
+  std::shared_ptr<ShardState> MakeShardWithBudget(
+      const JobConfig& config, std::shared_ptr<MemoryBudget> budget) {
+    return ShardState::Create(/*job_id=*/1, JobShape::Create(config, 0).value(),
+                              &pool_, payloads_, &metrics_, false,
+                              std::move(budget))
+        .value();
+  }
+
   // The chunk's master weights and per-tensor counts, once no update runs.
   static ChunkSnapshot Snapshot(const ShardState& shard) {
     ChunkSnapshot out;
@@ -203,11 +212,7 @@ TEST_F(TensorPresenceTest, SumOnlyTensorWithAGradientOnSomeWorkersOnly) {
 // them).
 TEST_F(TensorPresenceTest, AGradSumIsChargedUntilItsLastHolderLetsGo) {
   auto budget = std::make_shared<MemoryBudget>(uint64_t{1} << 20);
-  auto shard = ShardState::Create(
-                   /*job_id=*/1,
-                   JobShape::Create(TwoTensorsInOneChunk(1), 0).value(),
-                   &pool_, payloads_, &metrics_, false, budget)
-                   .value();
+  auto shard = MakeShardWithBudget(TwoTensorsInOneChunk(1), budget);
   auto sink = std::make_shared<RecordingSink>();
   ASSERT_TRUE(shard->BeginStep(1, 0, {}, {}, {}, {}, {}, Bitmap(0b10)).ok());
   ASSERT_TRUE(Send(*shard, 1, 0, std::vector<float>(8, 1.0f), sink).ok());
@@ -222,11 +227,7 @@ TEST_F(TensorPresenceTest, AGradSumIsChargedUntilItsLastHolderLetsGo) {
 // the decision and the skipped tensors only, and costs no budget.
 TEST_F(TensorPresenceTest, OmittedSumsLeaveTheDecisionAndTheSkippedTensors) {
   auto budget = std::make_shared<MemoryBudget>(uint64_t{1} << 20);
-  auto shard = ShardState::Create(
-                   /*job_id=*/1,
-                   JobShape::Create(TwoTensorsInOneChunk(1), 0).value(),
-                   &pool_, payloads_, &metrics_, false, budget)
-                   .value();
+  auto shard = MakeShardWithBudget(TwoTensorsInOneChunk(1), budget);
   auto sink = std::make_shared<RecordingSink>();
   StepNumerics numerics;
   numerics.commit.clip_coef = 0.5;
