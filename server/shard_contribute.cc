@@ -362,7 +362,7 @@ absl::Status ShardState::Contribute(Contribution contribution) {
       replay = ChunkWeights{index,
                             std::make_shared<const std::string>(EncodeMaster(
                                 range.begin, range.end, config.weight_dtype)),
-                            0.0, true, nullptr, {}};
+                            0.0, true, nullptr};
     } else {
       return absl::AbortedError(
           absl::StrCat("step ", step, " is out of order for chunk ", index,

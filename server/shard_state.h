@@ -493,12 +493,14 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
 
   // The GradSum of chunk `range` (depot.proto): the sums from its one-phase
   // `payloads` (absent workers' parts already zeroed), or from the
-  // two-phase sum `summed` (RunSum's), and the sum-only tensors no worker
-  // has a gradient for (`absent`: CountAbsentWorkers of `segments`); null
+  // two-phase sum `summed` (RunSum's), the sum-only tensors no worker has a
+  // gradient for (`absent`: CountAbsentWorkers of `segments`), and the
+  // decision the update applies (`commit`); null
   // when the chunk holds no sum-only tensor. Its bytes are held (Hold) until
   // the last reference to it is gone.
   std::shared_ptr<const GradSumReply> SumOnlyGradients(
-      const StepProgress& settings, const ChunkRange& range,
+      const StepProgress& settings, const CommitDecision& commit,
+      const ChunkRange& range,
       const std::vector<Segment>& segments,
       const std::vector<uint32_t>& absent,
       const std::vector<std::string>& payloads,

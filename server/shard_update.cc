@@ -195,8 +195,9 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   // Sum-only tensors: the workers update them from this sum.
   std::shared_ptr<const GradSumReply> grad_sum =
       settings.sum_only.empty() ? nullptr
-                                : SumOnlyGradients(settings, range, segments,
-                                                   absent, payloads, summed);
+                                : SumOnlyGradients(settings, commit, range,
+                                                   segments, absent, payloads,
+                                                   summed);
 
   std::shared_ptr<const std::string> weights;
   if (noop_update_ && config.grad_dtype == config.weight_dtype &&
@@ -281,12 +282,13 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   // completed in GetJob.
   NoteChunkApplied(step);
   for (const std::shared_ptr<StepReplySink>& sink : sinks) {
-    sink->Deliver({chunk_index, weights, seconds, false, grad_sum, commit});
+    sink->Deliver({chunk_index, weights, seconds, false, grad_sum});
   }
 }
 
 std::shared_ptr<const GradSumReply> ShardState::SumOnlyGradients(
-    const StepProgress& settings, const ChunkRange& range,
+    const StepProgress& settings, const CommitDecision& commit,
+    const ChunkRange& range,
     const std::vector<Segment>& segments, const std::vector<uint32_t>& absent,
     const std::vector<std::string>& payloads, const std::string& summed) {
   uint64_t elems = 0;
@@ -307,6 +309,7 @@ std::shared_ptr<const GradSumReply> ShardState::SumOnlyGradients(
         self->apart_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
         self->Unhold(bytes);
       });
+  reply->commit = commit;
   reply->sums.assign(bytes, '\0');
   float* out = reinterpret_cast<float*>(reply->sums.data());
   absl::InlinedVector<const void*, 8> parts;

@@ -24,6 +24,8 @@ struct GradSumReply {
   // GradSum.skipped_tensors: the chunk's sum-only tensors no worker has a
   // gradient for, ascending.
   std::vector<uint32_t> skipped_tensors;
+  // GradSum.commit: the decision the chunk's update applied.
+  CommitDecision commit;
 };
 
 struct ChunkWeights {
@@ -36,8 +38,6 @@ struct ChunkWeights {
   // A step with sum-only tensors: the chunk's GradSum.sums (depot.proto),
   // sent before the weights; null when the chunk holds none of them.
   std::shared_ptr<const GradSumReply> grad_sum;
-  // With grad_sum: the decision the chunk's update applied (GradSum.commit).
-  CommitDecision commit;
 };
 
 class StepReplySink {

@@ -87,18 +87,17 @@ void StepStream::ReadsDone() {
 }
 
 void StepStream::Deliver(ChunkWeights weights) {
+  // A GradSum goes just before its chunk's weights, queued with them.
+  Outgoing messages[2];
+  size_t count = 0;
   if (weights.grad_sum != nullptr) {
-    Outgoing sum;
-    sum.kind = Outgoing::kGradSum;
-    sum.weights.chunk_index = weights.chunk_index;
-    sum.weights.grad_sum = weights.grad_sum;
-    sum.weights.commit = weights.commit;
-    Enqueue(std::move(sum));
+    messages[count].kind = Outgoing::kGradSum;
+    messages[count].weights.chunk_index = weights.chunk_index;
+    messages[count++].weights.grad_sum = weights.grad_sum;
   }
-  Outgoing message;
-  message.kind = Outgoing::kWeights;
-  message.weights = std::move(weights);
-  Enqueue(std::move(message));
+  messages[count].kind = Outgoing::kWeights;
+  messages[count++].weights = std::move(weights);
+  Enqueue(messages, count);
 }
 
 void StepStream::DeliverAck(uint64_t chunk_index) {
@@ -115,12 +114,16 @@ void StepStream::DeliverGradStats(const GradStats& stats) {
   Enqueue(std::move(message));
 }
 
-void StepStream::Enqueue(Outgoing message) {
+void StepStream::Enqueue(Outgoing message) { Enqueue(&message, 1); }
+
+void StepStream::Enqueue(Outgoing* messages, size_t count) {
   Action action;
   {
     absl::MutexLock lock(&mu_);
     if (finishing_ || !failure_.ok()) return;
-    outbox_.push_back(std::move(message));
+    for (size_t i = 0; i < count; ++i) {
+      outbox_.push_back(std::move(messages[i]));
+    }
     action = NextActionLocked();
   }
   Perform(action);
@@ -239,8 +242,9 @@ StepStream::Action StepStream::NextActionLocked() {
           sum->add_skipped_tensors(t);
         }
         sum->mutable_commit()->set_clip_coef(
-            in_flight_.weights.commit.clip_coef);
-        sum->mutable_commit()->set_skip(in_flight_.weights.commit.skip);
+            in_flight_.weights.grad_sum->commit.clip_coef);
+        sum->mutable_commit()->set_skip(
+            in_flight_.weights.grad_sum->commit.skip);
         wire::SerializeToBuffer(response, &response_);
         break;
       }

@@ -129,8 +129,10 @@ class StepStream final : public StepReplySink {
     uint64_t ack_index = 0;  // kAck
     GradStats stats;         // kGradStats
   };
-  // Queues `message` and starts writing if the stream is idle.
+  // Queues `message` (or `count` messages, in order, none between them) and
+  // starts writing if the stream is idle.
   void Enqueue(Outgoing message);
+  void Enqueue(Outgoing* messages, size_t count);
   // Counts chunk `index` as answered (the first ack or weights for it
   // written), and says whether the reader is to be resumed (then resuming_
   // is raised: call Resume).

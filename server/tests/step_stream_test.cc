@@ -54,7 +54,7 @@ class FakeTransport : public StepTransport {
 ChunkWeights Weights(uint64_t chunk, std::string bytes, double seconds,
                      bool replayed) {
   return {chunk, std::make_shared<const std::string>(std::move(bytes)), seconds,
-          replayed, nullptr, {}};
+          replayed, nullptr};
 }
 
 class StepStreamTest : public ::testing::Test {
@@ -78,7 +78,7 @@ TEST_F(StepStreamTest, WritesOneChunkAtATime) {
 
 TEST_F(StepStreamTest, WeightsAreSentFromTheSharedPayloadWithoutACopy) {
   auto payload = std::make_shared<const std::string>(1000, 'w');
-  stream_.Deliver({7, payload, 0.0, false, nullptr, {}});
+  stream_.Deliver({7, payload, 0.0, false, nullptr});
   ASSERT_EQ(transport_.buffers.size(), 1u);
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(transport_.buffers[0].Dump(&slices).ok());
@@ -179,7 +179,7 @@ TEST_F(StepStreamTest, AGradSumGoesJustBeforeItsWeightsAndIsNotAnAnswer) {
   stream_.ExpectChunk();
   ChunkWeights weights = Weights(4, "abcd", 0.0, false);
   weights.grad_sum =
-      std::make_shared<const GradSumReply>(GradSumReply{"12345678", {3, 5}});
+      std::make_shared<const GradSumReply>(GradSumReply{"12345678", {3, 5}, {}});
   stream_.Deliver(std::move(weights));
   stream_.ReadsDone();
   ASSERT_EQ(transport_.writes.size(), 1u);

@@ -240,7 +240,7 @@ TEST_F(TensorPresenceTest, OmittedSumsLeaveTheDecisionAndTheSkippedTensors) {
   ASSERT_NE(got[0].grad_sum, nullptr);
   EXPECT_TRUE(got[0].grad_sum->sums.empty());
   EXPECT_EQ(got[0].grad_sum->skipped_tensors, std::vector<uint32_t>{0});
-  EXPECT_EQ(got[0].commit.clip_coef, 0.5);
+  EXPECT_EQ(got[0].grad_sum->commit.clip_coef, 0.5);
   DrainPool(pool_);
   EXPECT_EQ(budget->used(), 0u);
   // Neither tensor is the server's to update.
@@ -279,8 +279,8 @@ TEST_F(TensorPresenceTest, SumOnlyTensorInTwoPhasesCountsInTheNorm) {
   for (const ChunkWeights& weights : sink->WaitFor(2)) {
     ASSERT_NE(weights.grad_sum, nullptr);
     EXPECT_EQ(Fp32Values(weights.grad_sum->sums), std::vector<float>(3, 3.0f));
-    EXPECT_EQ(weights.commit.clip_coef, 0.5);
-    EXPECT_FALSE(weights.commit.skip);
+    EXPECT_EQ(weights.grad_sum->commit.clip_coef, 0.5);
+    EXPECT_FALSE(weights.grad_sum->commit.skip);
   }
   const ChunkSnapshot chunk = Snapshot(*shard);
   // a: -0.5 * 2 * 0.5; b untouched.

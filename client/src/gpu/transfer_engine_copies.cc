@@ -100,10 +100,7 @@ absl::Status TransferEngine::Impl::AcceptGradSum(
                   sums.copy(dst, n, offset);
                 });
   if (status.ok()) {
-    char* dst =
-        static_cast<char*>(
-            kept_sum_[options_.delayed_update ? run.parity : 0]->data()) +
-        kept.state_offset * sizeof(float);
+    float* dst = KeptSums(run) + kept.state_offset;
     absl::MutexLock h2d_lock(&h2d_mu_);
     status = WaitBucketReadyOnce(run, partition_.BucketOfChunk(index));
     if (status.ok()) {

@@ -107,8 +107,7 @@ class TransferEngine::Impl {
     // hyperparameters, or nullopt when it is not updated this step (no
     // gradient, or skipped), and the dtype, unscale and clip of the updates.
     std::vector<bool> kept_has_grad;
-    bool gpu_resolved = false;
-    std::vector<bool> tensor_resolved;
+    std::vector<bool> tensor_resolved;  // empty until ResolveGpuUpdates
     std::vector<std::optional<UpdateHyperParams>> gpu_hparams;
     GradientInput gpu_grad;
     std::vector<std::unique_ptr<ChunkQueue>> queues;
@@ -178,6 +177,11 @@ class TransferEngine::Impl {
 
   // Segment k's master and slots inside the state block at `base`.
   ParamRun KeptRun(const KeptSegment& k, char* base) const;
+  // The device buffer `run`'s sums from the servers land in (kept_sum_).
+  float* KeptSums(const StepRun& run) const {
+    return static_cast<float*>(
+        kept_sum_[options_.delayed_update ? run.parity : 0]->data());
+  }
 
   // TransferEngine::ReadGpuState and WriteGpuState.
   absl::Status ReadGpuState(const StateArrays& state);
@@ -215,10 +219,10 @@ class TransferEngine::Impl {
   absl::Status Accept(StepRun& run, uint64_t index, uint64_t bytes,
                       const client_internal::WeightSink::CopyWeights& copy);
 
-  // StepRun::AcceptGradSum: a chunk's summed gradient of its kept elements
-  // (a job of several nodes with an offload fraction: the servers sum the
-  // kept tensors' gradients over the nodes and send the sum). It goes
-  // through a free H2D slot into kept_sum_, before the chunk's weights.
+  // StepRun::AcceptGradSum: a chunk's GradSum (sum-only tensors): the
+  // step's decision and the skipped tensors, and with several nodes the
+  // summed gradient of its kept elements, which goes through a free H2D slot
+  // into kept_sum_, before the chunk's weights.
   absl::Status AcceptGradSum(StepRun& run, uint64_t index,
                              const client_internal::WeightSink::GradSum& sum);
 

@@ -151,7 +151,6 @@ absl::Status TransferEngine::Impl::ResolveGpuUpdates(StepRun& run) {
   run.gpu_grad.unscale = run.gpu_grad.unscale_factor != 1.0f;
   run.gpu_grad.clip = commit.clip_coef < 1.0;
   run.gpu_grad.clip_coef = static_cast<float>(commit.clip_coef);
-  run.gpu_resolved = true;
   return absl::OkStatus();
 }
 
@@ -180,7 +179,7 @@ void TransferEngine::Impl::ResolveGpuTensor(StepRun& run, uint32_t tensor) {
 absl::Status TransferEngine::Impl::UpdateGpuTensors(StepRun& run, uint64_t b,
                                                     char* target) {
   if (kept_in_bucket_[b].empty()) return absl::OkStatus();
-  if (!run.gpu_resolved) {
+  if (run.tensor_resolved.empty()) {
     if (absl::Status s = ResolveGpuUpdates(run); !s.ok()) return s;
   }
   for (const KeptSegment& k : kept_in_bucket_[b]) {
@@ -194,11 +193,7 @@ absl::Status TransferEngine::Impl::UpdateGpuTensors(StepRun& run, uint64_t b,
       // servers' sum over them (the same fp32 sum their update starts from).
       const void* part =
           sums_from_servers_
-              ? static_cast<const void*>(
-                    static_cast<const float*>(
-                        kept_sum_[options_.delayed_update ? run.parity : 0]
-                            ->data()) +
-                    k.state_offset)
+              ? static_cast<const void*>(KeptSums(run) + k.state_offset)
               : run.grads + k.begin * grad_size_;
       GradientInput grad = run.gpu_grad;
       grad.parts = &part;
