@@ -56,9 +56,9 @@ absl::Status ShardState::BeginStep(
   if (sum_only.omit_sums && (sum_only_tensors.empty() || workers != 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "omit_sums needs sum_only_tensors and a job of one worker (whose "
-        "worker holds the whole gradient); this job has ", workers,
-        sum_only_tensors.empty() ? " and the header no sum_only_tensors"
-                                 : ""));
+        "worker holds the whole gradient); this job has ",
+        workers,
+        sum_only_tensors.empty() ? " and the header no sum_only_tensors" : ""));
   }
   if (numerics.two_phase && stats_sink == nullptr) {
     return absl::InvalidArgumentError(

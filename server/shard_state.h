@@ -500,11 +500,9 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // the last reference to it is gone.
   std::shared_ptr<const GradSumReply> SumOnlyGradients(
       const StepProgress& settings, const CommitDecision& commit,
-      const ChunkRange& range,
-      const std::vector<Segment>& segments,
+      const ChunkRange& range, const std::vector<Segment>& segments,
       const std::vector<uint32_t>& absent,
-      const std::vector<std::string>& payloads,
-      const std::string& summed);
+      const std::vector<std::string>& payloads, const std::string& summed);
 
   // Writes the initial state of chunk `chunk_index` (see Create).
   void InitChunkState(uint64_t chunk_index);

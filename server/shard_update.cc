@@ -185,8 +185,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   if (!noop_update_) ApplyOverrides(range, overrides);
   const std::vector<Segment> segments =
       shape_.layout().SegmentsIn(range.begin, range.end);
-  std::vector<uint32_t> absent =
-      CountAbsentWorkers(settings.no_grad, segments);
+  std::vector<uint32_t> absent = CountAbsentWorkers(settings.no_grad, segments);
   // One phase: the workers' payloads as they arrived, absent parts zeroed
   // (two phases: RunSum zeroed them before summing).
   if (!noop_update_ && settings.two_phase == nullptr) {
@@ -194,10 +193,10 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   }
   // Sum-only tensors: the workers update them from this sum.
   std::shared_ptr<const GradSumReply> grad_sum =
-      settings.sum_only.empty() ? nullptr
-                                : SumOnlyGradients(settings, commit, range,
-                                                   segments, absent, payloads,
-                                                   summed);
+      settings.sum_only.empty()
+          ? nullptr
+          : SumOnlyGradients(settings, commit, range, segments, absent,
+                             payloads, summed);
 
   std::shared_ptr<const std::string> weights;
   if (noop_update_ && config.grad_dtype == config.weight_dtype &&
@@ -288,8 +287,8 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
 
 std::shared_ptr<const GradSumReply> ShardState::SumOnlyGradients(
     const StepProgress& settings, const CommitDecision& commit,
-    const ChunkRange& range,
-    const std::vector<Segment>& segments, const std::vector<uint32_t>& absent,
+    const ChunkRange& range, const std::vector<Segment>& segments,
+    const std::vector<uint32_t>& absent,
     const std::vector<std::string>& payloads, const std::string& summed) {
   uint64_t elems = 0;
   for (const Segment& segment : segments) {

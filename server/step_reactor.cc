@@ -194,13 +194,11 @@ class DepotService::StepReactor final
         (*shard)->shape().plan(), header_.local_ranks(), header_.local_rank(),
         header_.bucket_chunks());
     if (!sender.ok()) return sender.status();
-    if (absl::Status s =
-            (*shard)->BeginStep(header_.step(), header_.worker_rank(),
-                                GroupHyperParamsFromProto(header_), numerics_,
-                                stream_, header_.no_grad_tensors(),
-                                sender->shape(),
-                                SumOnlyTensors(header_.sum_only_tensors(),
-                                               header_.omit_sums()));
+    if (absl::Status s = (*shard)->BeginStep(
+            header_.step(), header_.worker_rank(),
+            GroupHyperParamsFromProto(header_), numerics_, stream_,
+            header_.no_grad_tensors(), sender->shape(),
+            SumOnlyTensors(header_.sum_only_tensors(), header_.omit_sums()));
         !s.ok()) {
       return s;
     }

@@ -368,14 +368,16 @@ size_t depot_engine_device_tensors(const depot_engine_t* engine,
 
 int depot_engine_read_device_state(depot_engine_t* engine,
                                    depot_flat_state_t* state) {
-  return depot::EngineDeviceState("depot_engine_read_device_state", engine, state,
-                           /*write=*/false);
+  return depot::EngineDeviceState("depot_engine_read_device_state", engine,
+                                  state,
+                                  /*write=*/false);
 }
 
 int depot_engine_write_device_state(depot_engine_t* engine,
                                     const depot_flat_state_t* state) {
-  return depot::EngineDeviceState("depot_engine_write_device_state", engine, state,
-                           /*write=*/true);
+  return depot::EngineDeviceState("depot_engine_write_device_state", engine,
+                                  state,
+                                  /*write=*/true);
 }
 
 int depot_engine_begin_step(depot_engine_t* engine, uint64_t step,

@@ -32,8 +32,8 @@ uint32_t ChunkField(StepMessage message) {
 
 // Whether `field` is a member of the message's oneof other than its chunk
 // (StepRequest: header 1, commit 3, weights_override 4; StepResponse: stats
-// 2, ack 3, grad_stats 4, grad_sum 5). step_codec_test checks this list against the
-// messages' descriptors, so that a member added to the .proto is not read
+// 2, ack 3, grad_stats 4, grad_sum 5). step_codec_test checks this list against
+// the messages' descriptors, so that a member added to the .proto is not read
 // as an unknown field here (weights_override was, until issue 13's fuzzing:
 // a chunk followed by a weights_override was taken for a chunk).
 bool IsOtherOneofMember(StepMessage message, uint32_t field) {

@@ -178,8 +178,8 @@ TEST_F(StepStreamTest, AGradSumGoesJustBeforeItsWeightsAndIsNotAnAnswer) {
   stream_.set_step(1);
   stream_.ExpectChunk();
   ChunkWeights weights = Weights(4, "abcd", 0.0, false);
-  weights.grad_sum =
-      std::make_shared<const GradSumReply>(GradSumReply{"12345678", {3, 5}, {}});
+  weights.grad_sum = std::make_shared<const GradSumReply>(
+      GradSumReply{"12345678", {3, 5}, {}});
   stream_.Deliver(std::move(weights));
   stream_.ReadsDone();
   ASSERT_EQ(transport_.writes.size(), 1u);

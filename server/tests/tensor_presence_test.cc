@@ -191,10 +191,8 @@ TEST_F(TensorPresenceTest, SumOnlyTensorWithAGradientOnSomeWorkersOnly) {
   auto shard = MakeShard(TwoTensorsInOneChunk(2));
   auto sink = std::make_shared<RecordingSink>();
   ASSERT_TRUE(shard->BeginStep(1, 0, {}, {}, {}, {}, {}, Bitmap(0b10)).ok());
-  ASSERT_TRUE(shard
-                  ->BeginStep(1, 1, {}, {}, {}, Bitmap(0b10), {},
-                              Bitmap(0b10))
-                  .ok());
+  ASSERT_TRUE(
+      shard->BeginStep(1, 1, {}, {}, {}, Bitmap(0b10), {}, Bitmap(0b10)).ok());
   ASSERT_TRUE(Send(*shard, 1, 0, {1, 1, 1, 0, 2, 3, 4, 0}, sink).ok());
   ASSERT_TRUE(Send(*shard, 1, 1, {1, 1, 1, 0, 50, 50, 50, 0}, sink).ok());
   sink->WaitFor(2);
@@ -266,10 +264,9 @@ TEST_F(TensorPresenceTest, SumOnlyTensorInTwoPhasesCountsInTheNorm) {
   numerics.two_phase = true;
   numerics.loss_scale = 2.0;
   for (uint32_t worker : {0u, 1u}) {
-    ASSERT_TRUE(shard
-                    ->BeginStep(1, worker, {}, numerics, sink, {}, {},
-                                Bitmap(0b10))
-                    .ok());
+    ASSERT_TRUE(
+        shard->BeginStep(1, worker, {}, numerics, sink, {}, {}, Bitmap(0b10))
+            .ok());
   }
   ASSERT_TRUE(Send(*shard, 1, 0, {2, 2, 2, 0, 4, 4, 4, 0}, sink).ok());
   ASSERT_TRUE(Send(*shard, 1, 1, {2, 2, 2, 0, 2, 2, 2, 0}, sink).ok());
@@ -291,7 +288,8 @@ TEST_F(TensorPresenceTest, SumOnlyTensorInTwoPhasesCountsInTheNorm) {
 
 // clip_grad_norm_ sees only the parameters with a .grad: a tensor no worker
 // has a gradient for is left out of GradStats whatever its payloads hold.
-TEST_F(TensorPresenceTest, TwoPhaseStatsLeaveOutATensorNoWorkerHasAGradientFor) {
+TEST_F(TensorPresenceTest,
+       TwoPhaseStatsLeaveOutATensorNoWorkerHasAGradientFor) {
   auto shard = MakeShard(TwoTensorsInOneChunk(2));
   auto sink = std::make_shared<RecordingSink>();
   StepNumerics numerics;
@@ -337,12 +335,12 @@ TEST_F(TensorPresenceTest, SumOnlyBitmapIsValidatedAndTheSameFromEveryWorker) {
                 .code(),
             absl::StatusCode::kInvalidArgument);
   auto one = MakeShard(TwoTensorsInOneChunk(1));
-  EXPECT_EQ(one->BeginStep(1, 0, {}, {}, {}, {}, {}, SumOnlyTensors({}, true))
-                .code(),
-            absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(
-      one->BeginStep(1, 0, {}, {}, {}, {}, {}, SumOnlyTensors(Bitmap(0b10), true))
-          .ok());
+  EXPECT_EQ(
+      one->BeginStep(1, 0, {}, {}, {}, {}, {}, SumOnlyTensors({}, true)).code(),
+      absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(one->BeginStep(1, 0, {}, {}, {}, {}, {},
+                             SumOnlyTensors(Bitmap(0b10), true))
+                  .ok());
   // Another stream of the step must say the same.
   EXPECT_EQ(one->BeginStep(1, 0, {}, {}, {}, {}, {}, Bitmap(0b10)).code(),
             absl::StatusCode::kFailedPrecondition);

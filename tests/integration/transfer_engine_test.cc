@@ -373,9 +373,10 @@ TEST_F(TransferEngineTest, OffloadFractionEqualsTheFullyOffloadedRunBitForBit) {
         std::tuple{2u, 2u, 0.5}}) {
     SCOPED_TRACE(absl::StrCat(nodes, " nodes of ", local_ranks,
                               " local ranks, clip_grad ", clip));
-    JobConfig config = SmallJobConfig(
-        absl::StrCat("offload-", nodes, "-", local_ranks, clip > 0 ? "-clip" : ""),
-        nodes, 2);
+    JobConfig config =
+        SmallJobConfig(absl::StrCat("offload-", nodes, "-", local_ranks,
+                                    clip > 0 ? "-clip" : ""),
+                       nodes, 2);
     config.optimizer.clip_grad = clip;
     const Layout layout = Layout::Create(config.tensors,
                                          config.alignment_elems).value();

@@ -77,9 +77,9 @@ absl::Status TransferEngine::Impl::AcceptGradSum(
     }
     for (uint32_t t : sum.skipped_tensors) {
       if (t >= run.sum_skipped.size() || !kept_tensor_[t]) {
-        status = absl::InternalError(absl::StrCat(
-            "server's GradSum of chunk ", index, " skips tensor ", t,
-            ", which is not kept on the GPU"));
+        status = absl::InternalError(
+            absl::StrCat("server's GradSum of chunk ", index, " skips tensor ",
+                         t, ", which is not kept on the GPU"));
         break;
       }
       run.sum_skipped[t] = true;

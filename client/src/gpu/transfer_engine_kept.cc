@@ -134,7 +134,8 @@ absl::Status TransferEngine::Impl::ResolveGpuUpdates(StepRun& run) {
   }
   if (!decided.has_value()) {
     return absl::InternalError(absl::StrCat(
-        "step ", run.step, ": the weights of chunks with tensors kept on the "
+        "step ", run.step,
+        ": the weights of chunks with tensors kept on the "
         "GPU came without the servers' decision (GradSum.commit)"));
   }
   const StepCommit commit = *decided;
@@ -160,17 +161,15 @@ void TransferEngine::Impl::ResolveGpuTensor(StepRun& run, uint32_t tensor) {
   StepCommit commit;
   {
     absl::MutexLock lock(&mu_);
-    has_grad = sum_only_ ? !run.sum_skipped[tensor]
-                         : run.kept_has_grad[tensor];
+    has_grad = sum_only_ ? !run.sum_skipped[tensor] : run.kept_has_grad[tensor];
     commit = *run.commit;  // ResolveGpuUpdates found it
   }
   if (!has_grad || commit.skip) return;
   const JobConfig& config = job_.config();
   const uint32_t group = job_.layout().tensors()[tensor].param_group;
-  run.gpu_hparams[tensor] =
-      ResolveHyperParams(GroupOptimizer(config, group),
-                         run.options.group_hparams, group,
-                         kept_steps_[tensor] + 1);
+  run.gpu_hparams[tensor] = ResolveHyperParams(GroupOptimizer(config, group),
+                                               run.options.group_hparams, group,
+                                               kept_steps_[tensor] + 1);
   // The servers' counts move when they apply the step; a failed step leaves
   // the engine unusable (FinishStep).
   ++kept_steps_[tensor];
@@ -214,17 +213,17 @@ absl::Status TransferEngine::Impl::CheckGpuStateAccess(
   {
     absl::MutexLock lock(&mu_);
     if (!runs_.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, ": step ", runs_.front()->step,
-          " is in flight (call FinishStep first)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": step ", runs_.front()->step,
+                       " is in flight (call FinishStep first)"));
     }
   }
   const size_t slots = OptimizerStateSlots(JobSlotConfig(job_.config()));
   if (state.master == nullptr || state.tensor_steps == nullptr ||
       state.num_slots < slots) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": the state needs master weights, step counts and ", slots,
-        " slot arrays (", state.num_slots, " given)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the state needs master weights, step counts and ",
+                     slots, " slot arrays (", state.num_slots, " given)"));
   }
   for (size_t k = 0; k < slots; ++k) {
     if (state.slots[k] == nullptr) {
