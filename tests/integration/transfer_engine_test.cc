@@ -74,6 +74,9 @@ struct RankRun {
   std::vector<StepResult> results;  // FinishStep's, per step
   std::vector<uint32_t> gpu_tensors;
   uint64_t gpu_state_bytes = 0;
+  // With an offload fraction, after the last step: the servers' state with
+  // ReadGpuState's over it (every local rank reads it, a collective).
+  FlatState state;
 };
 
 class TransferEngineTest : public TwoServers {
@@ -109,7 +112,8 @@ class TransferEngineTest : public TwoServers {
   }
 
   // The reference: every node one process calling Job::Step with the node's
-  // summed gradient. Returns node 0's weights after each step.
+  // summed gradient. Returns node 0's weights after each step; its state
+  // after the last is in reference_state_.
   std::vector<std::string> ReferenceRun(JobConfig config, uint32_t local_ranks) {
     config.name += "-reference";
     std::vector<std::string> weights(kSteps);
@@ -127,10 +131,22 @@ class TransferEngineTest : public TwoServers {
         }
         if (n == 0) weights[step - 1] = std::move(out);
       }
-      return absl::OkStatus();
+      if (n > 0) return absl::OkStatus();
+      return ReadState(job, reference_state_);
     });
     return weights;
   }
+
+  static absl::Status ReadState(Job& job, FlatState& state) {
+    absl::StatusOr<std::string> blob = job.SaveState();
+    if (!blob.ok()) return blob.status();
+    absl::StatusOr<FlatState> decoded = job.DecodeState(*blob);
+    if (!decoded.ok()) return decoded.status();
+    state = *std::move(decoded);
+    return absl::OkStatus();
+  }
+
+  FlatState reference_state_;
 
   // Opens `config` and sets its initial weights; false on failure.
   bool InitJob(const JobConfig& config) {
@@ -274,7 +290,16 @@ class TransferEngineTest : public TwoServers {
       run.weights.push_back(std::move(out));
     }
     run.compute_waits = device.waits_queued(**compute);
-    return absl::OkStatus();
+    if (engine_options.offload_fraction == 1.0) return absl::OkStatus();
+    if (absl::Status s = ReadState(**job, run.state); !s.ok()) return s;
+    gpu::StateArrays arrays;
+    arrays.master = run.state.master.data();
+    for (size_t k = 0; k < run.state.slots.size(); ++k) {
+      arrays.slots[k] = run.state.slots[k].data();
+    }
+    arrays.num_slots = run.state.slots.size();
+    arrays.tensor_steps = run.state.tensor_steps.data();
+    return (*engine)->ReadGpuState(arrays);
   }
 };
 
@@ -287,6 +312,11 @@ std::string FirstDifference(const std::string& a, const std::string& b) {
     if (a[i] != b[i]) return absl::StrCat("byte ", i);
   }
   return "";
+}
+
+std::string Bytes(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()),
+                     values.size() * sizeof(float));
 }
 
 TEST_F(TransferEngineTest, TwoNodesOfTwoRanksEqualTheOneProcessRunBitForBit) {
@@ -414,6 +444,19 @@ TEST_F(TransferEngineTest, OffloadFractionEqualsTheFullyOffloadedRunBitForBit) {
         if (clip > 0) {
           EXPECT_LT(result.clip_coef, 1.0);
         }
+      }
+      // The state read is the whole job's on every rank (gathered over the
+      // node's ranks), bit for bit the fully offloaded run's.
+      const FlatState& got = runs[r].state;
+      const FlatState& want = reference_state_;
+      EXPECT_EQ(got.tensor_steps, want.tensor_steps);
+      EXPECT_EQ(FirstDifference(Bytes(got.master), Bytes(want.master)), "")
+          << "master weights";
+      ASSERT_EQ(got.slots.size(), want.slots.size());
+      for (size_t k = 0; k < got.slots.size(); ++k) {
+        EXPECT_EQ(FirstDifference(Bytes(got.slots[k]), Bytes(want.slots[k])),
+                  "")
+            << "slot " << k;
       }
     }
   }

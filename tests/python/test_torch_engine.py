@@ -761,6 +761,25 @@ def test_two_workers_keeping_a_layer_only_some_use_equal_full_offload(
         assert_bitwise(results[1][r], results[0][0])
 
 
+def node_of_two_ranks(model, client, job_name, **options):
+    """Two copies of `model`, each with the DepotOptimizer of one of the two
+    local ranks of one node (host engines made in two threads, one node id;
+    lr 1e-2, chunks of 64, buckets of 2, `options`): (models, opts)."""
+    node = depot.engine.unique_id("host")
+    models = [copy.deepcopy(model) for _ in range(2)]
+    opts = [None, None]
+
+    def construct(rank):
+        opts[rank] = DepotOptimizer(
+            models[rank].parameters(), client=client, job_name=job_name,
+            engine="host", lr=1e-2, local_rank=rank, local_ranks=2,
+            node_id=node, chunk_elems=64, bucket_chunks=2, **options)
+
+    # The ranks' engines meet in the node's collectives as they are made.
+    on_two_ranks(construct)
+    return models, opts
+
+
 @pytest.mark.parametrize("overlap_backward", [True, False])
 def test_node_of_two_local_ranks_equals_two_workers(client, job_name,
                                                     overlap_backward):
@@ -770,28 +789,10 @@ def test_node_of_two_local_ranks_equals_two_workers(client, job_name,
     data-parallel workers that each send their whole gradient (the servers
     sum two workers in rank order in fp32, as the node's collective does).
     Also with the step begun at step() (overlap_backward=False)."""
-    import threading
-
     run = train_two_ranks
     model, inputs, targets = model_and_data()
-    node = depot.engine.unique_id("host")
-    models = [copy.deepcopy(model) for _ in range(2)]
-    opts = [None, None]
-
-    def construct(rank):
-        opts[rank] = DepotOptimizer(
-            models[rank].parameters(), client=client, job_name=job_name,
-            engine="host", lr=1e-2, local_rank=rank, local_ranks=2,
-            node_id=node, chunk_elems=64, bucket_chunks=2,
-            overlap_backward=overlap_backward)
-
-    # The ranks' engines meet in the node's collectives as they are made.
-    builders = [threading.Thread(target=construct, args=(r,))
-                for r in range(2)]
-    for t in builders:
-        t.start()
-    for t in builders:
-        t.join(60)
+    models, opts = node_of_two_ranks(model, client, job_name,
+                                     overlap_backward=overlap_backward)
     got = run(opts, models, inputs, targets)
 
     ref_models = [copy.deepcopy(model) for _ in range(2)]
@@ -803,6 +804,60 @@ def test_node_of_two_local_ranks_equals_two_workers(client, job_name,
     assert_bitwise(got[0], want[0])
     assert_bitwise(got[1], want[0])  # every rank holds the whole model
     for o in opts:
+        o.close()
+
+
+def test_node_of_two_local_ranks_with_an_offload_fraction_checkpoints(
+        client, job_name):
+    """A node of two local ranks keeping half the parameters' optimizer on
+    the devices, each rank its own chunks' part: a read of the state before
+    gather_state() raises, naming it; after gather_state() on both ranks
+    (a collective), either rank's torch_state_dict() equals the fully
+    offloaded node's bit for bit, and state_dict() on one rank, loaded by
+    both ranks of a new node, continues bit for bit as the uninterrupted
+    run."""
+    model, inputs, targets = model_and_data()
+    states = []
+    for fraction in (1.0, 0.5):
+        models, opts = node_of_two_ranks(model, client,
+                                         f"{job_name}-{fraction}",
+                                         weight_decay=0.1,
+                                         offload_fraction=fraction)
+        train_two_ranks(opts, models, inputs, targets)
+        if fraction == 1.0:
+            states.append(opts[0].torch_state_dict()["state"])
+            for o in opts:
+                o.close()
+    assert opts[0].engine.device_tensors
+    with pytest.raises(ValueError, match="gather_state"):
+        opts[0].state_dict()
+    with pytest.raises(ValueError, match="gather_state"):
+        opts[1].state[next(models[1].parameters())]
+    on_two_ranks(lambda rank: opts[rank].gather_state())
+    for rank in range(2):
+        got = opts[rank].torch_state_dict()["state"]
+        assert got.keys() == states[0].keys()
+        for index in got:
+            for key in got[index]:
+                assert_bitwise([torch.as_tensor(got[index][key])],
+                               [torch.as_tensor(states[0][index][key])])
+    saved_opt = opts[0].state_dict()
+    saved_model = copy.deepcopy(models[0].state_dict())
+    after = train_two_ranks(opts, models, inputs[2:], targets[2:])
+    for o in opts:
+        o.close()
+
+    fresh = copy.deepcopy(model)
+    fresh.load_state_dict(saved_model)
+    loaded_models, loaded = node_of_two_ranks(
+        fresh, client, f"{job_name}-loaded", weight_decay=0.1,
+        offload_fraction=0.5)
+    for o in loaded:
+        o.load_state_dict(saved_opt)
+    got = train_two_ranks(loaded, loaded_models, inputs[2:], targets[2:])
+    for rank in range(2):
+        assert_bitwise(got[rank], after[0])
+    for o in loaded:
         o.close()
 
 

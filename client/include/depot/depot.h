@@ -560,19 +560,23 @@ DEPOT_API uint64_t depot_engine_pinned_bytes(const depot_engine_t* engine);
 DEPOT_API size_t depot_engine_device_tensors(const depot_engine_t* engine,
                                              uint32_t* out, size_t capacity);
 
-/* The optimizer state of the tensors kept on this device (offload fraction
- * < 1), which the servers' state (depot_job_save_state) does not hold:
- * writes this rank's kept elements' master weights and slots and the kept
+/* The optimizer state of the tensors kept on the node's devices (offload
+ * fraction < 1), which the servers' state (depot_job_save_state) does not
+ * hold: writes the kept elements' master weights and slots and the kept
  * tensors' step counts over `state`'s arrays (a whole job's, as
- * depot_job_decode_state fills them), leaving every other value as it is.
- * With one local rank the result is the whole job's state. FAILED_PRECONDITION:
- * a step in flight; INVALID_ARGUMENT: a NULL array the job needs. */
+ * depot_job_decode_state fills them), leaving every other value as it is;
+ * the result is the whole job's state. With several local ranks it is a
+ * collective of the node (each rank holds its own chunks' part, all-gathered
+ * here): every local rank calls it between the same two steps, or those that
+ * did wait. FAILED_PRECONDITION: a step in flight; INVALID_ARGUMENT: a NULL
+ * array the job needs. */
 DEPOT_API int depot_engine_read_device_state(depot_engine_t* engine,
                                              depot_flat_state_t* state);
 /* The reverse: loads those values from `state` onto the device (bf16 slots
  * rounded to nearest even), e.g. after depot_job_load_state of the same
- * state; an engine whose step failed may step again. The weights buffer is
- * left as it is. Same errors. */
+ * state; each local rank loads its own chunks' part (not a collective: every
+ * rank loads the same state). An engine whose step failed may step again. The
+ * weights buffer is left as it is. Same errors. */
 DEPOT_API int depot_engine_write_device_state(depot_engine_t* engine,
                                               const depot_flat_state_t* state);
 

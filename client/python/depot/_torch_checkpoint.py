@@ -29,41 +29,60 @@ class CheckpointMixin:
     read here is the servers' with the engine's overlaid
     (Engine.read_device_state), and a loaded state goes to both."""
 
-    def _device_engine(self, what):
-        """The engine holding some parameters' optimizer state, or None.
-        ValueError where that state cannot be taken whole: a node of several
-        local ranks (each holds its own chunks' part)."""
+    def _device_engine(self):
+        """The engine holding some parameters' optimizer state, or None."""
         driver = getattr(self, "_driver", None)
         if driver is None or driver.offloads_all:
             return None
-        if driver.local_ranks > 1:
-            raise ValueError(
-                f"{what}: with offload_fraction < 1 on a node of "
-                f"{driver.local_ranks} local ranks, each rank holds the "
-                f"optimizer state of its own chunks of the parameters kept "
-                f"on the device, and no rank has all of it; use one local "
-                f"rank per worker, or offload_fraction=1.0")
         return driver.engine
 
+    def gather_state(self):
+        """Reads the whole optimizer state now, for state_dict(),
+        torch_state_dict() and state until the next step. Needed only with
+        offload_fraction < 1 on a node of several local ranks: each rank
+        holds the state of its own chunks of the parameters kept on the
+        device, so reading it is a collective of the node (as a step is).
+        Call it on every local rank, then state_dict() on any of them, e.g.
+
+            opt.gather_state()            # every local rank
+            if rank == 0:
+                torch.save(opt.state_dict(), path)
+
+        Each call is a collective there, also at a step already gathered.
+        Elsewhere it only reads the state early."""
+        self._flat_state("gather_state", gather=True)
+
     def _refuse_reference_with_kept_state(self, what):
-        if self._device_engine(what) is not None:
+        if self._device_engine() is not None:
             raise ValueError(
                 f"{what}: the servers' checkpoints do not hold the optimizer "
                 f"state of the parameters kept on the device "
                 f"(offload_fraction < 1); save and load by value "
                 f"(state_dict(reference=False))")
 
-    def _flat_state(self):
+    def _flat_state(self, what, gather=False):
         """The whole state (depot.FlatState): the servers', with the engine's
-        kept parameters' state over it; read once per step."""
+        kept parameters' state over it; read once per step, and at every
+        gather (a collective: every rank reads, whatever its cache holds).
+        ValueError for `what` where the read is a collective and `gather`
+        is False."""
         job = self._open_job()
         self.synchronize()
         if not self._initialized:
             return None
-        if self._state_cache is None or self._state_cache[0] != \
-                self._depot_step:
+        if gather or self._state_cache is None or \
+                self._state_cache[0] != self._depot_step:
+            engine = self._device_engine()
+            if engine is not None and self._driver.local_ranks > 1 and \
+                    not gather:
+                raise ValueError(
+                    f"{what}: with offload_fraction < 1 on a node of "
+                    f"{self._driver.local_ranks} local ranks, each rank "
+                    f"holds the optimizer state of its own chunks of the "
+                    f"parameters kept on the device: call gather_state() "
+                    f"on every local rank first (a collective of the "
+                    f"node)")
             flat = job.decode_state(job.save_state_array())
-            engine = self._device_engine("the optimizer's state")
             if engine is not None:
                 engine.read_device_state(flat)
             self._state_cache = (self._depot_step, flat)
@@ -71,7 +90,7 @@ class CheckpointMixin:
 
     def _param_state(self, index):
         """torch's state dict of parameter `index` (all-groups order)."""
-        flat = self._flat_state()
+        flat = self._flat_state("the optimizer's state")
         p, offset, numel = self._slots[index]
         group = self._group_of(index)
         if flat is None:
@@ -149,9 +168,9 @@ class CheckpointMixin:
             self._refuse_reference_with_kept_state("state_dict(reference=True)")
             state[_REFERENCE_KEY] = state_reference.take(
                 job, self._client.servers)
-        elif self._device_engine("state_dict") is not None:
+        elif self._device_engine() is not None:
             state[_STATE_KEY] = torch.frombuffer(
-                bytearray(job.encode_state(self._flat_state())),
+                bytearray(job.encode_state(self._flat_state("state_dict"))),
                 dtype=torch.uint8)
         else:
             state[_STATE_KEY] = torch.from_numpy(job.save_state_array())
@@ -204,7 +223,7 @@ class CheckpointMixin:
         if by_reference:
             self._refuse_reference_with_kept_state(
                 "load_state_dict of a reference")
-        engine = self._device_engine("load_state_dict")
+        engine = self._device_engine()
         args.check_fixed(self._kind, self._fixed, torch_state["param_groups"],
                          what="the state dict's param group")
         if by_reference:
@@ -269,7 +288,7 @@ class CheckpointMixin:
                 if value is not None:
                     flat[offset:offset + numel].copy_(value)
         applied = max([self._depot_step] + tensor_steps)
-        engine = self._device_engine("load_state_dict")
+        engine = self._device_engine()
         flat = depot.FlatState(
             applied_step=applied, master=master.numpy(),
             slots=[s.numpy() for s in flat_slots], tensor_steps=tensor_steps)

@@ -146,18 +146,22 @@ class Engine(OwnedHandle):
         return _capi.lib().depot_engine_weights(self._live_handle())
 
     def read_device_state(self, flat) -> None:
-        """Writes the optimizer state of the tensors kept on this device
-        (device_tensors: master weights, slots and step counts of this
-        rank's elements of them), which the servers' state does not hold,
-        over `flat` (a depot.FlatState of the whole job, as
-        Job.decode_state returns), leaving its other values as they are."""
+        """Writes the optimizer state of the tensors kept on the node's
+        devices (device_tensors: their master weights, slots and step
+        counts), which the servers' state does not hold, over `flat` (a
+        depot.FlatState of the whole job, as Job.decode_state returns),
+        leaving its other values as they are. With several local ranks
+        each holds its own chunks' part and this is a collective of the
+        node: every local rank calls it between the same two steps (one
+        that does not leaves the others waiting), and each gets it all."""
         c_state = self.job._c_flat_state(flat)
         _capi.check(_capi.lib().depot_engine_read_device_state(
             self._live_handle(), ctypes.byref(c_state)))
 
     def write_device_state(self, flat) -> None:
         """Loads the kept tensors' state from `flat` onto the device (with
-        the servers' state of the same FlatState: Job.load_state)."""
+        the servers' state of the same FlatState: Job.load_state); each
+        local rank loads its own chunks' part (not a collective)."""
         c_state = self.job._c_flat_state(flat)
         _capi.check(_capi.lib().depot_engine_write_device_state(
             self._live_handle(), ctypes.byref(c_state)))

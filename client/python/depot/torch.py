@@ -105,8 +105,10 @@ Take both between steps, on one worker.
 With offload_fraction < 1, the state of the parameters kept on the device is
 the engine's, not the servers': state_dict(), state[p] and torch_state_dict()
 include it (read from the device), and load_state_dict() loads it there; a
-reference, resume=True, and a node of several local ranks (each holds only
-its chunks' part) are refused with ValueError.
+reference and resume=True are refused with ValueError. On a node of several
+local ranks each rank holds its own chunks' part: call gather_state() on
+every local rank (a collective of the node), then state_dict() on any;
+without it a read raises ValueError. Every rank calls load_state_dict().
 Every worker loads the same dict (loading the same state twice is harmless),
 and all must have loaded before any steps again (a barrier): a load while a
 peer's step is pending is refused with FailedPreconditionError.

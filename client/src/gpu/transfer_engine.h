@@ -104,7 +104,7 @@ struct TransferEngineOptions {
   // with the step's decision; each rank updates from those. Needs a job with
   // no step applied yet (Create reads the kept tensors' initial master
   // weights from the servers). The servers' checkpoints do not hold the kept
-  // tensors' state.
+  // tensors' state (ReadGpuState reads it).
   double offload_fraction = 1.0;
   DeviceOptimizer* device_optimizer = nullptr;
   EngineFaults faults;
@@ -162,18 +162,23 @@ class TransferEngine {
   // device memory their state takes on this rank, in bytes.
   const std::vector<uint32_t>& gpu_tensors() const;
   uint64_t gpu_state_bytes() const;
-  // The optimizer state of the tensors kept on this device, which the
-  // servers' state (Job::SaveState) does not hold: ReadGpuState writes this
-  // rank's kept elements' master weights and slots (widened to fp32) and the
-  // kept tensors' step counts over `state`, leaving every other value as it
-  // is, so that a FlatState the servers' state decoded into becomes the
-  // whole job's (with one local rank; a node's ranks each hold their own
-  // chunks'). WriteGpuState loads the same values from `state` onto the
-  // device (bf16 slots rounded to nearest even, as Job::EncodeState); the
-  // servers' state should be loaded from the same FlatState (Job::LoadState),
-  // and it makes an engine whose step failed usable again. Neither changes
-  // weights(). FAILED_PRECONDITION: a step in flight; INVALID_ARGUMENT: null
-  // arrays, or fewer slots than the job keeps.
+  // The optimizer state of the tensors kept on the node's devices, which the
+  // servers' state (Job::SaveState) does not hold: ReadGpuState writes the
+  // kept elements' master weights and slots (widened to fp32) and the kept
+  // tensors' step counts over `state`, leaving every other value as it is,
+  // so that a FlatState the servers' state decoded into becomes the whole
+  // job's. Each local rank holds its own chunks' part: with several,
+  // ReadGpuState is a collective of the node (an all-gather on the comm
+  // stream, as a step's): every local rank calls it, between the same two
+  // steps and with valid arrays (a rank that does not leaves the others
+  // waiting, as NCCL does), and every one gets the whole node's state.
+  // WriteGpuState loads this rank's part from `state` onto the device (bf16
+  // slots rounded to nearest even, as Job::EncodeState), not a collective:
+  // every rank loads the same `state`. The servers' state should be loaded
+  // from the same FlatState (Job::LoadState), and it makes an engine whose
+  // step failed usable again. Neither changes weights().
+  // FAILED_PRECONDITION: a step in flight; INVALID_ARGUMENT: null arrays, or
+  // fewer slots than the job keeps.
   absl::Status ReadGpuState(const StateArrays& state);
   absl::Status WriteGpuState(const StateArrays& state);
 

@@ -175,8 +175,27 @@ class TransferEngine::Impl {
   // chunks, and their state in device memory, read from the servers.
   absl::Status InitGpuTensors();
 
-  // Segment k's master and slots inside the state block at `base`.
-  ParamRun KeptRun(const KeptSegment& k, char* base) const;
+  // The kept elements of local rank `rank`'s chunks and the layout of its
+  // state block (every rank's can be computed on any: the partition is the
+  // node's): per bucket the segments, whose state_offset numbers their
+  // elements consecutively; the master weights (fp32) at 0, then each slot
+  // array at slot_offset (0: a slot the job does not keep), each 256-byte
+  // aligned; `bytes` in all (0 with no kept elements).
+  struct KeptBlock {
+    std::vector<std::vector<KeptSegment>> in_bucket;
+    uint64_t elems = 0;
+    uint64_t slot_offset[kMaxStateSlots] = {0, 0, 0};
+    uint64_t bytes = 0;
+  };
+  KeptBlock KeptBlockOf(uint32_t rank) const;
+
+  // Segment k's master and slots inside the state block at `base`, laid out
+  // as `block` (this rank's by default).
+  ParamRun KeptRun(const KeptSegment& k, char* base) const {
+    return KeptRun(k, base, kept_);
+  }
+  ParamRun KeptRun(const KeptSegment& k, char* base,
+                   const KeptBlock& block) const;
   // The device buffer `run`'s sums from the servers land in (kept_sum_).
   float* KeptSums(const StepRun& run) const {
     return static_cast<float*>(
@@ -294,6 +313,16 @@ class TransferEngine::Impl {
   // The kept state block on the host, or back on the device (comm stream,
   // after its queued work; synchronized).
   absl::Status CopyKeptState(std::string& host, CopyKind kind);
+  // ReadGpuState's gather over a node of several local ranks (a collective:
+  // every rank calls it): every rank's state block and kept step counts,
+  // all-gathered on the comm stream and copied to `host`, rank r's at
+  // r * `stride` (its block, then its count of each gpu_tensors_ entry).
+  absl::Status GatherKeptState(const std::vector<KeptBlock>& blocks,
+                               std::string& host, uint64_t& stride);
+  // Block `block` (at `host`)'s master weights and slots, widened to fp32,
+  // into `state`.
+  void UnpackKeptBlock(const KeptBlock& block, char* host,
+                       const StateArrays& state) const;
 
   // Once per step, at its first kept segment (comm thread, so steps resolve
   // in order, each after the one before it): the dtype, unscale and clip of
@@ -366,8 +395,7 @@ class TransferEngine::Impl {
   // Offload fraction (empty / null when everything is offloaded).
   std::vector<uint32_t> gpu_tensors_;
   std::vector<bool> kept_tensor_;
-  std::vector<std::vector<KeptSegment>> kept_in_bucket_;
-  uint64_t slot_offset_[kMaxStateSlots] = {0, 0, 0};  // 0: unused slot
+  KeptBlock kept_;  // this rank's
   DType slot_dtype_[kMaxStateSlots] = {DType::kFloat32, DType::kFloat32,
                                        DType::kFloat32};
   std::unique_ptr<Buffer> kept_state_;

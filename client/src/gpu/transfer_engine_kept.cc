@@ -1,8 +1,41 @@
 // TransferEngine::Impl: the tensors whose optimizer stays on the GPU
 // (offload fraction, docs/gpu.md): their state, and their update each step.
+#include <cstring>
+
 #include "gpu/transfer_engine_impl.h"
 
 namespace depot::gpu {
+
+TransferEngine::Impl::KeptBlock TransferEngine::Impl::KeptBlockOf(
+    uint32_t rank) const {
+  const Layout& layout = job_.layout();
+  const ShardPlan& plan = job_.plan();
+  KeptBlock block;
+  block.in_bucket.assign(partition_.num_buckets(), {});
+  for (uint64_t b = 0; b < partition_.num_buckets(); ++b) {
+    const ChunkSpan owned = partition_.owned(b, rank);
+    if (owned.empty()) continue;
+    const uint64_t begin = plan.chunk(owned.first).begin;
+    const uint64_t end = plan.chunk(owned.end - 1).end;
+    for (const Segment& segment : layout.SegmentsIn(begin, end)) {
+      if (!kept_tensor_[segment.tensor_index]) continue;
+      block.in_bucket[b].push_back(
+          KeptSegment{segment.begin, segment.end,
+                      static_cast<uint32_t>(segment.tensor_index),
+                      segment.param_group, block.elems});
+      block.elems += segment.end - segment.begin;
+    }
+  }
+  if (block.elems == 0) return block;
+  const int slots = OptimizerStateSlots(JobSlotConfig(job_.config()));
+  const auto aligned = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
+  block.bytes = aligned(block.elems * sizeof(float));
+  for (int k = 0; k < slots; ++k) {
+    block.slot_offset[k] = block.bytes;
+    block.bytes += aligned(block.elems * DTypeSize(slot_dtype_[k]));
+  }
+  return block;
+}
 
 absl::Status TransferEngine::Impl::InitGpuTensors() {
   if (options_.offload_fraction >= 1.0) return absl::OkStatus();
@@ -12,30 +45,19 @@ absl::Status TransferEngine::Impl::InitGpuTensors() {
   kept_tensor_.assign(layout.tensors().size(), false);
   for (uint32_t t : gpu_tensors_) kept_tensor_[t] = true;
   kept_steps_.assign(layout.tensors().size(), 0);
-  const ShardPlan& plan = job_.plan();
-  kept_in_bucket_.assign(partition_.num_buckets(), {});
-  uint64_t elems = 0;
-  for (uint64_t b = 0; b < partition_.num_buckets(); ++b) {
-    const ChunkSpan owned = partition_.owned(b, options_.local_rank);
-    if (owned.empty()) continue;
-    const uint64_t begin = plan.chunk(owned.first).begin;
-    const uint64_t end = plan.chunk(owned.end - 1).end;
-    for (const Segment& segment : layout.SegmentsIn(begin, end)) {
-      if (!kept_tensor_[segment.tensor_index]) continue;
-      kept_in_bucket_[b].push_back(
-          KeptSegment{segment.begin, segment.end,
-                      static_cast<uint32_t>(segment.tensor_index),
-                      segment.param_group, elems});
-      elems += segment.end - segment.begin;
-    }
+  const OptimizerConfig slot_config = JobSlotConfig(config);
+  for (int k = 0; k < OptimizerStateSlots(slot_config); ++k) {
+    slot_dtype_[k] = OptimizerSlotDType(slot_config, k);
   }
+  kept_ = KeptBlockOf(options_.local_rank);
+  const ShardPlan& plan = job_.plan();
   // Every chunk's entry, also on a rank that keeps none (Accept reads it).
   if (sum_only_) kept_of_chunk_.assign(plan.num_chunks(), KeptChunk());
-  if (elems == 0) return absl::OkStatus();
+  if (kept_.elems == 0) return absl::OkStatus();
   if (sum_only_) {
     // Within a chunk the kept elements are numbered consecutively (the
     // segments above are in element order), so its sums land in one run.
-    for (const std::vector<KeptSegment>& segments : kept_in_bucket_) {
+    for (const std::vector<KeptSegment>& segments : kept_.in_bucket) {
       for (const KeptSegment& k : segments) {
         for (uint64_t c = k.begin / plan.chunk_elems();
              c < plan.num_chunks() && plan.chunk(c).begin < k.end; ++c) {
@@ -51,29 +73,19 @@ absl::Status TransferEngine::Impl::InitGpuTensors() {
     for (int i = 0; sums_from_servers_ && i < (options_.delayed_update ? 2 : 1);
          ++i) {
       absl::StatusOr<std::unique_ptr<Buffer>> sums =
-          device_.Allocate(elems * sizeof(float));
+          device_.Allocate(kept_.elems * sizeof(float));
       if (!sums.ok()) return sums.status();
       kept_sum_[i] = *std::move(sums);
     }
   }
-  // master (fp32), then each slot's array, each 256-byte aligned.
-  const OptimizerConfig slot_config = JobSlotConfig(config);
-  const int slots = OptimizerStateSlots(slot_config);
-  const auto aligned = [](uint64_t bytes) { return (bytes + 255) / 256 * 256; };
-  uint64_t bytes = aligned(elems * sizeof(float));
-  for (int k = 0; k < slots; ++k) {
-    slot_offset_[k] = bytes;
-    slot_dtype_[k] = OptimizerSlotDType(slot_config, k);
-    bytes += aligned(elems * DTypeSize(slot_dtype_[k]));
-  }
-  absl::StatusOr<std::unique_ptr<Buffer>> state = device_.Allocate(bytes);
+  absl::StatusOr<std::unique_ptr<Buffer>> state = device_.Allocate(kept_.bytes);
   if (!state.ok()) return state.status();
   kept_state_ = *std::move(state);
   // The initial state on the host: the servers' master weights, the
   // slots' initial values; then one copy to the device.
-  std::string host(bytes, '\0');
+  std::string host(kept_.bytes, '\0');
   float* master = reinterpret_cast<float*>(host.data());
-  for (const std::vector<KeptSegment>& segments : kept_in_bucket_) {
+  for (const std::vector<KeptSegment>& segments : kept_.in_bucket) {
     for (const KeptSegment& k : segments) {
       if (absl::Status s = job_.Pull(k.begin, k.end, DType::kFloat32,
                                      master + k.state_offset);
@@ -85,17 +97,18 @@ absl::Status TransferEngine::Impl::InitGpuTensors() {
     }
   }
   absl::Status s = device_.CopyAsync(*comm_, kept_state_->data(), host.data(),
-                                     bytes, CopyKind::kHostToDevice);
+                                     kept_.bytes, CopyKind::kHostToDevice);
   if (s.ok()) s = device_.SynchronizeStream(*comm_);
   return s;
 }
 
-ParamRun TransferEngine::Impl::KeptRun(const KeptSegment& k, char* base) const {
+ParamRun TransferEngine::Impl::KeptRun(const KeptSegment& k, char* base,
+                                       const KeptBlock& block) const {
   ParamRun run;
   run.master = reinterpret_cast<float*>(base) + k.state_offset;
   for (int slot = 0; slot < kMaxStateSlots; ++slot) {
-    if (slot_offset_[slot] == 0) continue;
-    run.slots[slot] = base + slot_offset_[slot] +
+    if (block.slot_offset[slot] == 0) continue;
+    run.slots[slot] = base + block.slot_offset[slot] +
                       k.state_offset * DTypeSize(slot_dtype_[slot]);
   }
   run.n = k.end - k.begin;
@@ -177,11 +190,11 @@ void TransferEngine::Impl::ResolveGpuTensor(StepRun& run, uint32_t tensor) {
 
 absl::Status TransferEngine::Impl::UpdateGpuTensors(StepRun& run, uint64_t b,
                                                     char* target) {
-  if (kept_in_bucket_[b].empty()) return absl::OkStatus();
+  if (kept_.in_bucket[b].empty()) return absl::OkStatus();
   if (run.tensor_resolved.empty()) {
     if (absl::Status s = ResolveGpuUpdates(run); !s.ok()) return s;
   }
-  for (const KeptSegment& k : kept_in_bucket_[b]) {
+  for (const KeptSegment& k : kept_.in_bucket[b]) {
     if (!run.tensor_resolved[k.tensor]) ResolveGpuTensor(run, k.tensor);
     const ParamRun state = KeptRun(k, static_cast<char*>(kept_state_->data()));
     const WeightsOutput weights{job_.config().weight_dtype,
@@ -247,19 +260,54 @@ absl::Status TransferEngine::Impl::CopyKeptState(std::string& host,
   return s;
 }
 
-absl::Status TransferEngine::Impl::ReadGpuState(const StateArrays& state) {
-  if (absl::Status s = CheckGpuStateAccess("ReadGpuState", state); !s.ok()) {
-    return s;
+absl::Status TransferEngine::Impl::GatherKeptState(
+    const std::vector<KeptBlock>& blocks, std::string& host, uint64_t& stride) {
+  uint64_t most = 0;
+  for (const KeptBlock& block : blocks) most = std::max(most, block.bytes);
+  // Blocks are 256-byte aligned and counts 8 bytes: whole fp32 words, which
+  // the all-gather moves as they are.
+  const uint64_t counts = gpu_tensors_.size() * sizeof(uint64_t);
+  stride = most + counts;
+  host.assign(blocks.size() * stride, '\0');
+  if (stride == 0) return absl::OkStatus();  // the same on every rank
+  std::string mine(counts, '\0');
+  for (size_t i = 0; i < gpu_tensors_.size(); ++i) {
+    std::memcpy(mine.data() + i * sizeof(uint64_t),
+                &kept_steps_[gpu_tensors_[i]], sizeof(uint64_t));
   }
-  for (uint32_t t : gpu_tensors_) state.tensor_steps[t] = kept_steps_[t];
-  if (kept_state_ == nullptr) return absl::OkStatus();  // none on this rank
-  std::string host;
-  if (absl::Status s = CopyKeptState(host, CopyKind::kDeviceToHost); !s.ok()) {
-    return s;
+  absl::StatusOr<std::unique_ptr<Buffer>> send = device_.Allocate(stride);
+  if (!send.ok()) return send.status();
+  absl::StatusOr<std::unique_ptr<Buffer>> recv =
+      device_.Allocate(blocks.size() * stride);
+  if (!recv.ok()) return recv.status();
+  char* out = static_cast<char*>((*send)->data());
+  absl::Status s;
+  if (kept_state_ != nullptr) {
+    s = device_.CopyAsync(*comm_, out, kept_state_->data(),
+                          kept_state_->bytes(), CopyKind::kDeviceToDevice);
   }
-  for (const std::vector<KeptSegment>& segments : kept_in_bucket_) {
+  if (s.ok() && counts > 0) {
+    s = device_.CopyAsync(*comm_, out + most, mine.data(), counts,
+                          CopyKind::kHostToDevice);
+  }
+  if (s.ok()) {
+    s = collective_->AllGather(out, (*recv)->data(), stride / sizeof(float),
+                               DType::kFloat32, *comm_);
+  }
+  if (s.ok()) {
+    s = device_.CopyAsync(*comm_, host.data(), (*recv)->data(), host.size(),
+                          CopyKind::kDeviceToHost);
+  }
+  // Also after an error: nothing queued may outlive the buffers.
+  const absl::Status synced = device_.SynchronizeStream(*comm_);
+  return s.ok() ? synced : s;
+}
+
+void TransferEngine::Impl::UnpackKeptBlock(const KeptBlock& block, char* host,
+                                           const StateArrays& state) const {
+  for (const std::vector<KeptSegment>& segments : block.in_bucket) {
     for (const KeptSegment& k : segments) {
-      const ParamRun run = KeptRun(k, host.data());
+      const ParamRun run = KeptRun(k, host, block);
       std::copy_n(run.master, run.n, state.master + k.begin);
       for (int slot = 0; slot < kMaxStateSlots; ++slot) {
         if (run.slots[slot] == nullptr) continue;
@@ -267,6 +315,59 @@ absl::Status TransferEngine::Impl::ReadGpuState(const StateArrays& state) {
                        state.slots[slot] + k.begin, run.n);
       }
     }
+  }
+}
+
+absl::Status TransferEngine::Impl::ReadGpuState(const StateArrays& state) {
+  if (absl::Status s = CheckGpuStateAccess("ReadGpuState", state); !s.ok()) {
+    return s;
+  }
+  if (options_.local_ranks == 1) {
+    for (uint32_t t : gpu_tensors_) state.tensor_steps[t] = kept_steps_[t];
+    if (kept_state_ == nullptr) return absl::OkStatus();  // none kept
+    std::string host;
+    if (absl::Status s = CopyKeptState(host, CopyKind::kDeviceToHost);
+        !s.ok()) {
+      return s;
+    }
+    UnpackKeptBlock(kept_, host.data(), state);
+    return absl::OkStatus();
+  }
+  // A node of several ranks: each holds its own chunks' part, gathered here.
+  std::vector<KeptBlock> blocks;
+  for (uint32_t r = 0; r < options_.local_ranks; ++r) {
+    blocks.push_back(r == options_.local_rank ? kept_ : KeptBlockOf(r));
+  }
+  std::string host;
+  uint64_t stride = 0;
+  if (absl::Status s = GatherKeptState(blocks, host, stride); !s.ok()) {
+    return s;
+  }
+  if (stride == 0) return absl::OkStatus();
+  // A tensor's count moves on the ranks holding part of it (ResolveGpuTensor
+  // on their comm threads), all alike: take it from the first of them; one
+  // no rank holds (no elements) keeps this rank's.
+  std::vector<int> holder(kept_tensor_.size(), -1);
+  for (uint32_t r = 0; r < blocks.size(); ++r) {
+    char* base = host.data() + r * stride;
+    UnpackKeptBlock(blocks[r], base, state);
+    for (const std::vector<KeptSegment>& segments : blocks[r].in_bucket) {
+      for (const KeptSegment& k : segments) {
+        if (holder[k.tensor] < 0) holder[k.tensor] = static_cast<int>(r);
+      }
+    }
+  }
+  const uint64_t most = stride - gpu_tensors_.size() * sizeof(uint64_t);
+  for (size_t i = 0; i < gpu_tensors_.size(); ++i) {
+    const uint32_t t = gpu_tensors_[i];
+    uint64_t count = kept_steps_[t];
+    if (holder[t] >= 0) {
+      std::memcpy(
+          &count,
+          host.data() + holder[t] * stride + most + i * sizeof(uint64_t),
+          sizeof(uint64_t));
+    }
+    state.tensor_steps[t] = count;
   }
   return absl::OkStatus();
 }
@@ -279,7 +380,7 @@ absl::Status TransferEngine::Impl::WriteGpuState(const StateArrays& state) {
     // Read first: the block's alignment gaps keep what they hold.
     std::string host;
     absl::Status s = CopyKeptState(host, CopyKind::kDeviceToHost);
-    for (const std::vector<KeptSegment>& segments : kept_in_bucket_) {
+    for (const std::vector<KeptSegment>& segments : kept_.in_bucket) {
       for (const KeptSegment& k : segments) {
         if (!s.ok()) break;
         const ParamRun run = KeptRun(k, host.data());
