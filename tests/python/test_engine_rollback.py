@@ -9,6 +9,7 @@ A step that fails while every server is still at the step before is sent
 again from the engine's gradient buffer and the run goes on without an
 error."""
 
+import pytest
 import torch
 
 import depot
@@ -139,3 +140,125 @@ def test_delayed_update_rolls_back_and_trains_on(tmp_path, job_name):
             opt.synchronize()
             assert opt.job.reconcile() == (len(data), False)
             opt.close()
+
+
+def node_of_two_ranks(client, name, initial, delayed):
+    """One node of two local ranks (host engines on two threads, one node
+    id): (models, opts), each rank's model starting from `initial`."""
+    node = depot.engine.unique_id("host")
+    in_features = initial["weight"].shape[1]
+    models = [torch.nn.Linear(in_features, 8) for _ in range(2)]
+    opts = [None, None]
+
+    def construct(rank):
+        models[rank].load_state_dict(initial)
+        opts[rank] = DepotOptimizer(
+            models[rank].parameters(), client=client, job_name=name,
+            engine="host", lr=1e-2, chunk_elems=64, bucket_chunks=2,
+            local_rank=rank, local_ranks=2, node_id=node,
+            delayed_update=delayed)
+
+    on_ranks(construct)
+    return models, opts
+
+
+def on_ranks(body):
+    """body(rank) for ranks 0 and 1, each on a thread; fails with what they
+    raised, or when one is still running after 60 s (a hang)."""
+    import threading
+    errors = []
+
+    def run(rank):
+        try:
+            body(rank)
+        except Exception as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True)
+               for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank hangs"
+    assert not errors, errors
+
+
+def rank_step(model, opt, batch, rank):
+    x, y = batch
+    one_step(model, opt, (x[rank::2], y[rank::2]))
+
+
+# (in_features, restarted server, delayed update): with 15 inputs the job is
+# two chunks, one per server and per local rank, so the restart fails the
+# step on one rank while the other's goes through (before, that rank then
+# waited for ever in the all-gather the failed rank never queued); with 32,
+# five chunks, every rank has chunks on both servers.
+@pytest.mark.parametrize("in_features,restarted,delayed",
+                         [(15, 1, False), (15, 0, True), (32, 0, False)])
+def test_node_of_two_ranks_rolls_back_on_every_rank_and_ends_bitwise(
+        tmp_path, in_features, restarted, delayed):
+    """A node of two local ranks whose server restarts behind a checkpoint:
+    every rank gets RolledBackError with the checkpoint's step, the one
+    whose own part of the step went through as well (from the node's
+    verdict on the step, before it begins the next), none hangs, and the
+    run ends bit for bit as the same node's uninterrupted run (with the
+    delayed update: the servers' weights and a consistent job)."""
+    # The servers are this test's own; the name needs no escaping in their
+    # checkpoint directory.
+    job_name = f"node-{in_features}-{restarted}-{int(delayed)}"
+    torch.manual_seed(0)
+    data = [(torch.randn(6, in_features), torch.randn(6, 8))
+            for _ in range(10)]
+    initial = torch.nn.Linear(in_features, 8).state_dict()
+    with checkpointing_servers(tmp_path) as (servers, dirs):
+        addresses = [s.address for s in servers]
+        with depot.Client(addresses, unavailable_retry=20) as c:
+            final = None
+            if not delayed:
+                models, opts = node_of_two_ranks(c, f"{job_name}-ref",
+                                                 initial, delayed)
+
+                def reference(rank):
+                    for batch in data:
+                        rank_step(models[rank], opts[rank], batch, rank)
+                    opts[rank].synchronize()
+
+                on_ranks(reference)
+                final = [p.detach().clone() for p in models[0].parameters()]
+                opts[0].job.delete()
+                for o in opts:
+                    o.close()
+
+            models, opts = node_of_two_ranks(c, job_name, initial, delayed)
+            on_ranks(lambda rank: [rank_step(models[rank], opts[rank],
+                                             data[s], rank)
+                                   for s in range(6)])
+            for d in dirs:
+                wait_for_manifest(d, job_name, EVERY)
+            restart(servers, dirs, addresses, restarted)
+            rolled = [None, None]
+
+            def train_on(rank):
+                rolled[rank] = train_through_rollbacks(
+                    lambda batch: rank_step(models[rank], opts[rank], batch,
+                                            rank),
+                    data, 6, lambda error: None)
+                opts[rank].synchronize()
+
+            on_ranks(train_on)
+            assert rolled == [[EVERY], [EVERY]]
+            for rank in range(2):
+                got = [p.detach() for p in models[rank].parameters()]
+                if final is not None:
+                    for p, q in zip(got, final):
+                        assert torch.equal(p, q)
+                else:
+                    pulled = torch.empty(opts[rank].job.total_elems)
+                    opts[rank].job.pull(out=pulled)
+                    for p, offset, numel in opts[rank]._slots:
+                        assert torch.equal(p.detach().reshape(-1),
+                                           pulled[offset:offset + numel])
+            assert opts[0].job.reconcile() == (len(data), False)
+            for o in opts:
+                o.close()

@@ -58,7 +58,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 10
+#define DEPOT_API_VERSION 11
 DEPOT_API uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -599,6 +599,15 @@ DEPOT_API int depot_engine_wait_weights(depot_engine_t* engine,
  * be NULL. */
 DEPOT_API int depot_engine_finish_step(depot_engine_t* engine,
                                        depot_step_result_t* result);
+
+/* TransferEngine::CheckNode: with several local ranks, the node's verdict on
+ * every step depot_engine_finish_step returned without an error on this rank
+ * and not yet checked: DEPOT_ABORTED naming the first that failed on another
+ * local rank (this rank's weights are then not the servers': recover as from
+ * a failed step, on every rank), DEPOT_OK otherwise. Waits for the device
+ * to reach the verdict. Every step's collectives run on every rank whatever
+ * its outcome; depot_engine_begin_step checks too. One local rank: DEPOT_OK. */
+DEPOT_API int depot_engine_check_node(depot_engine_t* engine);
 
 /* Aborts a step in flight and frees the engine. NULL is ignored. */
 DEPOT_API void depot_engine_destroy(depot_engine_t* engine);

@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 10
+API_VERSION = 11
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -274,6 +274,7 @@ _PROTOTYPES = {
     "depot_engine_wait_weights": (ctypes.c_int, [
         c_void_p, c_uint64, c_void_p]),
     "depot_engine_finish_step": (ctypes.c_int, [c_void_p, _p(StepResult)]),
+    "depot_engine_check_node": (ctypes.c_int, [c_void_p]),
     "depot_engine_destroy": (None, [c_void_p]),
     "depot_grad_scaler_create": (ctypes.c_int, [
         c_void_p, ctypes.POINTER(c_void_p)]),

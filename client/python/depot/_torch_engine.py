@@ -45,6 +45,12 @@ tests/python/test_torch_engine.py over the host engine):
   values as master weights (no overlap), then the engine resumes. With the
   delayed update, an offload fraction or a node of several ranks this is
   refused (RuntimeError), as it cannot be done exactly there.
+- A node of several local ranks whose step failed on one rank (a server it
+  sends to restarted) rolls back on every rank (_recover_node): the rank
+  that failed at step(), the others when their next step would begin (the
+  node's verdict, Engine.check_node; recorded in backward's hook, raised at
+  step()) or at synchronize(). Every rank raises RolledBackError with the
+  same step (docs/gpu.md, "A rank's failure on a node").
 """
 
 import contextlib
@@ -228,6 +234,10 @@ class _EngineDriver:
         # step has no hook yet, so backward cannot tell when its buckets are
         # whole, nor when its gradient stopped changing.
         self.begin_late = False
+        # A node of several local ranks: the error saying an earlier step
+        # failed on another rank, found when this step was to begin in
+        # backward; step() recovers (_recover_node).
+        self.node_failure = None
         self._ensure_hooks()
 
     def _foreign_grad(self, index):
@@ -276,8 +286,15 @@ class _EngineDriver:
             for i, p in enumerate(self.params):
                 if not p.requires_grad:
                     self._adopt_grad(i)
-            self._begin(no_grad=[i for i, p in enumerate(self.params)
-                                 if not p.requires_grad and p.grad is None])
+            try:
+                self._begin(no_grad=[i for i, p in enumerate(self.params)
+                                     if not p.requires_grad and
+                                     p.grad is None])
+            except _NodeFailure as failure:
+                # Not raised inside backward: step() recovers.
+                self.node_failure = failure.error
+                self.begin_late = True
+                return
         for b in self.buckets_of[index]:
             self.waiting[b] -= 1
             if self.waiting[b] == 0:
@@ -296,6 +313,12 @@ class _EngineDriver:
         if self.delayed and len(self.in_flight) == 2:
             raise RuntimeError("DepotOptimizer: two steps are in flight; "
                                "call step() after each backward")
+        if self.local_ranks > 1:
+            # No step begins on weights another rank's failed step left.
+            try:
+                self.engine.check_node()
+            except depot.DepotError as error:
+                raise _NodeFailure(error) from error
         self.declared_no_grad = set(no_grad)
         # Which parameters each bucket waits for: those that get a gradient
         # in this backward (requires_grad now: the trainer may have frozen or
@@ -363,6 +386,8 @@ class _EngineDriver:
         self.wait_pending()
         if self.no_sync_depth > 0:
             raise RuntimeError("DepotOptimizer.step() inside no_sync()")
+        if self.node_failure is not None:
+            self._recover_node(self.node_failure)
         if not self.begun and not self.plain and self._weights_edited():
             self.plain = True
         late = self._changed_after_backward() if self.begun else None
@@ -379,7 +404,10 @@ class _EngineDriver:
         if self.begun:
             surprises = sorted(set(no_grad) ^ self.declared_no_grad)
         else:
-            self._begin(no_grad)
+            try:
+                self._begin(no_grad)
+            except _NodeFailure as failure:
+                self._recover_node(failure.error)
         buffer = self._grad_buffer(self.step)
         with torch.no_grad():
             for index in sorted(self.declared_no_grad):
@@ -468,14 +496,9 @@ class _EngineDriver:
         update (whose next step's gradient was computed from weights the
         servers no longer agree on), the parameters take the servers'
         weights and RolledBackError names the step to resume from."""
-        if self.local_ranks > 1 or not self.offloads_all:
-            raise type(error)(
-                f"{error.message} (a node of several local ranks or an "
-                f"engine with an offload fraction below 1 does not recover "
-                f"by itself: "
-                f"call job.reconcile() on one rank and load the weights "
-                f"(DepotOptimizer.load_state_dict) on every rank)") \
-                from error
+        if self.local_ranks > 1:
+            self._recover_node(error)
+        self._refuse_recovery_with_kept_state(error)
         for _ in range(_RECOVERY_ROUNDS):
             # With the delayed update a second step may be in flight: its
             # outcome no longer counts.
@@ -516,6 +539,54 @@ class _EngineDriver:
                 error = again
         raise error
 
+    def _refuse_recovery_with_kept_state(self, error):
+        if not self.offloads_all:
+            raise type(error)(
+                f"{error.message} (an engine with an offload fraction below "
+                f"1 does not recover by itself: the optimizer state kept on "
+                f"the device cannot go back to the servers' step; load a "
+                f"state_dict() saved by value into a new optimizer)") \
+                from error
+
+    def _recover_node(self, error):
+        """A node of several local ranks after a failed step (`error`):
+        on this rank (FinishStep's error), or on another, which this rank
+        learned from the node's verdict (check_node). Every rank comes here
+        once, in its own time: each drains its steps in flight (their
+        collectives run on every rank whatever their outcome, so none
+        waits for another), has the servers agree (Job.reconcile, which
+        any number of ranks may call), takes the servers' weights and
+        raises RolledBackError with the step they agree on. Always a
+        rollback, also where every server is at the step before: the
+        step's gradient left each rank reduce-scattered and cannot be sent
+        again (the next step from that point is bitwise the same)."""
+        self._refuse_recovery_with_kept_state(error)
+        while self.in_flight:
+            self.in_flight.pop(0)
+            try:
+                self.engine.finish_step()
+            except depot.DepotError:
+                pass
+        try:
+            # The verdicts of the steps just drained: they no longer count.
+            self.engine.check_node()
+        except depot.DepotError:
+            pass
+        try:
+            at, _ = self.job.reconcile()
+        except depot.DepotError as failed:
+            raise type(error)(
+                f"{error.message} (and the job could not be made "
+                f"consistent again: {failed})") from error
+        self.opt._restore_scaler(at)
+        self.opt._depot_step = at
+        self.pending_waits = set()  # the weights are loaded here
+        self.load_weights()
+        raise depot.RolledBackError(
+            f"the job was rolled back to step {at} ({error.message}): "
+            f"reload the trainer's data position for step {at} and go on "
+            f"with step {at + 1}, on every local rank of the node", at)
+
     def flush(self):
         """Finishes every step in flight (the delayed update's last one) and
         makes its weights the parameters'."""
@@ -523,6 +594,12 @@ class _EngineDriver:
         finished = bool(self.in_flight)
         while self.in_flight:
             self._finish_one()
+        if self.local_ranks > 1:
+            # The last steps' verdicts: weights are read after this.
+            try:
+                self.engine.check_node()
+            except depot.DepotError as error:
+                self._recover_node(error)
         if self.delayed and finished:
             # The last step's weights have arrived but would be applied only
             # before the forward after next: take the servers' instead.
@@ -664,6 +741,15 @@ class _EngineDriver:
 # Recoveries in a row before a step gives up (as the C++ client's): another
 # worker's rollback may abort the resend of one that had just recovered.
 _RECOVERY_ROUNDS = 3
+
+
+class _NodeFailure(Exception):
+    """_begin found (check_node) that an earlier step failed on another
+    local rank: carries that depot.DepotError."""
+
+    def __init__(self, error):
+        super().__init__(str(error))
+        self.error = error
 
 
 def _restart_may_explain(error):

@@ -190,3 +190,12 @@ class Engine(OwnedHandle):
         _capi.check(_capi.lib().depot_engine_finish_step(
             self._live_handle(), ctypes.byref(result)))
         return _step_result(result)
+
+    def check_node(self) -> None:
+        """A node of several local ranks: the node's verdict on the steps
+        finish_step returned here without an error (each read once).
+        depot.AbortedError naming a step that failed on another local rank:
+        this rank's weights are then not the servers', and every rank
+        recovers as from a failed step. Waits for the device to reach it;
+        begin_step checks too. One local rank: nothing."""
+        _capi.check(_capi.lib().depot_engine_check_node(self._live_handle()))

@@ -66,6 +66,30 @@ absl::Status TransferEngine::Impl::Init() {
     }
   }
   applied_step_.assign(buckets, 0);
+  if (collective_ != nullptr) {
+    absl::StatusOr<std::unique_ptr<Buffer>> flags =
+        device_.Allocate(2 * sizeof(float));
+    if (!flags.ok()) return flags.status();
+    node_flags_ = *std::move(flags);
+    absl::StatusOr<std::unique_ptr<Buffer>> constants =
+        device_.Allocate(2 * sizeof(float));
+    if (!constants.ok()) return constants.status();
+    node_constants_ = *std::move(constants);
+    static constexpr float kZeroOne[2] = {0.0f, 1.0f};
+    absl::Status s =
+        device_.CopyAsync(*comm_, node_constants_->data(), kZeroOne,
+                          sizeof(kZeroOne), CopyKind::kHostToDevice);
+    if (s.ok()) s = device_.SynchronizeStream(*comm_);
+    if (!s.ok()) return s;
+    for (std::unique_ptr<Event>& event : node_verdict_) {
+      absl::StatusOr<std::unique_ptr<Event>> created = device_.CreateEvent();
+      if (!created.ok()) return created.status();
+      event = *std::move(created);
+    }
+    absl::StatusOr<std::unique_ptr<Stream>> stream = device_.CreateStream();
+    if (!stream.ok()) return stream.status();
+    node_read_ = *std::move(stream);
+  }
   // This rank's chunks, dealt to its streams: per server, round-robin.
   const ShardPlan& plan = job_.plan();
   route_of_chunk_.assign(plan.num_chunks(), UINT32_MAX);
@@ -227,5 +251,6 @@ absl::Status TransferEngine::WaitWeights(uint64_t bucket, Stream& stream) {
 absl::StatusOr<StepResult> TransferEngine::FinishStep() {
   return impl_->FinishStep();
 }
+absl::Status TransferEngine::CheckNode() { return impl_->CheckNode(); }
 
 }  // namespace depot::gpu

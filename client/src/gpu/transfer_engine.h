@@ -200,7 +200,9 @@ class TransferEngine {
   // Bucket `bucket`'s gradients are complete in grads() once `stream`'s work
   // queued so far has run. Returns at once; `stream` never waits for the
   // engine. INVALID_ARGUMENT: no such bucket, or named twice in the step;
-  // FAILED_PRECONDITION: no step in flight; the step's error once it failed.
+  // FAILED_PRECONDITION: no step in flight; the step's error once it failed
+  // (with one local rank; a node's ranks name every bucket of a failed step
+  // too, see CheckNode, and FinishStep reports the error).
   absl::Status GradientsReady(uint64_t bucket, Stream& stream);
   // Makes `stream`'s later work wait until bucket `bucket`'s updated weights
   // are in weights(): those of the last step begun, or with the delayed
@@ -217,6 +219,27 @@ class TransferEngine {
   // first error. After an error every step in flight is aborted, the
   // engine's streams are drained, and a step may begin again.
   absl::StatusOr<StepResult> FinishStep();
+
+  // A node of several local ranks: a step may fail on some ranks (a server
+  // they send to died) and go through on others. Every rank still queues
+  // all of the step's collectives (GradientsReady names buckets, and the
+  // comm stream runs the reduce-scatters and all-gathers, also after the
+  // step failed here; FinishStep reports the error), so that no rank waits
+  // for a collective another never queues; the last is an all-reduce of
+  // each rank's failure flag. CheckNode reads that verdict for every step
+  // FinishStep returned without an error here and not yet checked, waiting
+  // for the device to reach it: ABORTED naming the first step that failed
+  // on another rank (this rank's weights() then hold what the others'
+  // all-gather gave, not the servers' weights: recover as from a failed
+  // step), OK otherwise; each verdict is read once. BeginStep checks too,
+  // so no step begins on such weights (and a step in flight then fails
+  // with the same error); call CheckNode after the last step (before the
+  // weights are used or saved). One local rank: always OK. A step that
+  // ended before every bucket was named (FinishStep's FAILED_PRECONDITION),
+  // or a collective that failed, leaves the node's collectives out of
+  // step: every later BeginStep is FAILED_PRECONDITION, and every rank's
+  // engine must be made anew.
+  absl::Status CheckNode();
 
  private:
   class Impl;

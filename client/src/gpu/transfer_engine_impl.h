@@ -117,6 +117,12 @@ class TransferEngine::Impl {
     // Guarded by the engine's mu_.
     absl::Status error;
     bool aborted = false;
+    // The step thread's streams have all ended (the step's outcome on this
+    // rank is final); the trainer can name no more buckets (FinishStep or
+    // the destructor came). A node's comm thread waits for these, not for
+    // `aborted` (NodeMode).
+    bool streams_done = false;
+    bool naming_closed = false;
     std::vector<uint64_t> ready_order, d2h_order;
     std::vector<bool> named, weights_recorded, h2d_waited;
     std::vector<uint64_t> h2d_pending;
@@ -159,6 +165,12 @@ class TransferEngine::Impl {
         weight_size_(DTypeSize(job.config().weight_dtype)) {}
 
   ~Impl() {
+    {
+      absl::MutexLock lock(&mu_);
+      // A node's comm threads stop waiting for buckets and collectives.
+      if (node_broken_.empty()) node_broken_ = "the engine was destroyed";
+      for (std::unique_ptr<StepRun>& run : runs_) run->naming_closed = true;
+    }
     for (std::unique_ptr<StepRun>& run : runs_) {
       Fail(*run, absl::CancelledError("the transfer engine was destroyed"));
     }
@@ -205,6 +217,24 @@ class TransferEngine::Impl {
   // TransferEngine::ReadGpuState and WriteGpuState.
   absl::Status ReadGpuState(const StateArrays& state);
   absl::Status WriteGpuState(const StateArrays& state);
+
+  // A node of several local ranks (docs/gpu.md, "A rank's failure on a
+  // node"): every step's collectives run on every rank whatever the step's
+  // outcome there, so that no rank waits for a collective another never
+  // queues; the last, an all-reduce of each rank's failure flag, gives the
+  // node's verdict on the step.
+  bool NodeMode() const { return collective_ != nullptr; }
+  // TransferEngine::CheckNode: waits for the verdict on each step this rank
+  // finished without an error and has not checked yet (node_unchecked_);
+  // ABORTED naming the first that failed on another rank. Trainer thread.
+  absl::Status CheckNode();
+  // The comm thread's end of a node's step: waits for its streams' end,
+  // then all-reduces the flag (1: failed on this rank) on the comm stream
+  // and records node_verdict_[parity].
+  absl::Status QueueNodeVerdict(StepRun& run);
+  // A collective or device call on a node's comm thread failed: fails the
+  // step and marks the node's collectives out of step (node_broken_).
+  void BreakNode(StepRun& run, const absl::Status& status);
 
   const std::vector<uint32_t>& gpu_tensors() const { return gpu_tensors_; }
   uint64_t gpu_state_bytes() const {
@@ -417,6 +447,18 @@ class TransferEngine::Impl {
   // unlike the servers' state, it cannot replay a step (trainer thread).
   bool kept_state_lost_ = false;
 
+  // NodeMode: per step parity, the flag all-reduced on the comm stream
+  // (device, one float each), the constants 0 and 1 copied into it (device,
+  // written once), the event after the all-reduce, and a stream the trainer
+  // thread reads a verdict on (not the comm stream, which may hold the next
+  // step's collectives).
+  std::unique_ptr<Buffer> node_flags_, node_constants_;
+  std::unique_ptr<Event> node_verdict_[2];
+  std::unique_ptr<Stream> node_read_;
+  // Trainer thread: the steps finished here without an error whose node
+  // verdict is unread.
+  std::deque<uint64_t> node_unchecked_;
+
   absl::Mutex h2d_mu_;  // orders each chunk's H2D work on the stream
   absl::Mutex mu_;
   // Oldest first; the trainer thread adds and removes (under mu_), the
@@ -428,6 +470,11 @@ class TransferEngine::Impl {
   // The last step whose collectives (every all-gather; G = 1: every
   // weights-ready record) are queued: the next step's wait for them.
   uint64_t collectives_through_ ABSL_GUARDED_BY(mu_) = 0;
+  // NodeMode: why the node's collectives are out of step on this rank (a
+  // step ended before every bucket was named, or a collective or device
+  // call failed on the comm thread); empty while they are not. Every later
+  // step is refused.
+  std::string node_broken_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace depot::gpu

@@ -22,6 +22,27 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
   if (step == 0) {
     return absl::InvalidArgumentError("BeginStep: steps are numbered from 1");
   }
+  if (NodeMode()) {
+    std::string broken;
+    {
+      absl::MutexLock lock(&mu_);
+      broken = node_broken_;
+    }
+    if (!broken.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "BeginStep: ", broken,
+          "; this rank can no longer take part in the node's collectives: "
+          "create every local rank's engine (and the node's collective) "
+          "anew"));
+    }
+    // A step another rank failed leaves this rank's weights wrong: no step
+    // begins on them. The steps in flight cannot go on either.
+    if (absl::Status s = CheckNode(); !s.ok()) {
+      if (!gpu_tensors_.empty()) kept_state_lost_ = true;
+      for (std::unique_ptr<StepRun>& later : runs_) Fail(*later, s);
+      return s;
+    }
+  }
   if (kept_state_lost_) {
     return absl::FailedPreconditionError(
         "BeginStep: a step failed while the optimizer state of the tensors "
@@ -103,6 +124,8 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
     absl::Status status =
         client_internal::RunStreamedStep(job_, streamed, &r->result);
     if (!status.ok()) Fail(*r, status);
+    absl::MutexLock lock(&mu_);
+    r->streams_done = true;
   });
   return absl::OkStatus();
 }
@@ -120,7 +143,9 @@ absl::Status TransferEngine::Impl::GradientsReady(uint64_t bucket,
   }
   {
     absl::MutexLock lock(&mu_);
-    if (!run->error.ok()) return run->error;
+    // A node's failed step still names its buckets (its collectives run on
+    // every rank); FinishStep reports the error.
+    if (!run->error.ok() && !NodeMode()) return run->error;
     if (run->named[bucket]) {
       return absl::InvalidArgumentError(
           absl::StrCat("GradientsReady: bucket ", bucket,
@@ -216,6 +241,10 @@ absl::StatusOr<StepResult> TransferEngine::Impl::FinishStep() {
                                missing.size() == 1 ? "bucket " : "buckets ",
                                absl::StrJoin(missing, ", "))));
   }
+  {
+    absl::MutexLock lock(&mu_);
+    run.naming_closed = true;
+  }
   JoinRun(run);
   absl::Status error;
   {
@@ -229,13 +258,22 @@ absl::StatusOr<StepResult> TransferEngine::Impl::FinishStep() {
       Fail(*later, absl::AbortedError(absl::StrCat(
                        "step ", run.step, " failed: ", error.message())));
     }
+    {
+      // A later step's buckets are all named (its backward came before this
+      // FinishStep), or never will be.
+      absl::MutexLock lock(&mu_);
+      for (std::unique_ptr<StepRun>& later : runs_) later->naming_closed = true;
+    }
     for (std::unique_ptr<StepRun>& later : runs_) JoinRun(*later);
     Drain();
+    // The node recovers from this step: earlier verdicts no longer matter.
+    node_unchecked_.clear();
     absl::MutexLock lock(&mu_);
     runs_.clear();
     return error;
   }
   const StepResult result = run.result;
+  if (NodeMode()) node_unchecked_.push_back(run.step);
   absl::MutexLock lock(&mu_);
   runs_.pop_front();
   return result;
@@ -264,12 +302,39 @@ uint32_t TransferEngine::Impl::RouteOfChunk(const StepRun& run,
 std::optional<uint64_t> TransferEngine::Impl::Nth(
     StepRun& run, const std::vector<uint64_t>& list, size_t i) {
   absl::MutexLock lock(&mu_);
-  const auto there = [&run, &list, i]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // A node's collectives go on after an abort, for as long as the trainer
+  // may still name buckets.
+  const bool node = NodeMode();
+  const auto there = [this, node, &run, &list,
+                      i]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (node) {
+      return list.size() > i || run.naming_closed || !node_broken_.empty();
+    }
     return run.aborted || list.size() > i;
   };
   mu_.Await(absl::Condition(&there));
-  if (run.aborted) return std::nullopt;
-  return list[i];
+  if (list.size() > i && (node ? node_broken_.empty() : !run.aborted)) {
+    return list[i];
+  }
+  if (node && node_broken_.empty()) {
+    node_broken_ = absl::StrCat(
+        "step ", run.step,
+        " ended on this rank before GradientsReady named every bucket, so "
+        "the node's collectives (queued in the order the buckets are "
+        "named) are out of step");
+  }
+  return std::nullopt;
+}
+
+void TransferEngine::Impl::BreakNode(StepRun& run, const absl::Status& status) {
+  Fail(run, status);
+  absl::MutexLock lock(&mu_);
+  if (node_broken_.empty()) {
+    node_broken_ = absl::StrCat("step ", run.step,
+                                "'s collectives failed on "
+                                "this rank: ",
+                                status.message());
+  }
 }
 
 void TransferEngine::Impl::RunCollectives(StepRun& run) {
@@ -291,7 +356,7 @@ void TransferEngine::Impl::RunCollectives(StepRun& run) {
             part.size() * chunk_elems, job_.config().grad_dtype, *comm_);
       }
       if (s.ok()) s = device_.Record(*rs_done_[run.parity][*b], *comm_);
-      if (!s.ok()) return Fail(run, s);
+      if (!s.ok()) return BreakNode(run, s);
       absl::MutexLock lock(&mu_);
       run.d2h_order.push_back(*b);
     }
@@ -299,6 +364,7 @@ void TransferEngine::Impl::RunCollectives(StepRun& run) {
   char* target = WeightsTarget(run);
   for (size_t i = 0; i < buckets; ++i) {
     uint64_t b;
+    bool aborted;
     {
       absl::MutexLock lock(&mu_);
       b = run.ready_order[i];  // complete: the first loop read every entry
@@ -315,13 +381,18 @@ void TransferEngine::Impl::RunCollectives(StepRun& run) {
         return run.aborted || run.h2d_pending[b] == 0;
       };
       mu_.Await(absl::Condition(&queued));
-      if (run.aborted) return;
+      aborted = run.aborted;
     }
-    if (s.ok() && owned_in_bucket_[b] > 0) {
+    // An aborted step's weights do not matter; on a node its all-gathers
+    // still run (with whatever the buffers hold), as every rank's do.
+    if (aborted && !NodeMode()) return;
+    if (s.ok() && !aborted && owned_in_bucket_[b] > 0) {
       s = device_.Wait(*comm_, *h2d_done_[run.parity][b]);
     }
     // The kept tensors' weights replace what the servers sent for them.
-    if (s.ok() && !gpu_tensors_.empty()) s = UpdateGpuTensors(run, b, target);
+    if (s.ok() && !aborted && !gpu_tensors_.empty()) {
+      s = UpdateGpuTensors(run, b, target);
+    }
     if (s.ok() && collective_ != nullptr) {
       const ChunkSpan padded = partition_.padded_bucket(b);
       const ChunkSpan part = partition_.owned_padded(b, rank);
@@ -334,19 +405,79 @@ void TransferEngine::Impl::RunCollectives(StepRun& run) {
       s = device_.Record(weights_ready, *comm_);
       MarkWeightsRecorded(run, b);
     }
-    if (!s.ok()) return Fail(run, s);
+    if (!s.ok()) return NodeMode() ? BreakNode(run, s) : Fail(run, s);
+  }
+  if (NodeMode()) {
+    if (absl::Status s = QueueNodeVerdict(run); !s.ok()) {
+      return BreakNode(run, s);
+    }
   }
   absl::MutexLock lock(&mu_);
   collectives_through_ = run.step;
 }
 
+absl::Status TransferEngine::Impl::QueueNodeVerdict(StepRun& run) {
+  bool failed;
+  {
+    absl::MutexLock lock(&mu_);
+    // The outcome here is final only once every stream has ended: a rank
+    // that reported success while its last stream still failed would go
+    // on while the others roll back.
+    const auto ended = [&run]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return run.streams_done;
+    };
+    mu_.Await(absl::Condition(&ended));
+    failed = !run.error.ok();
+  }
+  float* flag = static_cast<float*>(node_flags_->data()) + run.parity;
+  const float* value =
+      static_cast<const float*>(node_constants_->data()) + (failed ? 1 : 0);
+  absl::Status s = device_.CopyAsync(*comm_, flag, value, sizeof(float),
+                                     CopyKind::kDeviceToDevice);
+  if (s.ok()) s = collective_->AllReduceSum(flag, 1, *comm_);
+  if (s.ok()) s = device_.Record(*node_verdict_[run.parity], *comm_);
+  return s;
+}
+
+absl::Status TransferEngine::Impl::CheckNode() {
+  while (!node_unchecked_.empty()) {
+    const uint64_t step = node_unchecked_.front();
+    node_unchecked_.pop_front();
+    Event& verdict = *node_verdict_[step % 2];
+    float failures = 0.0f;
+    absl::Status s = device_.Wait(*node_read_, verdict);
+    if (s.ok()) {
+      s = device_.CopyAsync(
+          *node_read_, &failures,
+          static_cast<const float*>(node_flags_->data()) + step % 2,
+          sizeof(float), CopyKind::kDeviceToHost);
+    }
+    if (s.ok()) s = device_.SynchronizeStream(*node_read_);
+    if (!s.ok()) return s;
+    if (failures > 0.0f) {
+      node_unchecked_.clear();
+      return absl::AbortedError(absl::StrCat(
+          "step ", step, " failed on ", static_cast<int>(failures),
+          " other local rank(s) of this node, so the weights its "
+          "all-gather gave this rank are not all the servers' (this rank's "
+          "own part of the step went through): recover as from a failed "
+          "step on every rank (Job::Reconcile; take the servers' weights)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 bool TransferEngine::Impl::AwaitPreviousCollectives(StepRun& run) {
   absl::MutexLock lock(&mu_);
-  const auto done = [this, &run]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  const bool node = NodeMode();
+  const auto done = [this, node, &run]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (node) {
+      return collectives_through_ + 1 >= run.step || !node_broken_.empty();
+    }
     return run.aborted || collectives_through_ + 1 >= run.step;
   };
   mu_.Await(absl::Condition(&done));
-  return !run.aborted;
+  return node ? node_broken_.empty() : !run.aborted;
 }
 
 void TransferEngine::Impl::JoinRun(StepRun& run) {
