@@ -249,7 +249,6 @@ absl::Status ShardState::OverrideWeights(uint64_t step, uint32_t worker_rank,
         budget_->used(), " in use) has no room for its ", piece.payload.size(),
         " bytes"));
   }
-  apart_bytes_.fetch_add(piece.payload.size(), std::memory_order_relaxed);
   pieces.push_back(std::move(piece));
   return absl::OkStatus();
 }
@@ -333,6 +332,8 @@ absl::Status ShardState::Contribute(Contribution contribution) {
               " bytes; send it again once the step's other chunks are "
               "answered (keep fewer chunks in flight)"));
         }
+        payload_bytes_.fetch_add(contribution.payload.size(),
+                                 std::memory_order_relaxed);
         // The chunk's first gradient (a weights override may have made its
         // PendingStep already).
         first_of_chunk = pending.count == 0;

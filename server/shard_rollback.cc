@@ -57,8 +57,8 @@ uint64_t ShardState::DropInFlight() {
       for (const WeightsPiece& piece : pieces) held += piece.payload.size();
     }
     Unhold(held);
-    apart_bytes_.fetch_sub(held - TotalBytes(pending->payloads),
-                           std::memory_order_relaxed);
+    payload_bytes_.fetch_sub(TotalBytes(pending->payloads),
+                             std::memory_order_relaxed);
     GiveBack(pending->payloads);
     if (!pending->summed.empty()) payloads_->Give(std::move(pending->summed));
   }

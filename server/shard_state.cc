@@ -156,10 +156,7 @@ bool ShardState::TryHold(uint64_t bytes) {
 }
 
 uint64_t ShardState::HeldPayloadBytes() const {
-  // Sums and overrides are bounded by the shard's size, per worker.
-  const uint64_t all = held_bytes_.load(std::memory_order_relaxed);
-  const uint64_t sums = apart_bytes_.load(std::memory_order_relaxed);
-  return all > sums ? all - sums : 0;
+  return payload_bytes_.load(std::memory_order_relaxed);
 }
 
 bool ShardState::WithinHeldLimit(uint64_t bytes) const {

@@ -478,7 +478,7 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The budget's share of payloads held (held_bytes_): TryHold refuses what
   // does not fit, Hold does not; Unhold gives bytes back.
   bool TryHold(uint64_t bytes);
-  // The gradient payloads held (held_bytes_ less sums and overrides).
+  // The gradient payloads held (payload_bytes_).
   uint64_t HeldPayloadBytes() const;
   // Whether holding `bytes` more keeps the shard within MaxHeldBytes
   // (checked before TryHold; concurrent callers may pass it together, by at
@@ -595,9 +595,13 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   const bool noop_update_;
   const std::shared_ptr<MemoryBudget> budget_;
   std::atomic<uint64_t> held_bytes_{0};
-  // The part of held_bytes_ that is not gradient payloads (MaxHeldBytes):
-  // two-phase sums and weights overrides.
-  std::atomic<uint64_t> apart_bytes_{0};
+  // The part of held_bytes_ that is gradient payloads (MaxHeldBytes bounds
+  // it; two-phase sums, GradSum sums and weights overrides are bounded
+  // apart). Its own counter, not held_bytes_ less the others: two counters
+  // moved one after the other read in between as a sum charged twice (a
+  // chunk's fp32 sum before its payloads left), and a contribution was
+  // refused under a limit it did not pass.
+  std::atomic<uint64_t> payload_bytes_{0};
   const uint64_t max_held_bytes_;  // MaxHeldBytes(shape_)
   std::unique_ptr<ChunkState[]> chunks_;
   std::atomic<bool> deleted_{false};

@@ -77,7 +77,7 @@ void ShardState::RunSum(uint64_t chunk_index, uint64_t step) {
                UnscaleFactor(settings.numerics.loss_scale));
   // The sum is held until the update instead of the payloads.
   Hold(summed.size());
-  apart_bytes_.fetch_add(summed.size(), std::memory_order_relaxed);
+  payload_bytes_.fetch_sub(TotalBytes(payloads), std::memory_order_relaxed);
   Unhold(TotalBytes(payloads));
   GiveBack(payloads);
   // The norm is over the tensors that have a gradient (as clip_grad_norm_
@@ -151,7 +151,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   std::vector<uint64_t> tensor_steps;
   std::vector<std::vector<WeightsPiece>> overrides;
   uint64_t held = 0;  // what the payloads and the sum were charged
-  uint64_t apart = 0;  // of that, the sum and the overrides (apart_bytes_)
+  uint64_t apart = 0;  // of that, the sum and the overrides
   bool history_missing = false;
   {
     absl::MutexLock lock(&chunk.mu);
@@ -249,7 +249,7 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
     weights = payloads_->Share(std::move(out));
   }
   GiveBack(payloads);
-  apart_bytes_.fetch_sub(apart, std::memory_order_relaxed);
+  payload_bytes_.fetch_sub(held - apart, std::memory_order_relaxed);
   if (!summed.empty()) payloads_->Give(std::move(summed));
   Unhold(held);
   // Still the only owner of the chunk's arrays: its next step cannot start.
@@ -301,11 +301,9 @@ std::shared_ptr<const GradSumReply> ShardState::SumOnlyGradients(
   // that sends it lets go (a client that does not read holds it).
   const uint64_t bytes = settings.omit_sums ? 0 : elems * sizeof(float);
   Hold(bytes);
-  apart_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   std::shared_ptr<GradSumReply> reply(
       new GradSumReply, [self = shared_from_this(), bytes](GradSumReply* p) {
         delete p;
-        self->apart_bytes_.fetch_sub(bytes, std::memory_order_relaxed);
         self->Unhold(bytes);
       });
   reply->commit = commit;
