@@ -349,7 +349,21 @@ TEST_F(NodeWorkerTest, StreamsOfOneWorkersStepWithOtherShapesAreFailedPreconditi
       LocalRankPlan(0, 1, 1, 0),
       LocalRankPlan(0, 1, 1, 1),
   };
-  std::vector<StepStreamResult> results = RunStepStreams(*stubs_[0], plans);
+  // The server handles each stream on its own: the first must be handled
+  // before the others' headers come (its chunks then wait for node 1).
+  const auto first_handled = [&](size_t i) {
+    if (i != 0) return;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    v1::JobStatus status;
+    while (absl::Now() < deadline) {
+      ASSERT_TRUE(RawGetJob(*stubs_[0], node_job_[0].id, false, &status).ok());
+      if (status.pending_step() == 1) return;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    FAIL() << "the first stream's chunks never showed as pending";
+  };
+  std::vector<StepStreamResult> results =
+      RunStepStreams(*stubs_[0], plans, absl::Minutes(2), first_handled);
   EXPECT_EQ(results[1].status.error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(results[1].status.error_message(),

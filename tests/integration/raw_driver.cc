@@ -173,7 +173,7 @@ StepStreamPlan MakeStepPlan(const v1::StepHeader& header,
 
 std::vector<StepStreamResult> RunStepStreams(
     v1::Depot::Stub& stub, const std::vector<StepStreamPlan>& plans,
-    absl::Duration timeout) {
+    absl::Duration timeout, const std::function<void(size_t)>& after_plan) {
   using Stream = grpc::ClientReaderWriter<v1::StepRequest, v1::StepResponse>;
   std::vector<StepStreamResult> results(plans.size());
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
@@ -196,6 +196,7 @@ std::vector<StepStreamResult> RunStepStreams(
       if (!streams.back()->Write(message)) break;  // the server ended it
     }
     streams.back()->WritesDone();
+    if (after_plan != nullptr) after_plan(i);
   }
   for (size_t i = 0; i < plans.size(); ++i) {
     readers[i].join();

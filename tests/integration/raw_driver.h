@@ -5,6 +5,7 @@
 #define DEPOT_TESTS_INTEGRATION_RAW_DRIVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -87,12 +88,16 @@ StepStreamPlan MakeStepPlan(const v1::StepHeader& header,
                             const std::vector<v1::Chunk>& chunks);
 
 // Opens one Step stream per plan, in order, and writes each plan completely
-// (ending with a half-close) before opening the next, so the server receives
-// the streams' messages in exactly this order; every stream's answers are read
-// concurrently. Returns when every stream has ended, results in plan order.
+// (ending with a half-close) before opening the next; every stream's answers
+// are read concurrently. Returns when every stream has ended, results in plan
+// order. The server reads each stream on its own, so a later stream's header
+// may be handled before an earlier one's: a test that needs an order waits
+// for it in `after_plan(i)`, called once plan i is written (e.g. until the
+// server shows the plan's chunks pending).
 std::vector<StepStreamResult> RunStepStreams(
     v1::Depot::Stub& stub, const std::vector<StepStreamPlan>& plans,
-    absl::Duration timeout = absl::Minutes(2));
+    absl::Duration timeout = absl::Minutes(2),
+    const std::function<void(size_t)>& after_plan = nullptr);
 
 }  // namespace depot::testing
 
