@@ -17,6 +17,7 @@ from depot.torch import DepotOptimizer
 from test_rollback import (EVERY, batches, checkpointing_servers, one_step,
                            restart, train_through_rollbacks,
                            wait_for_manifest)
+from test_torch_engine import on_two_ranks
 
 
 def train_reference(client, name, initial, data, delayed):
@@ -158,30 +159,8 @@ def node_of_two_ranks(client, name, initial, delayed):
             local_rank=rank, local_ranks=2, node_id=node,
             delayed_update=delayed)
 
-    on_ranks(construct)
+    on_two_ranks(construct)
     return models, opts
-
-
-def on_ranks(body):
-    """body(rank) for ranks 0 and 1, each on a thread; fails with what they
-    raised, or when one is still running after 60 s (a hang)."""
-    import threading
-    errors = []
-
-    def run(rank):
-        try:
-            body(rank)
-        except Exception as error:  # reported below
-            errors.append(error)
-
-    threads = [threading.Thread(target=run, args=(r,), daemon=True)
-               for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a rank hangs"
-    assert not errors, errors
 
 
 def rank_step(model, opt, batch, rank):
@@ -224,14 +203,14 @@ def test_node_of_two_ranks_rolls_back_on_every_rank_and_ends_bitwise(
                         rank_step(models[rank], opts[rank], batch, rank)
                     opts[rank].synchronize()
 
-                on_ranks(reference)
+                on_two_ranks(reference)
                 final = [p.detach().clone() for p in models[0].parameters()]
                 opts[0].job.delete()
                 for o in opts:
                     o.close()
 
             models, opts = node_of_two_ranks(c, job_name, initial, delayed)
-            on_ranks(lambda rank: [rank_step(models[rank], opts[rank],
+            on_two_ranks(lambda rank: [rank_step(models[rank], opts[rank],
                                              data[s], rank)
                                    for s in range(6)])
             for d in dirs:
@@ -246,7 +225,7 @@ def test_node_of_two_ranks_rolls_back_on_every_rank_and_ends_bitwise(
                     data, 6, lambda error: None)
                 opts[rank].synchronize()
 
-            on_ranks(train_on)
+            on_two_ranks(train_on)
             assert rolled == [[EVERY], [EVERY]]
             for rank in range(2):
                 got = [p.detach() for p in models[rank].parameters()]

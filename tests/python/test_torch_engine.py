@@ -658,7 +658,7 @@ def test_cuda_engine_without_a_gpu_says_why(client, job_name):
 
 def on_two_ranks(loop):
     """Runs loop(rank) for ranks 0 and 1, each on a thread; fails with the
-    errors they raised."""
+    errors they raised, or when one still runs after 120 s (a hang)."""
     import threading
     errors = []
 
@@ -668,11 +668,13 @@ def on_two_ranks(loop):
         except Exception as error:  # reported below
             errors.append(error)
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    threads = [threading.Thread(target=run, args=(r,), daemon=True)
+               for r in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
+    assert not any(t.is_alive() for t in threads), "a rank hangs"
     assert not errors, errors
 
 

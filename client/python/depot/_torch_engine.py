@@ -502,28 +502,10 @@ class _EngineDriver:
         for _ in range(_RECOVERY_ROUNDS):
             # With the delayed update a second step may be in flight: its
             # outcome no longer counts.
-            while self.in_flight:
-                self.in_flight.pop(0)
-                try:
-                    self.engine.finish_step()
-                except depot.DepotError:
-                    pass
-            try:
-                at, _ = self.job.reconcile()
-            except depot.DepotError as failed:
-                raise type(error)(
-                    f"{error.message} (and the job could not be made "
-                    f"consistent again: {failed})") from error
+            self._drain_in_flight()
+            at = self._reconcile(error)
             if self.delayed or at + 1 < step:
-                self.opt._restore_scaler(at)
-                self.opt._depot_step = at
-                self.pending_waits = set()  # the weights are loaded here
-                self.load_weights()
-                raise depot.RolledBackError(
-                    f"the job was rolled back to step {at} (step {step} "
-                    f"failed: {error.message}): reload the trainer's data "
-                    f"position for step {at} and go on with step {at + 1}",
-                    at)
+                self._roll_back(at, f"step {step} failed: {error.message}")
             self.engine.begin_step(
                 step, group_hparams=self.opt._group_hparams(),
                 loss_scale=scale,
@@ -561,31 +543,45 @@ class _EngineDriver:
         step's gradient left each rank reduce-scattered and cannot be sent
         again (the next step from that point is bitwise the same)."""
         self._refuse_recovery_with_kept_state(error)
+        self._drain_in_flight()
+        try:
+            # The verdicts of the steps just drained: they no longer count.
+            self.engine.check_node()
+        except depot.DepotError:
+            pass
+        self._roll_back(self._reconcile(error), error.message,
+                        ", on every local rank of the node")
+
+    def _drain_in_flight(self):
+        """Finishes every step in flight, whatever its outcome."""
         while self.in_flight:
             self.in_flight.pop(0)
             try:
                 self.engine.finish_step()
             except depot.DepotError:
                 pass
-        try:
-            # The verdicts of the steps just drained: they no longer count.
-            self.engine.check_node()
-        except depot.DepotError:
-            pass
+
+    def _reconcile(self, error):
+        """Job.reconcile's step, or `error` saying it failed too."""
         try:
             at, _ = self.job.reconcile()
         except depot.DepotError as failed:
             raise type(error)(
                 f"{error.message} (and the job could not be made "
                 f"consistent again: {failed})") from error
+        return at
+
+    def _roll_back(self, at, why, where=""):
+        """The parameters take the servers' weights of step `at`; raises
+        RolledBackError saying why."""
         self.opt._restore_scaler(at)
         self.opt._depot_step = at
         self.pending_waits = set()  # the weights are loaded here
         self.load_weights()
         raise depot.RolledBackError(
-            f"the job was rolled back to step {at} ({error.message}): "
-            f"reload the trainer's data position for step {at} and go on "
-            f"with step {at + 1}, on every local rank of the node", at)
+            f"the job was rolled back to step {at} ({why}): reload the "
+            f"trainer's data position for step {at} and go on with step "
+            f"{at + 1}{where}", at)
 
     def flush(self):
         """Finishes every step in flight (the delayed update's last one) and
