@@ -6,7 +6,10 @@
 #include "gpu/transfer_engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -743,6 +746,30 @@ class TransferEngineErrorTest : public TransferEngineTest {
     return open;
   }
 
+  // body(0) and body(1), each on a thread. A rank still running after 60 s
+  // hangs: the test fails and the process exits (the thread cannot be
+  // stopped, and it uses the test's objects).
+  static void OnTwoRanks(const std::function<void(uint32_t)>& body) {
+    std::atomic<int> done{0};
+    std::vector<std::thread> threads;
+    for (uint32_t g = 0; g < 2; ++g) {
+      threads.emplace_back([&body, &done, g] {
+        body(g);
+        ++done;
+      });
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (done.load() < 2 && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    if (done.load() < 2) {
+      std::fprintf(stderr, "FAILED: a local rank hangs\n");
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+    for (std::thread& t : threads) t.join();
+  }
+
   static absl::Status NameAll(Open& open) {
     const uint64_t buckets = open.engine->partition().num_buckets();
     for (uint64_t b = buckets; b-- > 0;) {
@@ -904,6 +931,110 @@ TEST_F(TransferEngineErrorTest, AFailedStepWithGpuTensorsLeavesTheEngineUnusable
   // Loading a state (here the one it started from) makes it usable again.
   ASSERT_TRUE(engine->WriteGpuState(state).ok());
   EXPECT_TRUE(engine->BeginStep(1, StepOptions()).ok());
+}
+
+// A node of two local ranks on a job of two chunks, one per server and per
+// rank: a server that dies fails the step on the rank whose chunk it holds,
+// while the other's goes through. Every collective still runs on both ranks,
+// so neither waits for ever (before, the failed rank queued no all-gather
+// and the other waited in its own); the rank whose part went through learns
+// of the failure from the node's verdict (CheckNode, read once; BeginStep
+// refuses the next step with it). A step that ends before every bucket is
+// named leaves the node's collectives out of step: every later step is
+// refused, saying so.
+TEST_F(TransferEngineErrorTest, ARankWhoseStepFailsLeavesNoRankWaiting) {
+  JobConfig config = SmallJobConfig("node-fail", 1, 2);
+  config.tensors = {{"w", 2 * config.chunk_elems, 0}};
+  ASSERT_TRUE(InitJob(config));
+  struct Rank {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<Job> job;
+    std::unique_ptr<HostDevice> device;
+    std::unique_ptr<gpu::Collective> collective;
+    std::unique_ptr<TransferEngine> engine;
+    std::unique_ptr<gpu::Stream> compute;
+    absl::Status finished;
+  };
+  std::shared_ptr<HostCollectiveGroup> group = HostCollectiveGroup::Create(2);
+  Rank ranks[2];
+  OnTwoRanks([&](uint32_t g) {
+    Rank& rank = ranks[g];
+    ClientOptions options;
+    options.servers = Addresses();
+    options.step_timeout = absl::Seconds(20);
+    rank.client = Client::Connect(options).value();
+    rank.job = rank.client->OpenJob(config, 0).value();
+    rank.device = std::make_unique<HostDevice>();
+    rank.collective = group->Join(static_cast<int>(g), *rank.device);
+    TransferEngineOptions engine_options;
+    engine_options.local_rank = g;
+    engine_options.local_ranks = 2;
+    engine_options.bucket_chunks = 2;
+    rank.engine = TransferEngine::Create(*rank.job, *rank.device,
+                                         rank.collective.get(), engine_options)
+                      .value();
+    rank.compute = rank.device->CreateStream().value();
+    ASSERT_EQ(rank.engine->partition().num_buckets(), 1u);
+    ASSERT_TRUE(rank.engine->BeginStep(1, StepOptions()).ok());
+    ASSERT_TRUE(rank.engine->GradientsReady(0, *rank.compute).ok());
+    ASSERT_TRUE(rank.engine->FinishStep().ok());
+    EXPECT_TRUE(rank.engine->CheckNode().ok());
+  });
+  // Rank 1's only chunk lives on server 1.
+  ASSERT_EQ(ranks[0].job->plan().ServerOfChunk(1), 1u);
+  ASSERT_EQ(ranks[0].engine->partition().OwnerOfChunk(1), 1u);
+  ASSERT_TRUE(server(1).Kill().ok());
+  OnTwoRanks([&](uint32_t g) {
+    Rank& rank = ranks[g];
+    ASSERT_TRUE(rank.engine->BeginStep(2, StepOptions()).ok());
+    // Also on the rank whose step fails: its buckets are still named.
+    EXPECT_TRUE(rank.engine->GradientsReady(0, *rank.compute).ok());
+    rank.finished = rank.engine->FinishStep().status();
+  });
+  EXPECT_FALSE(ranks[1].finished.ok());
+  ASSERT_TRUE(ranks[0].finished.ok()) << ranks[0].finished;
+  // Rank 0's part went through; the verdict says the node's did not. (On
+  // the ranks' threads: a verdict that never comes is a hang too.)
+  OnTwoRanks([&](uint32_t g) {
+    if (g == 1) {
+      EXPECT_TRUE(ranks[1].engine->CheckNode().ok());  // it knew its failure
+      return;
+    }
+    const absl::Status verdict = ranks[0].engine->CheckNode();
+    EXPECT_EQ(verdict.code(), absl::StatusCode::kAborted) << verdict;
+    EXPECT_NE(verdict.message().find("step 2 failed on 1 other local rank"),
+              absl::string_view::npos)
+        << verdict;
+    EXPECT_TRUE(ranks[0].engine->CheckNode().ok());  // read once
+  });
+  // The same step again: rank 1 fails again, and rank 0's next BeginStep
+  // finds the verdict itself.
+  OnTwoRanks([&](uint32_t g) {
+    Rank& rank = ranks[g];
+    ASSERT_TRUE(rank.engine->BeginStep(2, StepOptions()).ok());
+    EXPECT_TRUE(rank.engine->GradientsReady(0, *rank.compute).ok());
+    rank.finished = rank.engine->FinishStep().status();
+  });
+  EXPECT_FALSE(ranks[1].finished.ok());
+  ASSERT_TRUE(ranks[0].finished.ok()) << ranks[0].finished;
+  OnTwoRanks([&](uint32_t g) {
+    if (g == 1) return;
+    const absl::Status refused = ranks[0].engine->BeginStep(3, StepOptions());
+    EXPECT_EQ(refused.code(), absl::StatusCode::kAborted) << refused;
+  });
+  // A step ended before its bucket was named: out of step for good.
+  OnTwoRanks([&](uint32_t g) {
+    Rank& rank = ranks[g];
+    ASSERT_TRUE(rank.engine->BeginStep(2, StepOptions()).ok());
+    // FAILED_PRECONDITION, or on rank 1 the dead server's error if it came
+    // first.
+    EXPECT_FALSE(rank.engine->FinishStep().ok());
+    const absl::Status next = rank.engine->BeginStep(2, StepOptions());
+    EXPECT_EQ(next.code(), absl::StatusCode::kFailedPrecondition) << next;
+    EXPECT_NE(next.message().find("out of step"), absl::string_view::npos)
+        << next;
+  });
+  EXPECT_TRUE(group->errors().empty()) << absl::StrJoin(group->errors(), "; ");
 }
 
 // Each deliberate engine bug is caught: by the HostDevice's host-access
