@@ -351,19 +351,23 @@ TEST_F(NodeWorkerTest, StreamsOfOneWorkersStepWithOtherShapesAreFailedPreconditi
   };
   // The server handles each stream on its own: the first must be handled
   // before the others' headers come (its chunks then wait for node 1).
-  const auto first_handled = [&](size_t i) {
-    if (i != 0) return;
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    v1::JobStatus status;
-    while (absl::Now() < deadline) {
-      ASSERT_TRUE(RawGetJob(*stubs_[0], node_job_[0].id, false, &status).ok());
-      if (status.pending_step() == 1) return;
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    FAIL() << "the first stream's chunks never showed as pending";
+  const auto first_handled = [this](uint32_t server) {
+    return [this, server](size_t i) {
+      if (i != 0) return;
+      const absl::Time deadline = absl::Now() + absl::Seconds(30);
+      v1::JobStatus status;
+      while (absl::Now() < deadline) {
+        ASSERT_TRUE(
+            RawGetJob(*stubs_[server], node_job_[server].id, false, &status)
+                .ok());
+        if (status.pending_step() == 1) return;
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      FAIL() << "the first stream's chunks never showed as pending";
+    };
   };
   std::vector<StepStreamResult> results =
-      RunStepStreams(*stubs_[0], plans, absl::Minutes(2), first_handled);
+      RunStepStreams(*stubs_[0], plans, absl::Minutes(2), first_handled(0));
   EXPECT_EQ(results[1].status.error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(results[1].status.error_message(),
@@ -398,7 +402,8 @@ TEST_F(NodeWorkerTest, StreamsOfOneWorkersStepWithOtherShapesAreFailedPreconditi
       LocalRankPlan(1, 1, 1, 0),
       LocalRankPlan(1, 1, 1, 1),
   };
-  results = RunStepStreams(*stubs_[1], plans);
+  results =
+      RunStepStreams(*stubs_[1], plans, absl::Minutes(2), first_handled(1));
   EXPECT_EQ(results[1].status.error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(results[1].status.error_message(),
