@@ -565,7 +565,10 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         others and the job went back to step `e.step` on every server; the
         parameters already hold that step's weights. Reload the data
         position of step `e.step` (and any scheduler) and go on: the next
-        step() is step `e.step` + 1."""
+        step() is step `e.step` + 1. On a node of several local ranks every
+        rank raises it with the same step, also one whose own part of the
+        failed step went through (at its next step(), or synchronize());
+        each rank reloads the same data position."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
