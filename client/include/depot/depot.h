@@ -582,12 +582,17 @@ DEPOT_API int depot_engine_write_device_state(depot_engine_t* engine,
 
 /* TransferEngine::BeginStep: starts step `step` (options as depot_job_step;
  * weight overrides are refused). FAILED_PRECONDITION: a step in flight
- * (two with the delayed update). */
+ * (two with the delayed update), or, with several local ranks, the node's
+ * collectives out of step (see depot_engine_check_node); ABORTED: with several
+ * local ranks, an earlier step failed on another rank (the node's verdict). */
 DEPOT_API int depot_engine_begin_step(depot_engine_t* engine, uint64_t step,
                                       const depot_step_options_t* options);
 /* Bucket `bucket`'s gradients are complete once `stream`'s queued work has
  * run. Returns at once. INVALID_ARGUMENT: no such bucket, or named twice in
- * the step; FAILED_PRECONDITION: no step in flight, or the step failed. */
+ * the step; FAILED_PRECONDITION: no step in flight; the step's error once it
+ * failed (with one local rank: a node's ranks name every bucket of a failed
+ * step too, so that every collective runs, and depot_engine_finish_step
+ * reports the error). */
 DEPOT_API int depot_engine_gradients_ready(depot_engine_t* engine,
                                            uint64_t bucket, void* stream);
 /* `stream`'s later work waits until bucket `bucket`'s updated weights are in
@@ -602,11 +607,13 @@ DEPOT_API int depot_engine_finish_step(depot_engine_t* engine,
 
 /* TransferEngine::CheckNode: with several local ranks, the node's verdict on
  * every step depot_engine_finish_step returned without an error on this rank
- * and not yet checked: DEPOT_ABORTED naming the first that failed on another
- * local rank (this rank's weights are then not the servers': recover as from
- * a failed step, on every rank), DEPOT_OK otherwise. Waits for the device
- * to reach the verdict. Every step's collectives run on every rank whatever
- * its outcome; depot_engine_begin_step checks too. One local rank: DEPOT_OK. */
+ * and not yet checked (each is read once): DEPOT_ABORTED naming the first
+ * that failed on another local rank (this rank's weights are then not the
+ * servers': recover as from a failed step, on every rank), DEPOT_OK
+ * otherwise. Waits for the device to reach the verdict. Every step's
+ * collectives run on every rank whatever its outcome; depot_engine_begin_step
+ * checks too. Call it after the last step, before the weights are used. One
+ * local rank: DEPOT_OK. */
 DEPOT_API int depot_engine_check_node(depot_engine_t* engine);
 
 /* Aborts a step in flight and frees the engine. NULL is ignored. */
