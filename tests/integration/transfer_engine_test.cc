@@ -984,15 +984,19 @@ TEST_F(TransferEngineErrorTest, ARankWhoseStepFailsLeavesNoRankWaiting) {
   ASSERT_EQ(ranks[0].job->plan().ServerOfChunk(1), 1u);
   ASSERT_EQ(ranks[0].engine->partition().OwnerOfChunk(1), 1u);
   ASSERT_TRUE(server(1).Kill().ok());
-  OnTwoRanks([&](uint32_t g) {
-    Rank& rank = ranks[g];
-    ASSERT_TRUE(rank.engine->BeginStep(2, StepOptions()).ok());
-    // Also on the rank whose step fails: its buckets are still named.
-    EXPECT_TRUE(rank.engine->GradientsReady(0, *rank.compute).ok());
-    rank.finished = rank.engine->FinishStep().status();
-  });
-  EXPECT_FALSE(ranks[1].finished.ok());
-  ASSERT_TRUE(ranks[0].finished.ok()) << ranks[0].finished;
+  // Step 2 on both ranks: it fails on rank 1 and goes through on rank 0.
+  const auto step_two = [&] {
+    OnTwoRanks([&](uint32_t g) {
+      Rank& rank = ranks[g];
+      ASSERT_TRUE(rank.engine->BeginStep(2, StepOptions()).ok());
+      // Also on the rank whose step fails: its buckets are still named.
+      EXPECT_TRUE(rank.engine->GradientsReady(0, *rank.compute).ok());
+      rank.finished = rank.engine->FinishStep().status();
+    });
+    EXPECT_FALSE(ranks[1].finished.ok());
+    EXPECT_TRUE(ranks[0].finished.ok()) << ranks[0].finished;
+  };
+  step_two();
   // Rank 0's part went through; the verdict says the node's did not. (On
   // the ranks' threads: a verdict that never comes is a hang too.)
   OnTwoRanks([&](uint32_t g) {
@@ -1009,14 +1013,7 @@ TEST_F(TransferEngineErrorTest, ARankWhoseStepFailsLeavesNoRankWaiting) {
   });
   // The same step again: rank 1 fails again, and rank 0's next BeginStep
   // finds the verdict itself.
-  OnTwoRanks([&](uint32_t g) {
-    Rank& rank = ranks[g];
-    ASSERT_TRUE(rank.engine->BeginStep(2, StepOptions()).ok());
-    EXPECT_TRUE(rank.engine->GradientsReady(0, *rank.compute).ok());
-    rank.finished = rank.engine->FinishStep().status();
-  });
-  EXPECT_FALSE(ranks[1].finished.ok());
-  ASSERT_TRUE(ranks[0].finished.ok()) << ranks[0].finished;
+  step_two();
   OnTwoRanks([&](uint32_t g) {
     if (g == 1) return;
     const absl::Status refused = ranks[0].engine->BeginStep(3, StepOptions());
