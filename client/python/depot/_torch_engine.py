@@ -286,15 +286,13 @@ class _EngineDriver:
             for i, p in enumerate(self.params):
                 if not p.requires_grad:
                     self._adopt_grad(i)
-            try:
-                self._begin(no_grad=[i for i, p in enumerate(self.params)
-                                     if not p.requires_grad and
-                                     p.grad is None])
-            except _NodeFailure as failure:
+            self.node_failure = self._node_failure()
+            if self.node_failure is not None:
                 # Not raised inside backward: step() recovers.
-                self.node_failure = failure.error
                 self.begin_late = True
                 return
+            self._begin(no_grad=[i for i, p in enumerate(self.params)
+                                 if not p.requires_grad and p.grad is None])
         for b in self.buckets_of[index]:
             self.waiting[b] -= 1
             if self.waiting[b] == 0:
@@ -313,12 +311,6 @@ class _EngineDriver:
         if self.delayed and len(self.in_flight) == 2:
             raise RuntimeError("DepotOptimizer: two steps are in flight; "
                                "call step() after each backward")
-        if self.local_ranks > 1:
-            # No step begins on weights another rank's failed step left.
-            try:
-                self.engine.check_node()
-            except depot.DepotError as error:
-                raise _NodeFailure(error) from error
         self.declared_no_grad = set(no_grad)
         # Which parameters each bucket waits for: those that get a gradient
         # in this backward (requires_grad now: the trainer may have frozen or
@@ -404,10 +396,10 @@ class _EngineDriver:
         if self.begun:
             surprises = sorted(set(no_grad) ^ self.declared_no_grad)
         else:
-            try:
-                self._begin(no_grad)
-            except _NodeFailure as failure:
-                self._recover_node(failure.error)
+            failure = self._node_failure()
+            if failure is not None:
+                self._recover_node(failure)
+            self._begin(no_grad)
         buffer = self._grad_buffer(self.step)
         with torch.no_grad():
             for index in sorted(self.declared_no_grad):
@@ -544,13 +536,23 @@ class _EngineDriver:
         again (the next step from that point is bitwise the same)."""
         self._refuse_recovery_with_kept_state(error)
         self._drain_in_flight()
-        try:
-            # The verdicts of the steps just drained: they no longer count.
-            self.engine.check_node()
-        except depot.DepotError:
-            pass
+        # The verdicts of the steps just drained no longer count.
+        self._node_failure()
         self._roll_back(self._reconcile(error), error.message,
                         ", on every local rank of the node")
+
+    def _node_failure(self):
+        """A node of several local ranks: the error naming an earlier step
+        that failed on another rank (Engine.check_node: the verdicts of the
+        steps finished here, each read once), or None. No step begins on
+        the weights such a step left."""
+        if self.local_ranks == 1:
+            return None
+        try:
+            self.engine.check_node()
+        except depot.DepotError as error:
+            return error
+        return None
 
     def _drain_in_flight(self):
         """Finishes every step in flight, whatever its outcome."""
@@ -590,12 +592,10 @@ class _EngineDriver:
         finished = bool(self.in_flight)
         while self.in_flight:
             self._finish_one()
-        if self.local_ranks > 1:
-            # The last steps' verdicts: weights are read after this.
-            try:
-                self.engine.check_node()
-            except depot.DepotError as error:
-                self._recover_node(error)
+        # The last steps' verdicts: weights are read after this.
+        failure = self._node_failure()
+        if failure is not None:
+            self._recover_node(failure)
         if self.delayed and finished:
             # The last step's weights have arrived but would be applied only
             # before the forward after next: take the servers' instead.
@@ -737,15 +737,6 @@ class _EngineDriver:
 # Recoveries in a row before a step gives up (as the C++ client's): another
 # worker's rollback may abort the resend of one that had just recovered.
 _RECOVERY_ROUNDS = 3
-
-
-class _NodeFailure(Exception):
-    """_begin found (check_node) that an earlier step failed on another
-    local rank: carries that depot.DepotError."""
-
-    def __init__(self, error):
-        super().__init__(str(error))
-        self.error = error
 
 
 def _restart_may_explain(error):
