@@ -123,6 +123,11 @@ absl::Status CreateEngine(depot_job_t* job, const depot_engine_options_t& c,
         kFunction, ": host_copy_bytes_per_second ",
         c.host_copy_bytes_per_second, " is negative"));
   }
+  if (!(c.collective_timeout_seconds >= 0.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kFunction, ": collective_timeout_seconds ",
+        c.collective_timeout_seconds, " is not >= 0 (0: no limit)"));
+  }
   if (c.device == DEPOT_DEVICE_CUDA && c.host_copy_bytes_per_second > 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         kFunction, ": host_copy_bytes_per_second is for a host engine; a "
@@ -176,6 +181,7 @@ absl::Status CreateEngine(depot_job_t* job, const depot_engine_options_t& c,
   options.streams_per_server = c.streams_per_server;
   options.delayed_update = c.delayed_update != 0;
   options.offload_fraction = c.offload_fraction;
+  options.collective_timeout = absl::Seconds(c.collective_timeout_seconds);
   if (c.offload_fraction < 1.0) {
     absl::StatusOr<std::unique_ptr<gpu::DeviceOptimizer>> optimizer =
         c.device == DEPOT_DEVICE_HOST
@@ -261,6 +267,8 @@ void depot_engine_options_init(depot_engine_options_t* options) {
   options->delayed_update = defaults.delayed_update ? 1 : 0;
   options->offload_fraction = defaults.offload_fraction;
   options->host_copy_bytes_per_second = 0;
+  options->collective_timeout_seconds =
+      absl::ToDoubleSeconds(defaults.collective_timeout);
 }
 
 int depot_engine_unique_id(int32_t device, uint8_t* id) {

@@ -770,15 +770,63 @@ class TransferEngineErrorTest : public TransferEngineTest {
     for (std::thread& t : threads) t.join();
   }
 
-  static absl::Status NameAll(Open& open) {
-    const uint64_t buckets = open.engine->partition().num_buckets();
+  // Local rank g of a node of two (threads, one HostCollectiveGroup) on
+  // `config` (one worker), buckets of two chunks, after its step 1.
+  struct NodeRank {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<Job> job;
+    std::unique_ptr<HostDevice> device;
+    std::unique_ptr<gpu::Collective> collective;
+    std::unique_ptr<TransferEngine> engine;
+    std::unique_ptr<gpu::Stream> compute;
+    absl::Status finished;
+  };
+  void OpenNodeRank(NodeRank& rank, uint32_t g, const JobConfig& config,
+                    HostCollectiveGroup& group,
+                    absl::Duration collective_timeout = absl::Minutes(10)) {
+    ClientOptions options;
+    options.servers = Addresses();
+    options.step_timeout = absl::Seconds(20);
+    rank.client = Client::Connect(options).value();
+    rank.job = rank.client->OpenJob(config, 0).value();
+    rank.device = std::make_unique<HostDevice>();
+    rank.collective = group.Join(static_cast<int>(g), *rank.device);
+    TransferEngineOptions engine_options;
+    engine_options.local_rank = g;
+    engine_options.local_ranks = 2;
+    engine_options.bucket_chunks = 2;
+    engine_options.collective_timeout = collective_timeout;
+    rank.engine = TransferEngine::Create(*rank.job, *rank.device,
+                                         rank.collective.get(), engine_options)
+                      .value();
+    rank.compute = rank.device->CreateStream().value();
+    ASSERT_TRUE(rank.engine->BeginStep(1, StepOptions()).ok());
+    ASSERT_TRUE(NameAll(*rank.engine, *rank.compute).ok());
+    ASSERT_TRUE(rank.engine->FinishStep().ok());
+    EXPECT_TRUE(rank.engine->CheckNode().ok());
+  }
+
+  // Every bucket, last first (backward's order).
+  static absl::Status NameAll(TransferEngine& engine, gpu::Stream& compute) {
+    const uint64_t buckets = engine.partition().num_buckets();
     for (uint64_t b = buckets; b-- > 0;) {
-      if (absl::Status s = open.engine->GradientsReady(b, *open.compute);
-          !s.ok()) {
+      if (absl::Status s = engine.GradientsReady(b, compute); !s.ok()) {
         return s;
       }
     }
     return absl::OkStatus();
+  }
+  static absl::Status NameAll(Open& open) {
+    return NameAll(*open.engine, *open.compute);
+  }
+
+  // The newest step some chunk of the job has applied, over its servers.
+  static uint64_t NewestStep(Job& job) {
+    uint64_t newest = 0;
+    for (const ServerCheckpoints& server : job.ListCheckpoints().value()) {
+      newest = std::max(newest, server.newest_step);
+    }
+    return newest;
   }
 };
 
@@ -946,39 +994,12 @@ TEST_F(TransferEngineErrorTest, ARankWhoseStepFailsLeavesNoRankWaiting) {
   JobConfig config = SmallJobConfig("node-fail", 1, 2);
   config.tensors = {{"w", 2 * config.chunk_elems, 0}};
   ASSERT_TRUE(InitJob(config));
-  struct Rank {
-    std::unique_ptr<Client> client;
-    std::unique_ptr<Job> job;
-    std::unique_ptr<HostDevice> device;
-    std::unique_ptr<gpu::Collective> collective;
-    std::unique_ptr<TransferEngine> engine;
-    std::unique_ptr<gpu::Stream> compute;
-    absl::Status finished;
-  };
   std::shared_ptr<HostCollectiveGroup> group = HostCollectiveGroup::Create(2);
-  Rank ranks[2];
+  NodeRank ranks[2];
   OnTwoRanks([&](uint32_t g) {
-    Rank& rank = ranks[g];
-    ClientOptions options;
-    options.servers = Addresses();
-    options.step_timeout = absl::Seconds(20);
-    rank.client = Client::Connect(options).value();
-    rank.job = rank.client->OpenJob(config, 0).value();
-    rank.device = std::make_unique<HostDevice>();
-    rank.collective = group->Join(static_cast<int>(g), *rank.device);
-    TransferEngineOptions engine_options;
-    engine_options.local_rank = g;
-    engine_options.local_ranks = 2;
-    engine_options.bucket_chunks = 2;
-    rank.engine = TransferEngine::Create(*rank.job, *rank.device,
-                                         rank.collective.get(), engine_options)
-                      .value();
-    rank.compute = rank.device->CreateStream().value();
+    NodeRank& rank = ranks[g];
+    OpenNodeRank(rank, g, config, *group);
     ASSERT_EQ(rank.engine->partition().num_buckets(), 1u);
-    ASSERT_TRUE(rank.engine->BeginStep(1, StepOptions()).ok());
-    ASSERT_TRUE(rank.engine->GradientsReady(0, *rank.compute).ok());
-    ASSERT_TRUE(rank.engine->FinishStep().ok());
-    EXPECT_TRUE(rank.engine->CheckNode().ok());
   });
   // Rank 1's only chunk lives on server 1.
   ASSERT_EQ(ranks[0].job->plan().ServerOfChunk(1), 1u);
@@ -987,7 +1008,7 @@ TEST_F(TransferEngineErrorTest, ARankWhoseStepFailsLeavesNoRankWaiting) {
   // Step 2 on both ranks: it fails on rank 1 and goes through on rank 0.
   const auto step_two = [&] {
     OnTwoRanks([&](uint32_t g) {
-      Rank& rank = ranks[g];
+      NodeRank& rank = ranks[g];
       ASSERT_TRUE(rank.engine->BeginStep(2, StepOptions()).ok());
       // Also on the rank whose step fails: its buckets are still named.
       EXPECT_TRUE(rank.engine->GradientsReady(0, *rank.compute).ok());
@@ -1021,7 +1042,7 @@ TEST_F(TransferEngineErrorTest, ARankWhoseStepFailsLeavesNoRankWaiting) {
   });
   // A step ended before its bucket was named: out of step for good.
   OnTwoRanks([&](uint32_t g) {
-    Rank& rank = ranks[g];
+    NodeRank& rank = ranks[g];
     ASSERT_TRUE(rank.engine->BeginStep(2, StepOptions()).ok());
     // FAILED_PRECONDITION, or on rank 1 the dead server's error if it came
     // first.
@@ -1032,6 +1053,90 @@ TEST_F(TransferEngineErrorTest, ARankWhoseStepFailsLeavesNoRankWaiting) {
         << next;
   });
   EXPECT_TRUE(group->errors().empty()) << absl::StrJoin(group->errors(), "; ");
+}
+
+// A rank that stops stepping (died, hung) no longer leaves its peer waiting
+// for ever: rank 1 does nothing after step 1, and rank 0's step 2 waits in
+// its first reduce-scatter until the collective timeout (1 s), then fails
+// with DEADLINE_EXCEEDED; no chunk the aborted reduce-scatter left is sent
+// (no server applies any of step 2), and the node is broken for good:
+// CheckNode and BeginStep say why, every time.
+TEST_F(TransferEngineErrorTest, ARankThatStopsFailsItsPeerAtTheTimeout) {
+  JobConfig config = SmallJobConfig("node-stop", 1, 2);
+  config.tensors = {{"w", 4 * config.chunk_elems, 0}};
+  ASSERT_TRUE(InitJob(config));
+  std::shared_ptr<HostCollectiveGroup> group = HostCollectiveGroup::Create(2);
+  NodeRank ranks[2];
+  OnTwoRanks([&](uint32_t g) {
+    OpenNodeRank(ranks[g], g, config, *group, absl::Seconds(1));
+    ASSERT_EQ(ranks[g].engine->partition().num_buckets(), 2u);
+  });
+  ASSERT_EQ(NewestStep(*ranks[0].job), 1u);
+  OnTwoRanks([&](uint32_t g) {
+    if (g == 1) return;  // rank 1 stops here
+    TransferEngine& engine = *ranks[0].engine;
+    const absl::Time start = absl::Now();
+    ASSERT_TRUE(engine.BeginStep(2, StepOptions()).ok());
+    ASSERT_TRUE(NameAll(engine, *ranks[0].compute).ok());
+    const absl::Status finished = engine.FinishStep().status();
+    const absl::Duration took = absl::Now() - start;
+    EXPECT_EQ(finished.code(), absl::StatusCode::kDeadlineExceeded) << finished;
+    EXPECT_NE(finished.message().find("a reduce-scatter of"),
+              absl::string_view::npos)
+        << finished;
+    EXPECT_NE(finished.message().find("more than the collective timeout of "
+                                      "1.0 s"),
+              absl::string_view::npos)
+        << finished;
+    EXPECT_GE(took, absl::Seconds(1));
+    EXPECT_LT(took, absl::Seconds(30));
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(engine.CheckNode().code(), absl::StatusCode::kDeadlineExceeded);
+    }
+    const absl::Status next = engine.BeginStep(2, StepOptions());
+    EXPECT_EQ(next.code(), absl::StatusCode::kFailedPrecondition) << next;
+    EXPECT_NE(next.message().find("collective timeout"),
+              absl::string_view::npos)
+        << next;
+  });
+  EXPECT_EQ(NewestStep(*ranks[0].job), 1u);
+  EXPECT_TRUE(group->errors().empty()) << absl::StrJoin(group->errors(), "; ");
+}
+
+// Rank 0 gives up on rank 1 (timeout 1 s) while rank 1, slow but alive,
+// would wait a minute: rank 1 learns of it from the node's collectives and
+// fails its step at once with FAILED_PRECONDITION, not at its own timeout.
+TEST_F(TransferEngineErrorTest, ASlowRankIsToldWhenItsPeerGaveUp) {
+  JobConfig config = SmallJobConfig("node-slow", 1, 2);
+  config.tensors = {{"w", 4 * config.chunk_elems, 0}};
+  ASSERT_TRUE(InitJob(config));
+  std::shared_ptr<HostCollectiveGroup> group = HostCollectiveGroup::Create(2);
+  NodeRank ranks[2];
+  OnTwoRanks([&](uint32_t g) {
+    OpenNodeRank(ranks[g], g, config, *group,
+                 g == 0 ? absl::Seconds(1) : absl::Minutes(1));
+  });
+  OnTwoRanks([&](uint32_t g) {
+    NodeRank& rank = ranks[g];
+    ASSERT_TRUE(rank.engine->BeginStep(2, StepOptions()).ok());
+    ASSERT_TRUE(rank.engine->GradientsReady(1, *rank.compute).ok());
+    // Rank 1's backward of bucket 0 takes 3 s.
+    if (g == 1) absl::SleepFor(absl::Seconds(3));
+    (void)rank.engine->GradientsReady(0, *rank.compute);
+    const absl::Time start = absl::Now();
+    rank.finished = rank.engine->FinishStep().status();
+    if (g == 1) {
+      EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+    }
+  });
+  EXPECT_EQ(ranks[0].finished.code(), absl::StatusCode::kDeadlineExceeded)
+      << ranks[0].finished;
+  EXPECT_EQ(ranks[1].finished.code(), absl::StatusCode::kFailedPrecondition)
+      << ranks[1].finished;
+  for (NodeRank& rank : ranks) {
+    EXPECT_EQ(rank.engine->BeginStep(2, StepOptions()).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
 }
 
 // Each deliberate engine bug is caught: by the HostDevice's host-access

@@ -869,6 +869,46 @@ def test_node_of_two_local_ranks_with_an_offload_fraction_checkpoints(
         o.close()
 
 
+def test_node_rank_that_stops_fails_its_peer_at_the_collective_timeout(
+        client, job_name):
+    """A local rank that stops stepping (its process died, or it hangs):
+    the other rank's step() raises DeadlineExceededError once one of the
+    node's collectives has waited collective_timeout_s (1 s here) for it,
+    instead of waiting for ever; no rollback is tried (no server went
+    back), and the error says every rank's engine must be made anew."""
+    import time
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 8)
+    inputs, targets = torch.randn(6, 32), torch.randn(6, 8)
+    models, opts = node_of_two_ranks(
+        model, client, job_name, engine_options={"collective_timeout_s": 1.0})
+    weights = opts[0].engine.weights_address()
+    span = range(weights, weights + opts[0].engine.padded_elems * 4)
+    assert all(p.data_ptr() in span for p in models[0].parameters())
+
+    def step(rank):
+        opts[rank].zero_grad()
+        torch.nn.functional.mse_loss(models[rank](inputs[rank::2]),
+                                     targets[rank::2]).backward()
+        opts[rank].step()
+
+    on_two_ranks(step)  # step 1 on both; then rank 1 stops
+    start = time.monotonic()
+    with pytest.raises(depot.DeadlineExceededError,
+                       match="collective timeout of 1.0 s.*made anew"):
+        step(0)
+    assert 1.0 <= time.monotonic() - start < 30
+    # No server went back, and the servers hold step 1 only.
+    assert opts[0].job.reconcile() == (1, False)
+    # Closing frees the engine all the same, and says why the weights may
+    # not be the servers'.
+    with pytest.raises(depot.DeadlineExceededError):
+        opts[0].close()
+    assert opts[0].engine is None
+    assert not any(p.data_ptr() in span for p in models[0].parameters())
+    opts[1].close()  # it stopped before its peer's step: nothing failed
+
+
 def test_node_id_over_torch_distributed():
     import socket
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "depot/dtype.h"
 #include "gpu/host_device.h"
 #include "gtest/gtest.h"
@@ -189,6 +190,44 @@ TEST_F(HostCollectiveTest, MismatchedCallsAreRecordedAndComputeNothing) {
   ASSERT_EQ(group_->errors().size(), 1u);
   EXPECT_NE(group_->errors()[0].find("rank 2"), std::string::npos);
   for (int r = 0; r < kRanks; ++r) EXPECT_EQ(Floats(*data[r], 1)[0], 7.0f);
+}
+
+// A rank that never comes (rank 3) holds every other rank's call until one
+// of them aborts: then every waiting call ends without computing, later
+// calls queue nothing, and the other ranks' AsyncError names who aborted.
+TEST_F(HostCollectiveTest, AbortEndsEveryRanksWaitingCallsAndLaterOnesFail) {
+  std::vector<std::unique_ptr<Buffer>> data;
+  for (int r = 0; r < kRanks; ++r) data.push_back(OnDevice(r, {7.0f}));
+  for (int r = 0; r < kRanks - 1; ++r) {
+    ASSERT_TRUE(ranks_[r]
+                    .collective
+                    ->AllReduceSum(static_cast<float*>(data[r]->data()), 1,
+                                   *ranks_[r].stream)
+                    .ok());
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(group_->aborted());
+  ranks_[1].collective->Abort();
+  SyncAll();  // would wait for ever without the abort
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(Floats(*data[r], 1)[0], 7.0f);
+  EXPECT_TRUE(group_->aborted());
+  EXPECT_TRUE(ranks_[1].collective->AsyncError().ok());  // its own abort
+  for (int r : {0, 2, 3}) {
+    const absl::Status error = ranks_[r].collective->AsyncError();
+    EXPECT_EQ(error.code(), absl::StatusCode::kUnavailable) << error;
+    EXPECT_NE(error.message().find("local rank 1 aborted"), std::string::npos)
+        << error;
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(ranks_[r]
+                  .collective
+                  ->AllReduceSum(static_cast<float*>(data[r]->data()), 1,
+                                 *ranks_[r].stream)
+                  .code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+  SyncAll();
+  EXPECT_TRUE(group_->errors().empty());
 }
 
 TEST_F(HostCollectiveTest, NullBuffersAreRejectedWithoutQueuingAnything) {

@@ -58,7 +58,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 11
+#define DEPOT_API_VERSION 12
 DEPOT_API uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -514,6 +514,15 @@ typedef struct depot_engine_options {
   /* Host engine only: > 0 throttles host<->device copies to this many bytes
    * per second, as a PCIe link (tests). */
   double host_copy_bytes_per_second;
+  /* local_ranks > 1: how long one of the node's collectives may wait for
+   * the other local ranks once this rank reached it (default 600). Past
+   * it, or when another rank's collectives failed, this rank's are aborted:
+   * steps in flight fail (DEADLINE_EXCEEDED; FAILED_PRECONDITION for
+   * another rank's failure), and every later begin_step and check_node
+   * fails: every rank's engine must be made anew. 0: no limit (a dead rank
+   * leaves the others waiting for ever, as plain NCCL does). Keep it above
+   * the client's step timeout (docs/gpu.md, "A rank that dies"). */
+  double collective_timeout_seconds;
 } depot_engine_options_t;
 
 /* Fills `options` with the defaults: a host engine, one local rank, the
@@ -601,7 +610,10 @@ DEPOT_API int depot_engine_wait_weights(depot_engine_t* engine,
                                         uint64_t bucket, void* stream);
 /* Finishes the oldest step in flight: its result, or its first error (every
  * step in flight is then aborted and a step may begin again). `result` may
- * be NULL. */
+ * be NULL. With several local ranks, DEADLINE_EXCEEDED: one of the node's
+ * collectives waited past collective_timeout_seconds for the other ranks;
+ * FAILED_PRECONDITION: the node's collectives were aborted on another rank
+ * (no later step may begin: make every rank's engine anew). */
 DEPOT_API int depot_engine_finish_step(depot_engine_t* engine,
                                        depot_step_result_t* result);
 
@@ -613,7 +625,8 @@ DEPOT_API int depot_engine_finish_step(depot_engine_t* engine,
  * otherwise. Waits for the device to reach the verdict. Every step's
  * collectives run on every rank whatever its outcome; depot_engine_begin_step
  * checks too. Call it after the last step, before the weights are used. One
- * local rank: DEPOT_OK. */
+ * local rank: DEPOT_OK. Once the node's collectives were aborted
+ * (collective_timeout_seconds), their error, every time. */
 DEPOT_API int depot_engine_check_node(depot_engine_t* engine);
 
 /* Aborts a step in flight and frees the engine. NULL is ignored. */

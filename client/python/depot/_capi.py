@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 11
+API_VERSION = 12
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -189,6 +189,7 @@ class EngineOptions(ctypes.Structure):
         ("delayed_update", c_int32),
         ("offload_fraction", c_double),
         ("host_copy_bytes_per_second", c_double),
+        ("collective_timeout_seconds", c_double),
     ]
 
 

@@ -533,7 +533,12 @@ class _EngineDriver:
         raises RolledBackError with the step they agree on. Always a
         rollback, also where every server is at the step before: the
         step's gradient left each rank reduce-scattered and cannot be sent
-        again (the next step from that point is bitwise the same)."""
+        again (the next step from that point is bitwise the same).
+        An error no server restart explains (the node's collectives
+        aborted: a rank died or hung past the collective timeout) is
+        raised as it is: no step can run on this engine again."""
+        if not _restart_may_explain(error):
+            raise error
         self._refuse_recovery_with_kept_state(error)
         self._drain_in_flight()
         # The verdicts of the steps just drained no longer count.

@@ -70,6 +70,14 @@ class Engine(OwnedHandle):
         servers; the rest runs on this device.
       host_copy_bytes_per_second: host engine only: throttle the copies as a
         PCIe link of that bandwidth (tests).
+      collective_timeout_s: local_ranks > 1: how long one of the node's
+        collectives may wait for the other local ranks (None: the default,
+        600 s; 0: no limit). Past it, or when another rank's collectives
+        failed, this rank's are aborted: the step fails
+        (DeadlineExceededError, or FailedPreconditionError for another
+        rank's failure), and so does every later begin_step and
+        check_node: make every rank's engine anew (docs/gpu.md, "A rank
+        that dies"). Keep it above the client's step timeout.
     """
 
     _DESTROY = "depot_engine_destroy"
@@ -82,7 +90,8 @@ class Engine(OwnedHandle):
                  h2d_slots: Optional[int] = None,
                  streams_per_server: Optional[int] = None,
                  delayed_update: bool = False, offload_fraction: float = 1.0,
-                 host_copy_bytes_per_second: float = 0.0):
+                 host_copy_bytes_per_second: float = 0.0,
+                 collective_timeout_s: Optional[float] = None):
         lib = _capi.lib()
         options = _capi.EngineOptions()
         lib.depot_engine_options_init(ctypes.byref(options))
@@ -110,6 +119,8 @@ class Engine(OwnedHandle):
         options.delayed_update = int(bool(delayed_update))
         options.offload_fraction = offload_fraction
         options.host_copy_bytes_per_second = host_copy_bytes_per_second
+        if collective_timeout_s is not None:
+            options.collective_timeout_seconds = collective_timeout_s
         handle = ctypes.c_void_p()
         _capi.check(lib.depot_engine_create(
             job._live_handle(), ctypes.byref(options), ctypes.byref(handle)))

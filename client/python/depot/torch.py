@@ -88,7 +88,9 @@ requires_grad may get no gradient; the step then begins at step()),
 overlap_backward (False: the gradients leave at step(), for trainers that
 change them after backward; a change after backward otherwise raises at
 step(), as it could not be sent), and engine_options (depot.Engine's other
-arguments). Several backwards per step
+arguments, e.g. collective_timeout_s: how long a node's collective may wait
+for a local rank that died or hangs before step() raises
+DeadlineExceededError; 600 s by default). Several backwards per step
 go inside `with opt.no_sync():`. close() frees the engine.
 
 Checkpoints: state_dict() holds torch's "param_groups", an empty "state",
@@ -754,21 +756,27 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         """Engine mode: finishes the steps in flight, gives every parameter
         (and .grad) its own storage again and frees the engine's device and
         pinned memory. The optimizer cannot step afterwards. Stops the
-        trainer metrics server (serve_metrics) in any mode."""
+        trainer metrics server (serve_metrics) in any mode. When finishing
+        the steps fails (a node whose collectives were aborted), the
+        parameters still get their own storage and the engine is still
+        freed; then the error is raised: the parameters may not hold the
+        servers' weights."""
         if self._trainer_metrics is not None:
             self._trainer_metrics.close()
             self._trainer_metrics = None
         if self._driver is None:
             return
-        self._driver.flush()
-        with torch.no_grad():
-            for p in self._params:
-                p.data = p.data.clone()
-                if p.grad is not None:
-                    p.grad = p.grad.clone()
-        self._driver.close()
-        self._driver = None
-        self._closed = True
+        try:
+            self._driver.flush()
+        finally:
+            with torch.no_grad():
+                for p in self._params:
+                    p.data = p.data.clone()
+                    if p.grad is not None:
+                        p.grad = p.grad.clone()
+            self._driver.close()
+            self._driver = None
+            self._closed = True
 
     def _write_params(self):
         for p, offset, numel in self._slots:

@@ -38,6 +38,19 @@ class Collective {
   // data[0, count) = the sum over ranks of data[0, count) (fp32, in place).
   virtual absl::Status AllReduceSum(float* data, size_t count,
                                     Stream& stream) = 0;
+
+  // Stops this rank's collectives for good (ncclCommAbort): those queued
+  // and not yet done end at once, without computing (their buffers hold
+  // whatever they held), so that the streams they hold up can move on;
+  // later calls queue nothing and return FAILED_PRECONDITION. For a rank
+  // whose peers stopped making calls (a process died, a peer hung), which
+  // NCCL cannot tell from a slow one. May be called from any thread, also
+  // while another is inside a call of this collective; once is enough.
+  virtual void Abort() = 0;
+  // OK, or the error that ended the node's collectives without this rank's
+  // Abort (ncclCommGetAsyncError: a peer's connection failed; another
+  // rank's HostCollective aborted). Any thread.
+  virtual absl::Status AsyncError() = 0;
 };
 
 }  // namespace depot::gpu

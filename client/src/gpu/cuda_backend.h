@@ -32,7 +32,7 @@ namespace depot::gpu {
 inline constexpr char kCudaBackendLibrary[] = "libdepot_cuda.so.0";
 // Caller and backend must agree on this string, else the backend refuses.
 // Bump the number whenever CudaBackend or an interface it passes changes.
-#define DEPOT_CUDA_BACKEND_ABI "depot-cuda-backend/1"
+#define DEPOT_CUDA_BACKEND_ABI "depot-cuda-backend/2"
 
 struct CudaBackend {
   // MakeCudaDevice (cuda_device.h).

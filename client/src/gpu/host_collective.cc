@@ -35,8 +35,15 @@ class HostCollective : public Collective {
                  stream);
   }
 
+  void Abort() override { group_->Abort(rank_); }
+  absl::Status AsyncError() override { return group_->AsyncError(rank_); }
+
  private:
   absl::Status Queue(const HostCollectiveGroup::Call& call, Stream& stream) {
+    if (group_->aborted()) {
+      return absl::FailedPreconditionError(
+          "collective: the node's collectives were aborted");
+    }
     if (call.count > 0 && (call.send == nullptr || call.recv == nullptr)) {
       return absl::InvalidArgumentError("collective: a null buffer");
     }
@@ -72,23 +79,51 @@ std::vector<std::string> HostCollectiveGroup::errors() const {
   return errors_;
 }
 
+void HostCollectiveGroup::Abort(int rank) {
+  absl::MutexLock lock(&mu_);
+  if (aborted_by_ < 0) aborted_by_ = rank;
+  // A rank still reading another's buffers finishes first: the other may
+  // free them once its calls have ended.
+  const auto quiet = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return computing_ == 0;
+  };
+  mu_.Await(absl::Condition(&quiet));
+}
+
+absl::Status HostCollectiveGroup::AsyncError(int rank) const {
+  absl::MutexLock lock(&mu_);
+  if (aborted_by_ < 0 || aborted_by_ == rank) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "local rank ", aborted_by_, " aborted the node's collectives"));
+}
+
+bool HostCollectiveGroup::aborted() const {
+  absl::MutexLock lock(&mu_);
+  return aborted_by_ >= 0;
+}
+
 void HostCollectiveGroup::Run(int rank, uint64_t sequence, const Call& call) {
   absl::MutexLock lock(&mu_);
+  // After an abort every call ends where it is, computing nothing; its
+  // round is left behind (the group is done).
+  if (aborted_by_ >= 0) return;
   Round& round = rounds_[sequence];  // std::map: stable while others insert
   if (round.calls.empty()) round.calls.resize(size_);
   round.calls[rank] = call;
   // Three barriers: every call is in (rank 0 then checks that they match);
   // every rank has read what it needs (so an in-place all-reduce may write);
-  // every rank has written (so the round can go).
+  // every rank has written (so the round can go). Each returns false once
+  // the group is aborted.
   const auto reach = [&](int Round::*counter) {
     ++(round.*counter);
     const auto all = [&round, counter, this]()
                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                           return round.*counter == size_;
+                           return round.*counter == size_ || aborted_by_ >= 0;
                          };
     mu_.Await(absl::Condition(&all));
+    return aborted_by_ < 0;
   };
-  reach(&Round::arrived);
+  if (!reach(&Round::arrived)) return;
   if (rank == 0) {
     for (int r = 1; r < size_ && !round.mismatch; ++r) {
       const Call& a = round.calls[0];
@@ -102,21 +137,24 @@ void HostCollectiveGroup::Run(int rank, uint64_t sequence, const Call& call) {
     }
     round.checked = true;
   }
-  const auto checked = [&round]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return round.checked;
+  const auto checked = [&round, this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return round.checked || aborted_by_ >= 0;
   };
   mu_.Await(absl::Condition(&checked));
+  if (aborted_by_ >= 0) return;
   std::string result;
   if (!round.mismatch) {
+    ++computing_;
     mu_.Unlock();
     result = Compute(rank, round);
     mu_.Lock();
+    --computing_;
   }
-  reach(&Round::computed);
+  if (!reach(&Round::computed)) return;
   if (!round.mismatch) {
     std::memcpy(round.calls[rank].recv, result.data(), result.size());
   }
-  reach(&Round::written);
+  if (!reach(&Round::written)) return;
   if (++round.left == size_) rounds_.erase(sequence);
 }
 

@@ -11,6 +11,11 @@
 // at the same position are a bug of the caller: the call then computes
 // nothing and the group records the mismatch (errors()), where NCCL would
 // hang or corrupt memory.
+//
+// Abort on any rank ends the whole group's collectives (as a peer's
+// ncclCommAbort ends the others' with a remote error): every call waiting
+// or queued, on every rank, ends without computing, later calls fail, and
+// the other ranks' AsyncError() names the rank that aborted.
 #ifndef DEPOT_CLIENT_SRC_GPU_HOST_COLLECTIVE_H_
 #define DEPOT_CLIENT_SRC_GPU_HOST_COLLECTIVE_H_
 
@@ -21,6 +26,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "gpu/collective.h"
 
@@ -37,6 +43,13 @@ class HostCollectiveGroup : public std::enable_shared_from_this<HostCollectiveGr
 
   // Every mismatch seen so far.
   std::vector<std::string> errors() const;
+
+  // Rank `rank`'s Abort (see the file comment); it returns once no rank
+  // reads another's buffers any more.
+  void Abort(int rank);
+  // OK while the group runs, and for the rank that aborted it.
+  absl::Status AsyncError(int rank) const;
+  bool aborted() const;
 
  private:
   friend class HostCollective;
@@ -68,6 +81,10 @@ class HostCollectiveGroup : public std::enable_shared_from_this<HostCollectiveGr
   mutable absl::Mutex mu_;
   std::map<uint64_t, Round> rounds_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> errors_ ABSL_GUARDED_BY(mu_);
+  // The rank whose Abort ended the group (-1: none), and the ranks reading
+  // others' buffers now (Compute, outside mu_), which Abort waits for.
+  int aborted_by_ ABSL_GUARDED_BY(mu_) = -1;
+  int computing_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace depot::gpu

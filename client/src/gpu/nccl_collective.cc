@@ -3,6 +3,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "cuda_runtime_api.h"
 #include "gpu/cuda_device.h"
 #include "nccl.h"
@@ -34,7 +36,11 @@ class NcclCollective : public Collective {
  public:
   NcclCollective(ncclComm_t comm, int rank, int size)
       : comm_(comm), rank_(rank), size_(size) {}
-  ~NcclCollective() override { ncclCommDestroy(comm_); }
+  ~NcclCollective() override {
+    absl::MutexLock lock(&mu_);
+    // An aborted communicator is freed already.
+    if (!aborted_) ncclCommDestroy(comm_);
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -45,9 +51,10 @@ class NcclCollective : public Collective {
     if (!type.ok()) return type.status();
     absl::StatusOr<void*> s = CudaStreamHandle(stream);
     if (!s.ok()) return s.status();
-    return NcclError(ncclReduceScatter(send, recv, count, *type, ncclSum,
-                                       comm_, static_cast<cudaStream_t>(*s)),
-                     "ncclReduceScatter");
+    return Call("ncclReduceScatter", [&] {
+      return ncclReduceScatter(send, recv, count, *type, ncclSum, comm_,
+                               static_cast<cudaStream_t>(*s));
+    });
   }
 
   absl::Status AllGather(const void* send, void* recv, size_t count,
@@ -56,24 +63,76 @@ class NcclCollective : public Collective {
     if (!type.ok()) return type.status();
     absl::StatusOr<void*> s = CudaStreamHandle(stream);
     if (!s.ok()) return s.status();
-    return NcclError(ncclAllGather(send, recv, count, *type, comm_,
-                                   static_cast<cudaStream_t>(*s)),
-                     "ncclAllGather");
+    return Call("ncclAllGather", [&] {
+      return ncclAllGather(send, recv, count, *type, comm_,
+                           static_cast<cudaStream_t>(*s));
+    });
   }
 
   absl::Status AllReduceSum(float* data, size_t count,
                             Stream& stream) override {
     absl::StatusOr<void*> s = CudaStreamHandle(stream);
     if (!s.ok()) return s.status();
-    return NcclError(ncclAllReduce(data, data, count, ncclFloat32, ncclSum,
-                                   comm_, static_cast<cudaStream_t>(*s)),
-                     "ncclAllReduce");
+    return Call("ncclAllReduce", [&] {
+      return ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_,
+                           static_cast<cudaStream_t>(*s));
+    });
+  }
+
+  // ncclCommAbort ends the kernels still waiting for peers and frees the
+  // communicator. A call being queued now is given a second to leave NCCL
+  // first (queuing returns at once, except at a first collective, whose
+  // connection to a dead peer can block: aborting from another thread is
+  // what ends that, as PyTorch's watchdog does).
+  void Abort() override {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    const auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return calls_ == 0;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&idle), absl::Seconds(1));
+    ncclCommAbort(comm_);
+  }
+
+  absl::Status AsyncError() override {
+    absl::MutexLock lock(&mu_);
+    if (aborted_) return absl::OkStatus();  // this rank's own Abort
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess ||
+        async == ncclSuccess || async == ncclInProgress) {
+      return absl::OkStatus();
+    }
+    return absl::UnavailableError(
+        absl::StrCat("NCCL: ", ncclGetErrorString(async), " (",
+                     ncclGetLastError(comm_), ")"));
   }
 
  private:
+  // Runs `call` (a collective queued on comm_) unless the communicator was
+  // aborted.
+  template <typename F>
+  absl::Status Call(const char* what, F call) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (aborted_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            what, ": the node's collectives were aborted on this rank"));
+      }
+      ++calls_;
+    }
+    const ncclResult_t result = call();
+    absl::MutexLock lock(&mu_);
+    --calls_;
+    return NcclError(result, what);
+  }
+
   const ncclComm_t comm_;
   const int rank_;
   const int size_;
+  absl::Mutex mu_;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;  // inside an NCCL call now
 };
 
 }  // namespace

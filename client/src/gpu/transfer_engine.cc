@@ -8,6 +8,18 @@ namespace depot::gpu {
 using client_internal::StreamedStep;
 
 absl::Status TransferEngine::Impl::Init() {
+  if (collective_ != nullptr &&
+      options_.collective_timeout > absl::ZeroDuration()) {
+    absl::StatusOr<std::unique_ptr<WatchedCollective>> watched =
+        WatchedCollective::Create(device_, *collective_,
+                                  options_.collective_timeout,
+                                  [this](const absl::Status& status) {
+                                    OnCollectiveExpired(status);
+                                  });
+    if (!watched.ok()) return watched.status();
+    watched_ = *std::move(watched);
+    collective_ = watched_.get();
+  }
   const uint64_t padded = partition_.padded_elems();
   const uint64_t chunk = partition_.chunk_elems();
   const bool dpu = options_.delayed_update;
@@ -159,6 +171,10 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
     return absl::InvalidArgumentError(
         "TransferEngine: d2h_slots, h2d_slots and streams_per_server must be "
         ">= 1");
+  }
+  if (options.collective_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "TransferEngine: collective_timeout must be >= 0 (0: no limit)");
   }
   if (!(options.offload_fraction >= 0.0 && options.offload_fraction <= 1.0)) {
     return absl::InvalidArgumentError(

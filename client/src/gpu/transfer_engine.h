@@ -44,9 +44,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "depot/client.h"
-#include "depot/node_partition.h"
 #include "depot/layout.h"
+#include "depot/node_partition.h"
 #include "gpu/collective.h"
 #include "gpu/device.h"
 #include "gpu/device_optimizer.h"
@@ -107,6 +108,18 @@ struct TransferEngineOptions {
   // tensors' state (ReadGpuState reads it).
   double offload_fraction = 1.0;
   DeviceOptimizer* device_optimizer = nullptr;
+  // A node of several local ranks: how long one of the node's collectives
+  // may wait for the other ranks once this rank's stream has reached it
+  // (WatchedCollective; docs/gpu.md, "A rank that dies"). Past it, or when
+  // the node's collectives fail elsewhere, this rank's collectives are
+  // aborted: the steps in flight fail (DEADLINE_EXCEEDED, or
+  // FAILED_PRECONDITION for another rank's failure), no chunk of an
+  // aborted reduce-scatter is sent, and every later BeginStep and
+  // CheckNode fails: every rank's engine must be made anew. Longer than
+  // ClientOptions::step_timeout, since a peer may wait that long for its
+  // servers. Zero: no limit (a dead rank leaves its peers waiting for ever,
+  // as plain NCCL does).
+  absl::Duration collective_timeout = absl::Minutes(10);
   EngineFaults faults;
 };
 
@@ -139,7 +152,9 @@ class TransferEngine {
       Job& job, Device& device, Collective* collective,
       TransferEngineOptions options);
 
-  // Aborts a step in flight and waits for the engine's work to stop.
+  // Aborts a step in flight and waits for the engine's work to stop. On a
+  // node that includes the collectives already queued, which wait for the
+  // other ranks: at most options.collective_timeout when they never come.
   ~TransferEngine();
 
   const NodePartition& partition() const;
@@ -238,7 +253,8 @@ class TransferEngine {
   // ended before every bucket was named (FinishStep's FAILED_PRECONDITION),
   // or a collective that failed, leaves the node's collectives out of
   // step: every later BeginStep is FAILED_PRECONDITION, and every rank's
-  // engine must be made anew.
+  // engine must be made anew. After the node's collectives were aborted
+  // (options.collective_timeout), CheckNode returns why, every time.
   absl::Status CheckNode();
 
  private:

@@ -25,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "gpu/transfer_engine.h"
+#include "gpu/watched_collective.h"
 #include "job_impl.h"
 #include "server/step_hparams.h"
 #include "server/step_numerics.h"
@@ -177,8 +178,10 @@ class TransferEngine::Impl {
     for (std::unique_ptr<StepRun>& run : runs_) JoinRun(*run);
     // Also after the last FinishStep: it only queues the step's device work
     // (the weights' copies, the kept tensors' updates, the all-gathers),
-    // which must not outlive the buffers freed below.
+    // which must not outlive the buffers freed below. The watch stays until
+    // then: collectives the other ranks never join end at its timeout.
     Drain();
+    watched_.reset();
   }
 
   absl::Status Init();
@@ -235,6 +238,12 @@ class TransferEngine::Impl {
   // A collective or device call on a node's comm thread failed: fails the
   // step and marks the node's collectives out of step (node_broken_).
   void BreakNode(StepRun& run, const absl::Status& status);
+  // The watched collective expired (a collective waited past
+  // options.collective_timeout, or the node's collectives failed
+  // elsewhere), on its thread, before it aborts the collective: fails every
+  // step in flight with `status` (so that no chunk an aborted
+  // reduce-scatter leaves is sent) and breaks the node for good.
+  void OnCollectiveExpired(const absl::Status& status);
 
   const std::vector<uint32_t>& gpu_tensors() const { return gpu_tensors_; }
   uint64_t gpu_state_bytes() const {
@@ -401,7 +410,11 @@ class TransferEngine::Impl {
 
   Job& job_;
   Device& device_;
-  Collective* const collective_;
+  // The node's collective (null with one local rank): the trainer's, or
+  // with a collective_timeout watched_ over it (set by Init, before any
+  // use).
+  Collective* collective_;
+  std::unique_ptr<WatchedCollective> watched_;
   const TransferEngineOptions options_;
   const NodePartition partition_;
   const size_t grad_size_;
@@ -475,6 +488,8 @@ class TransferEngine::Impl {
   // call failed on the comm thread); empty while they are not. Every later
   // step is refused.
   std::string node_broken_ ABSL_GUARDED_BY(mu_);
+  // Why the watched collective expired; OK before.
+  absl::Status collectives_expired_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace depot::gpu

@@ -270,6 +270,15 @@ absl::Status TransferEngine::Impl::GatherKeptState(
   stride = most + counts;
   host.assign(blocks.size() * stride, '\0');
   if (stride == 0) return absl::OkStatus();  // the same on every rank
+  {
+    absl::MutexLock lock(&mu_);
+    if (!node_broken_.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ReadGpuState: ", node_broken_,
+          "; the node's kept state cannot be gathered: create every local "
+          "rank's engine anew and load a saved state"));
+    }
+  }
   std::string mine(counts, '\0');
   for (size_t i = 0; i < gpu_tensors_.size(); ++i) {
     std::memcpy(mine.data() + i * sizeof(uint64_t),
@@ -300,7 +309,11 @@ absl::Status TransferEngine::Impl::GatherKeptState(
   }
   // Also after an error: nothing queued may outlive the buffers.
   const absl::Status synced = device_.SynchronizeStream(*comm_);
-  return s.ok() ? synced : s;
+  if (!s.ok()) return s;
+  if (!synced.ok()) return synced;
+  // An all-gather aborted on the way gathered nothing.
+  absl::MutexLock lock(&mu_);
+  return collectives_expired_;
 }
 
 void TransferEngine::Impl::UnpackKeptBlock(const KeptBlock& block, char* host,

@@ -110,6 +110,14 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
   }
   {
     absl::MutexLock lock(&mu_);
+    // The node may have broken since the check above (the watched
+    // collective expires on its own thread); nothing has started yet.
+    if (NodeMode() && !node_broken_.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "BeginStep: ", node_broken_,
+          "; create every local rank's engine (and the node's collective) "
+          "anew"));
+    }
     // With no step in flight, none is waited for (the first step, or a
     // retry after a failure).
     if (runs_.empty()) collectives_through_ = step - 1;
@@ -337,6 +345,20 @@ void TransferEngine::Impl::BreakNode(StepRun& run, const absl::Status& status) {
   }
 }
 
+void TransferEngine::Impl::OnCollectiveExpired(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  collectives_expired_ = status;
+  if (node_broken_.empty()) node_broken_ = std::string(status.message());
+  // Under mu_: the trainer thread adds and removes runs under it.
+  for (std::unique_ptr<StepRun>& run : runs_) {
+    if (run->error.ok()) run->error = status;
+    run->aborted = true;
+    for (const std::unique_ptr<ChunkQueue>& queue : run->queues) {
+      queue->Abort();
+    }
+  }
+}
+
 void TransferEngine::Impl::RunCollectives(StepRun& run) {
   if (!AwaitPreviousCollectives(run)) return;
   const uint64_t buckets = partition_.num_buckets();
@@ -440,6 +462,14 @@ absl::Status TransferEngine::Impl::QueueNodeVerdict(StepRun& run) {
 }
 
 absl::Status TransferEngine::Impl::CheckNode() {
+  {
+    // The verdicts of steps whose collectives were aborted say nothing.
+    absl::MutexLock lock(&mu_);
+    if (!collectives_expired_.ok()) {
+      node_unchecked_.clear();
+      return collectives_expired_;
+    }
+  }
   while (!node_unchecked_.empty()) {
     const uint64_t step = node_unchecked_.front();
     node_unchecked_.pop_front();
@@ -454,6 +484,14 @@ absl::Status TransferEngine::Impl::CheckNode() {
     }
     if (s.ok()) s = device_.SynchronizeStream(*node_read_);
     if (!s.ok()) return s;
+    {
+      // An all-reduce aborted while it waited read nothing.
+      absl::MutexLock lock(&mu_);
+      if (!collectives_expired_.ok()) {
+        node_unchecked_.clear();
+        return collectives_expired_;
+      }
+    }
     if (failures > 0.0f) {
       node_unchecked_.clear();
       return absl::AbortedError(absl::StrCat(
