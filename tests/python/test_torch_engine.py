@@ -906,7 +906,16 @@ def test_node_rank_that_stops_fails_its_peer_at_the_collective_timeout(
         opts[0].close()
     assert opts[0].engine is None
     assert not any(p.data_ptr() in span for p in models[0].parameters())
-    opts[1].close()  # it stopped before its peer's step: nothing failed
+    # Rank 1 learns from the node's collective that rank 0 gave up (within
+    # a poll of its own watch, though nothing of its own was waiting).
+    deadline = time.monotonic() + 10
+    with pytest.raises(depot.FailedPreconditionError,
+                       match="local rank 0 aborted"):
+        while time.monotonic() < deadline:
+            opts[1].engine.check_node()
+            time.sleep(0.05)
+    with pytest.raises(depot.FailedPreconditionError):
+        opts[1].close()
 
 
 def test_node_id_over_torch_distributed():
