@@ -1093,6 +1093,9 @@ TEST_F(TransferEngineErrorTest, ARankThatStopsFailsItsPeerAtTheTimeout) {
     for (int i = 0; i < 2; ++i) {
       EXPECT_EQ(engine.CheckNode().code(), absl::StatusCode::kDeadlineExceeded);
     }
+    // No forward runs on the weights an aborted all-gather may leave.
+    EXPECT_EQ(engine.WaitWeights(0, *ranks[0].compute).code(),
+              absl::StatusCode::kDeadlineExceeded);
     const absl::Status next = engine.BeginStep(2, StepOptions());
     EXPECT_EQ(next.code(), absl::StatusCode::kFailedPrecondition) << next;
     EXPECT_NE(next.message().find("collective timeout"),

@@ -226,7 +226,9 @@ class TransferEngine {
   // queued that bucket's weights (the first bucket's may take a round trip
   // to the servers). With the delayed update it also queues, on `stream`,
   // the copy of the bucket from the buffer the weights arrived in into
-  // weights(), once per step and bucket.
+  // weights(), once per step and bucket. Once the node's collectives were
+  // aborted (options.collective_timeout), their error: the weights may not
+  // be whole.
   absl::Status WaitWeights(uint64_t bucket, Stream& stream);
   // Finishes the oldest step in flight: waits until its streams have ended
   // and every weight copy is queued (not run: WaitWeights orders the

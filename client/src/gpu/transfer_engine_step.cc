@@ -180,6 +180,12 @@ absl::Status TransferEngine::Impl::WaitWeights(uint64_t bucket,
     return absl::InvalidArgumentError(absl::StrCat(
         "WaitWeights: bucket ", bucket, " of ", partition_.num_buckets()));
   }
+  {
+    // An aborted all-gather leaves the other ranks' parts as they were:
+    // no forward runs on them.
+    absl::MutexLock lock(&mu_);
+    if (!collectives_expired_.ok()) return collectives_expired_;
+  }
   // The step whose weights this forward reads: the last begun, or with
   // the delayed update the one before it.
   const uint64_t target =
