@@ -1,6 +1,7 @@
 // NcclCollective on a real GPU: a one-rank communicator's reduce-scatter,
-// all-gather and all-reduce (with one rank, each is a copy). Skips, saying
-// why, without a CUDA device.
+// all-gather and all-reduce (with one rank, each is a copy), its abort, and
+// WatchedCollective over it (CUDA events queried from the watch thread).
+// Skips, saying why, without a CUDA device.
 #include "gpu/nccl_collective.h"
 
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "gpu/cuda_device.h"
+#include "gpu/watched_collective.h"
 #include "gtest/gtest.h"
 
 namespace depot::gpu {
@@ -41,6 +43,47 @@ TEST(NcclCollectiveTest, OneRankCollectivesCopyOnTheStreamsTheyAreGiven) {
                                    CopyKind::kDeviceToHost).ok());
   ASSERT_TRUE((*device)->SynchronizeStream(*stream).ok());
   EXPECT_EQ(std::memcmp(host->data(), values.data(), bytes), 0);
+}
+
+// Calls through a watch complete as without it and expire nothing; an
+// abort refuses later calls, and the aborted communicator is not destroyed
+// a second time.
+TEST(NcclCollectiveTest, AWatchedCommunicatorRunsThenAbortsCleanly) {
+  absl::StatusOr<std::unique_ptr<Device>> device = MakeCudaDevice(0);
+  if (!device.ok()) GTEST_SKIP() << device.status().message();
+  absl::StatusOr<NcclUniqueId> id = NewNcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<std::unique_ptr<Collective>> nccl =
+      MakeNcclCollective(*id, 0, 1, 0);
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  int expiries = 0;
+  absl::StatusOr<std::unique_ptr<WatchedCollective>> watched =
+      WatchedCollective::Create(**device, **nccl, absl::Seconds(10),
+                                [&expiries](const absl::Status&) {
+                                  ++expiries;
+                                });
+  ASSERT_TRUE(watched.ok()) << watched.status();
+  auto stream = (*device)->CreateStream().value();
+  auto data = (*device)->Allocate(1024 * sizeof(float)).value();
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE((*watched)
+                    ->AllReduceSum(static_cast<float*>(data->data()), 1024,
+                                   *stream)
+                    .ok());
+  }
+  ASSERT_TRUE((*device)->SynchronizeStream(*stream).ok());
+  EXPECT_TRUE((*nccl)->AsyncError().ok());
+  EXPECT_TRUE((*watched)->AsyncError().ok());
+  (*watched)->Abort();
+  EXPECT_EQ(expiries, 1);
+  EXPECT_TRUE((*nccl)->AsyncError().ok());  // its own abort
+  EXPECT_EQ((*nccl)
+                ->AllReduceSum(static_cast<float*>(data->data()), 1024,
+                               *stream)
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  watched->reset();
+  nccl->reset();  // must not destroy the aborted communicator again
 }
 
 }  // namespace
