@@ -69,6 +69,11 @@ ABSL_FLAG(bool, pipeline_trace, false,
           "(a host function before and after each) and print where the step's "
           "time goes: trace_* fields, medians over the steps, in seconds from "
           "the step's start.");
+ABSL_FLAG(double, pipeline_collective_timeout_s, 600,
+          "pipeline: with --pipeline_ranks > 1, how long a collective of the "
+          "node may wait for the other ranks "
+          "(TransferEngineOptions::collective_timeout; 0: not watched, to "
+          "time what the watch costs).");
 ABSL_FLAG(int32_t, pipeline_steps, 10,
           "pipeline: rounds of (engine step, wire alone, D2H alone, H2D "
           "alone) timed after one warm-up round; medians are reported.");
@@ -381,6 +386,7 @@ gpu::TransferEngineOptions EngineOptions(const PipelineBenchOptions& options,
   engine.d2h_slots = options.slots;
   engine.h2d_slots = options.slots;
   engine.streams_per_server = options.streams_per_server;
+  engine.collective_timeout = absl::Seconds(options.collective_timeout_s);
   return engine;
 }
 
@@ -718,6 +724,7 @@ absl::StatusOr<PipelineFigures> Measure(const PipelineBenchOptions& options,
       {"buckets", static_cast<double>(partition.num_buckets())},
       {"servers", static_cast<double>(options.servers)},
       {"local_ranks", static_cast<double>(options.local_ranks)},
+      {"collective_timeout_s", options.collective_timeout_s},
       {"slots", static_cast<double>(options.slots)},
       {"streams_per_server", static_cast<double>(options.streams_per_server)},
       {"connections",
@@ -786,6 +793,10 @@ absl::Status ValidateOptions(const PipelineBenchOptions& options) {
         "--pipeline_link_gb_per_s, --pipeline_slots, --pipeline_streams and "
         "--pipeline_steps must be positive, --pipeline_connections >= 0");
   }
+  if (!(options.collective_timeout_s >= 0)) {
+    return absl::InvalidArgumentError(
+        "--pipeline_collective_timeout_s must be >= 0 (0: not watched)");
+  }
   if (options.bucket_chunks % options.local_ranks != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--pipeline_bucket_chunks=", options.bucket_chunks,
@@ -839,6 +850,8 @@ absl::Status RunPipelineCommand(bool json) {
   options.streams_per_server = absl::GetFlag(FLAGS_pipeline_streams);
   options.connections = absl::GetFlag(FLAGS_pipeline_connections);
   options.steps = absl::GetFlag(FLAGS_pipeline_steps);
+  options.collective_timeout_s =
+      absl::GetFlag(FLAGS_pipeline_collective_timeout_s);
   options.trace = absl::GetFlag(FLAGS_pipeline_trace);
   options.json = json;
   return RunPipelineBench(options);

@@ -57,6 +57,9 @@ struct PipelineBenchOptions {
   // ClientOptions::connections_per_server (0: the client's default, raised
   // to streams_per_server).
   int connections = 0;
+  // G > 1: TransferEngineOptions::collective_timeout in seconds (0: the
+  // node's collectives are not watched), to time the watch's cost.
+  double collective_timeout_s = 600;
   // Timed steps after one warm-up step; medians are reported.
   int steps = 10;
   // Time rank 0's engine copies and print trace_* fields (see the flag).

@@ -15,75 +15,88 @@
 namespace depot::gpu {
 namespace {
 
-TEST(NcclCollectiveTest, OneRankCollectivesCopyOnTheStreamsTheyAreGiven) {
-  absl::StatusOr<std::unique_ptr<Device>> device = MakeCudaDevice(0);
-  if (!device.ok()) GTEST_SKIP() << device.status().message();
-  absl::StatusOr<NcclUniqueId> id = NewNcclUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  absl::StatusOr<std::unique_ptr<Collective>> nccl =
-      MakeNcclCollective(*id, 0, 1, 0);
-  ASSERT_TRUE(nccl.ok()) << nccl.status();
-  auto stream = (*device)->CreateStream().value();
+// Device 0 and a one-rank communicator on it; skips without a device.
+class NcclCollectiveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Device>> made = MakeCudaDevice(0);
+    if (!made.ok()) GTEST_SKIP() << made.status().message();
+    device_ = *std::move(made);
+    absl::StatusOr<NcclUniqueId> id = NewNcclUniqueId();
+    ASSERT_TRUE(id.ok()) << id.status();
+    absl::StatusOr<std::unique_ptr<Collective>> collective =
+        MakeNcclCollective(*id, 0, 1, 0);
+    ASSERT_TRUE(collective.ok()) << collective.status();
+    nccl_ = *std::move(collective);
+  }
+
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Collective> nccl_;
+};
+
+TEST_F(NcclCollectiveTest, OneRankCollectivesCopyOnTheStreamsTheyAreGiven) {
+  auto stream = device_->CreateStream().value();
   const std::vector<float> values = {1.5f, -2.0f, 3.25f, 0.0f};
   const size_t bytes = values.size() * sizeof(float);
-  auto host = (*device)->AllocatePinned(bytes).value();
-  auto a = (*device)->Allocate(bytes).value();
-  auto b = (*device)->Allocate(bytes).value();
+  auto host = device_->AllocatePinned(bytes).value();
+  auto a = device_->Allocate(bytes).value();
+  auto b = device_->Allocate(bytes).value();
   std::memcpy(host->data(), values.data(), bytes);
-  ASSERT_TRUE((*device)->CopyAsync(*stream, a->data(), host->data(), bytes,
-                                   CopyKind::kHostToDevice).ok());
-  ASSERT_TRUE((*nccl)->ReduceScatterSum(a->data(), b->data(), values.size(),
-                                        DType::kFloat32, *stream).ok());
-  ASSERT_TRUE((*nccl)->AllReduceSum(static_cast<float*>(b->data()),
-                                    values.size(), *stream).ok());
-  ASSERT_TRUE((*nccl)->AllGather(b->data(), a->data(), values.size(),
-                                 DType::kFloat32, *stream).ok());
+  ASSERT_TRUE(device_
+                  ->CopyAsync(*stream, a->data(), host->data(), bytes,
+                              CopyKind::kHostToDevice)
+                  .ok());
+  ASSERT_TRUE(nccl_
+                  ->ReduceScatterSum(a->data(), b->data(), values.size(),
+                                     DType::kFloat32, *stream)
+                  .ok());
+  ASSERT_TRUE(
+      nccl_
+          ->AllReduceSum(static_cast<float*>(b->data()), values.size(), *stream)
+          .ok());
+  ASSERT_TRUE(nccl_
+                  ->AllGather(b->data(), a->data(), values.size(),
+                              DType::kFloat32, *stream)
+                  .ok());
   std::memset(host->data(), 0, bytes);
-  ASSERT_TRUE((*device)->CopyAsync(*stream, host->data(), a->data(), bytes,
-                                   CopyKind::kDeviceToHost).ok());
-  ASSERT_TRUE((*device)->SynchronizeStream(*stream).ok());
+  ASSERT_TRUE(device_
+                  ->CopyAsync(*stream, host->data(), a->data(), bytes,
+                              CopyKind::kDeviceToHost)
+                  .ok());
+  ASSERT_TRUE(device_->SynchronizeStream(*stream).ok());
   EXPECT_EQ(std::memcmp(host->data(), values.data(), bytes), 0);
 }
 
 // Calls through a watch complete as without it and expire nothing; an
 // abort refuses later calls, and the aborted communicator is not destroyed
 // a second time.
-TEST(NcclCollectiveTest, AWatchedCommunicatorRunsThenAbortsCleanly) {
-  absl::StatusOr<std::unique_ptr<Device>> device = MakeCudaDevice(0);
-  if (!device.ok()) GTEST_SKIP() << device.status().message();
-  absl::StatusOr<NcclUniqueId> id = NewNcclUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
-  absl::StatusOr<std::unique_ptr<Collective>> nccl =
-      MakeNcclCollective(*id, 0, 1, 0);
-  ASSERT_TRUE(nccl.ok()) << nccl.status();
+TEST_F(NcclCollectiveTest, AWatchedCommunicatorRunsThenAbortsCleanly) {
   int expiries = 0;
   absl::StatusOr<std::unique_ptr<WatchedCollective>> watched =
-      WatchedCollective::Create(**device, **nccl, absl::Seconds(10),
-                                [&expiries](const absl::Status&) {
-                                  ++expiries;
-                                });
+      WatchedCollective::Create(
+          *device_, *nccl_, absl::Seconds(10),
+          [&expiries](const absl::Status&) { ++expiries; });
   ASSERT_TRUE(watched.ok()) << watched.status();
-  auto stream = (*device)->CreateStream().value();
-  auto data = (*device)->Allocate(1024 * sizeof(float)).value();
+  auto stream = device_->CreateStream().value();
+  auto data = device_->Allocate(1024 * sizeof(float)).value();
   for (int i = 0; i < 50; ++i) {
-    ASSERT_TRUE((*watched)
-                    ->AllReduceSum(static_cast<float*>(data->data()), 1024,
-                                   *stream)
-                    .ok());
+    ASSERT_TRUE(
+        (*watched)
+            ->AllReduceSum(static_cast<float*>(data->data()), 1024, *stream)
+            .ok());
   }
-  ASSERT_TRUE((*device)->SynchronizeStream(*stream).ok());
-  EXPECT_TRUE((*nccl)->AsyncError().ok());
+  ASSERT_TRUE(device_->SynchronizeStream(*stream).ok());
+  EXPECT_TRUE(nccl_->AsyncError().ok());
   EXPECT_TRUE((*watched)->AsyncError().ok());
   (*watched)->Abort();
   EXPECT_EQ(expiries, 1);
-  EXPECT_TRUE((*nccl)->AsyncError().ok());  // its own abort
-  EXPECT_EQ((*nccl)
-                ->AllReduceSum(static_cast<float*>(data->data()), 1024,
-                               *stream)
-                .code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(nccl_->AsyncError().ok());  // its own abort
+  EXPECT_EQ(
+      nccl_->AllReduceSum(static_cast<float*>(data->data()), 1024, *stream)
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
   watched->reset();
-  nccl->reset();  // must not destroy the aborted communicator again
+  nccl_.reset();  // must not destroy the aborted communicator again
 }
 
 }  // namespace

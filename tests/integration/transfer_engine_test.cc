@@ -6,6 +6,7 @@
 #include "gpu/transfer_engine.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -806,6 +807,22 @@ class TransferEngineErrorTest : public TransferEngineTest {
     EXPECT_TRUE(rank.engine->CheckNode().ok());
   }
 
+  // A node of two ranks on a new job `name` of four chunks (two buckets),
+  // each rank's collective timeout its own, after step 1; the group.
+  std::shared_ptr<HostCollectiveGroup> OpenNodeOfTwoBuckets(
+      const std::string& name, NodeRank (&ranks)[2],
+      const std::array<absl::Duration, 2>& timeouts) {
+    JobConfig config = SmallJobConfig(name, 1, 2);
+    config.tensors = {{"w", 4 * config.chunk_elems, 0}};
+    EXPECT_TRUE(InitJob(config));
+    std::shared_ptr<HostCollectiveGroup> group = HostCollectiveGroup::Create(2);
+    OnTwoRanks([&](uint32_t g) {
+      OpenNodeRank(ranks[g], g, config, *group, timeouts[g]);
+      EXPECT_EQ(ranks[g].engine->partition().num_buckets(), 2u);
+    });
+    return group;
+  }
+
   // Every bucket, last first (backward's order).
   static absl::Status NameAll(TransferEngine& engine, gpu::Stream& compute) {
     const uint64_t buckets = engine.partition().num_buckets();
@@ -1067,15 +1084,9 @@ TEST_F(TransferEngineErrorTest, ARankWhoseStepFailsLeavesNoRankWaiting) {
 // (no server applies any of step 2), and the node is broken for good:
 // CheckNode and BeginStep say why, every time.
 TEST_F(TransferEngineErrorTest, ARankThatStopsFailsItsPeerAtTheTimeout) {
-  JobConfig config = SmallJobConfig("node-stop", 1, 2);
-  config.tensors = {{"w", 4 * config.chunk_elems, 0}};
-  ASSERT_TRUE(InitJob(config));
-  std::shared_ptr<HostCollectiveGroup> group = HostCollectiveGroup::Create(2);
   NodeRank ranks[2];
-  OnTwoRanks([&](uint32_t g) {
-    OpenNodeRank(ranks[g], g, config, *group, absl::Seconds(1));
-    ASSERT_EQ(ranks[g].engine->partition().num_buckets(), 2u);
-  });
+  const std::shared_ptr<HostCollectiveGroup> group = OpenNodeOfTwoBuckets(
+      "node-stop", ranks, {absl::Seconds(1), absl::Seconds(1)});
   ASSERT_EQ(NewestStep(*ranks[0].job), 1u);
   OnTwoRanks([&](uint32_t g) {
     if (g == 1) return;  // rank 1 stops here
@@ -1115,15 +1126,9 @@ TEST_F(TransferEngineErrorTest, ARankThatStopsFailsItsPeerAtTheTimeout) {
 // would wait a minute: rank 1 learns of it from the node's collectives and
 // fails its step at once with FAILED_PRECONDITION, not at its own timeout.
 TEST_F(TransferEngineErrorTest, ASlowRankIsToldWhenItsPeerGaveUp) {
-  JobConfig config = SmallJobConfig("node-slow", 1, 2);
-  config.tensors = {{"w", 4 * config.chunk_elems, 0}};
-  ASSERT_TRUE(InitJob(config));
-  std::shared_ptr<HostCollectiveGroup> group = HostCollectiveGroup::Create(2);
   NodeRank ranks[2];
-  OnTwoRanks([&](uint32_t g) {
-    OpenNodeRank(ranks[g], g, config, *group,
-                 g == 0 ? absl::Seconds(1) : absl::Minutes(1));
-  });
+  const std::shared_ptr<HostCollectiveGroup> group = OpenNodeOfTwoBuckets(
+      "node-slow", ranks, {absl::Seconds(1), absl::Minutes(1)});
   OnTwoRanks([&](uint32_t g) {
     NodeRank& rank = ranks[g];
     ASSERT_TRUE(rank.engine->BeginStep(2, StepOptions()).ok());
