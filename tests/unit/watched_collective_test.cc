@@ -133,37 +133,40 @@ TEST_F(WatchedCollectiveTest, ACallTheOtherRankNeverMakesExpiresAtTheTimeout) {
   EXPECT_EQ(expiries.Seen().size(), 1u);  // once
 }
 
-// Rank 0's stream reaches the call only after a second of its own work;
-// rank 1 calls at 0.9 s. Timed from the call's queuing, 0.4 s would expire.
+// Rank 0's stream reaches the call only after 3 s of its own work; rank 1
+// calls at 2 s. Timed from the call's queuing, 1 s would expire. (Rank 1
+// would have to be more than a second late to make it expire: loaded
+// machines are.)
 TEST_F(WatchedCollectiveTest, TheClockStartsWhenTheStreamReachesTheCall) {
   Expiries expiries;
   std::unique_ptr<WatchedCollective> watched =
-      Watch(0, absl::Milliseconds(400), expiries);
+      Watch(0, absl::Seconds(1), expiries);
   ASSERT_TRUE(ranks_[0]
                   .device
                   .LaunchHostFunc(*ranks_[0].stream,
-                                  [] { absl::SleepFor(absl::Seconds(1)); })
+                                  [] { absl::SleepFor(absl::Seconds(3)); })
                   .ok());
   ASSERT_TRUE(AllReduce(*watched, 0).ok());
-  absl::SleepFor(absl::Milliseconds(900));
+  absl::SleepFor(absl::Seconds(2));
   ASSERT_TRUE(AllReduce(*ranks_[1].inner, 1).ok());
   for (Rank& rank : ranks_) {
     ASSERT_TRUE(rank.device.SynchronizeStream(*rank.stream).ok());
   }
   EXPECT_EQ(Get(0), 3.0f);
   EXPECT_EQ(Get(1), 3.0f);
-  absl::SleepFor(absl::Milliseconds(600));  // past the timeout, done
+  absl::SleepFor(absl::Milliseconds(1200));  // past the timeout, done
   EXPECT_TRUE(expiries.Seen().empty());
   EXPECT_TRUE(watched->AsyncError().ok());
 }
 
-// Many calls, each rank watched, rank 1 late by half the timeout on some:
-// every sum is right and nothing expires (the events go back to a pool).
+// Many calls, each rank watched, rank 1 late by a third of the timeout on
+// some: every sum is right and nothing expires (the events go back to a
+// pool).
 TEST_F(WatchedCollectiveTest, ASlowRankWithinTheTimeoutCostsNothing) {
   Expiries expiries[2];
   std::unique_ptr<WatchedCollective> watched[2] = {
-      Watch(0, absl::Seconds(2), expiries[0]),
-      Watch(1, absl::Seconds(2), expiries[1])};
+      Watch(0, absl::Seconds(3), expiries[0]),
+      Watch(1, absl::Seconds(3), expiries[1])};
   for (int call = 0; call < 40; ++call) {
     Set(0, 1.0f);
     Set(1, 2.0f);
