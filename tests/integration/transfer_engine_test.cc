@@ -917,6 +917,9 @@ TEST_F(TransferEngineErrorTest, BadOptionsAreInvalidArgument) {
   o.d2h_slots = 0;
   EXPECT_EQ(create(o).code(), absl::StatusCode::kInvalidArgument);
   o = {};
+  o.collective_timeout = absl::Seconds(-1);
+  EXPECT_EQ(create(o).code(), absl::StatusCode::kInvalidArgument);
+  o = {};
   o.bucket_chunks = 3;
   o.local_ranks = 1;
   EXPECT_TRUE(create(o).ok());

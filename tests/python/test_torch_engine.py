@@ -642,6 +642,16 @@ def test_engine_options_need_an_engine(client, job_name):
                        engine="tpu")
 
 
+def test_engine_refuses_a_negative_collective_timeout(client, job_name):
+    """The C API checks collective_timeout_seconds (0: no limit)."""
+    job = client.open_job(job_name, [("w", 128, 0)], lr=1e-3)
+    with pytest.raises(depot.InvalidArgumentError,
+                       match="collective_timeout_seconds -1 is not >= 0"):
+        depot.Engine(job, "host", collective_timeout_s=-1)
+    depot.Engine(job, "host", collective_timeout_s=0).close()
+    job.close()
+
+
 def test_engine_refuses_mixed_dtypes(client, job_name):
     model, _, _ = model_and_data()
     model[0].to(torch.bfloat16)
