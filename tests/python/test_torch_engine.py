@@ -879,34 +879,40 @@ def test_node_of_two_local_ranks_with_an_offload_fraction_checkpoints(
         o.close()
 
 
-def test_node_rank_that_stops_fails_its_peer_at_the_collective_timeout(
+def test_node_rank_that_stops_fails_its_peer_and_the_node_resumes(
         client, job_name):
     """A local rank that stops stepping (its process died, or it hangs):
     the other rank's step() raises DeadlineExceededError once one of the
     node's collectives has waited collective_timeout_s (1 s here) for it,
     instead of waiting for ever; no rollback is tried (no server went
-    back), and the error says every rank's engine must be made anew."""
+    back), and the error says every rank's engine must be made anew. Then
+    the whole story: both trainers exit, and a new node on the same job
+    with resume=True (as torchrun restarts the group) resumes at the
+    servers' step and ends bit for bit as an uninterrupted node's run."""
     import time
-    torch.manual_seed(0)
-    model = torch.nn.Linear(32, 8)
-    inputs, targets = torch.randn(6, 32), torch.randn(6, 8)
+    model, inputs, targets = model_and_data()
+    models, opts = node_of_two_ranks(model, client, f"{job_name}-ref")
+    want = train_two_ranks(opts, models, inputs, targets)[0]
+    for o in opts:
+        o.close()
+
     models, opts = node_of_two_ranks(
         model, client, job_name, engine_options={"collective_timeout_s": 1.0})
     weights = opts[0].engine.weights_address()
     span = range(weights, weights + opts[0].engine.padded_elems * 4)
     assert all(p.data_ptr() in span for p in models[0].parameters())
 
-    def step(rank):
+    def step(rank, s):
         opts[rank].zero_grad()
-        torch.nn.functional.mse_loss(models[rank](inputs[rank::2]),
-                                     targets[rank::2]).backward()
+        loss_of(models[rank], inputs[s][rank::2],
+                targets[s][rank::2]).backward()
         opts[rank].step()
 
-    on_two_ranks(step)  # step 1 on both; then rank 1 stops
+    on_two_ranks(lambda rank: step(rank, 0))  # step 1; then rank 1 stops
     start = time.monotonic()
     with pytest.raises(depot.DeadlineExceededError,
                        match="collective timeout of 1.0 s.*made anew"):
-        step(0)
+        step(0, 1)
     assert 1.0 <= time.monotonic() - start < 30
     # No server went back, and the servers hold step 1 only.
     assert opts[0].job.reconcile() == (1, False)
@@ -926,6 +932,17 @@ def test_node_rank_that_stops_fails_its_peer_at_the_collective_timeout(
             time.sleep(0.05)
     with pytest.raises(depot.FailedPreconditionError):
         opts[1].close()
+
+    # The group restarts: a new node of the same job resumes at step 1
+    # (its parameters take the servers' weights of it), and steps 2 and 3
+    # end as the uninterrupted run's.
+    models, opts = node_of_two_ranks(model, client, job_name, resume=True)
+    assert [o.resumed_step for o in opts] == [1, 1]
+    on_two_ranks(lambda rank: [step(rank, s) for s in (1, 2)])
+    for rank in range(2):
+        assert_bitwise([p.detach() for p in models[rank].parameters()], want)
+    for o in opts:
+        o.close()
 
 
 def test_node_id_over_torch_distributed():
