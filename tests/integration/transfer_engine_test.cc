@@ -1003,7 +1003,24 @@ TEST_F(TransferEngineErrorTest, AFailedStepWithGpuTensorsLeavesTheEngineUnusable
       << again;
   // Loading a state (here the one it started from) makes it usable again.
   ASSERT_TRUE(engine->WriteGpuState(state).ok());
-  EXPECT_TRUE(engine->BeginStep(1, StepOptions()).ok());
+  ASSERT_TRUE(engine->BeginStep(1, StepOptions()).ok());
+  ASSERT_TRUE(NameAll(*engine, *compute).ok());
+  ASSERT_TRUE(engine->FinishStep().ok());
+  engine.reset();
+  // An engine made on the job now (a trainer restarted on it): the kept
+  // state is missing until loaded, and says so.
+  engine = TransferEngine::Create(*job, device, nullptr, options).value();
+  const absl::Status missing = engine->BeginStep(2, StepOptions());
+  EXPECT_EQ(missing.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(missing.message().find("has applied step 1"),
+            absl::string_view::npos)
+      << missing;
+  EXPECT_EQ(engine->ReadGpuState(state).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(engine->WriteGpuState(state).ok());
+  ASSERT_TRUE(engine->BeginStep(2, StepOptions()).ok());
+  ASSERT_TRUE(NameAll(*engine, *compute).ok());
+  EXPECT_TRUE(engine->FinishStep().ok());
 }
 
 // A node of two local ranks on a job of two chunks, one per server and per

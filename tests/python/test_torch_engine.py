@@ -599,20 +599,42 @@ def test_engine_offload_fraction_state_dict_round_trip(client, job_name):
 
 def test_engine_offload_fraction_refuses_state_it_cannot_hold(client,
                                                              job_name):
-    """A reference to the servers' checkpoint and resume=True would lose the
-    kept parameters' state: both are refused, saying why."""
+    """A reference to the servers' checkpoint would lose the kept
+    parameters' state: it is refused, saying why. resume=True opens the
+    job, but the kept state died with the old optimizer: step() and
+    state_dict() refuse, naming load_state_dict(), until a state saved by
+    value is loaded into the same job; then the steps go on bit for bit
+    as the uninterrupted run's."""
     model, inputs, targets = model_and_data()
+    initial = copy.deepcopy(model)
     opt = DepotOptimizer(model.parameters(), client=client,
                          job_name=job_name, engine="host", lr=1e-2,
                          offload_fraction=0.5, **small_chunks())
-    train(model, opt, inputs, targets, steps=1)
+    train(model, opt, inputs, targets, steps=2)
     with pytest.raises(ValueError, match="kept on the device"):
         opt.state_dict(reference=True)
+    saved_opt = opt.state_dict()
+    saved_model = copy.deepcopy(model.state_dict())
+    train(model, opt, inputs[2:], targets[2:], steps=3)
+    after = [p.detach().clone() for p in model.parameters()]
+    opt.close()  # the trainer is gone; the job stays on the servers, at 5
+
+    resumed = copy.deepcopy(initial)
+    opt = DepotOptimizer(resumed.parameters(), client=client,
+                         job_name=job_name, engine="host", lr=1e-2,
+                         offload_fraction=0.5, resume=True, **small_chunks())
+    assert opt.resumed_step == 5
+    with pytest.raises(depot.FailedPreconditionError,
+                       match="ReadGpuState: .*applied step 5.*load a saved"):
+        opt.state_dict()
+    with pytest.raises(depot.FailedPreconditionError,
+                       match="load_state_dict"):
+        train(resumed, opt, inputs[2:], targets[2:], steps=1)
+    resumed.load_state_dict(saved_model)
+    opt.load_state_dict(saved_opt)
+    train(resumed, opt, inputs[2:], targets[2:], steps=3)
+    assert_bitwise([p.detach() for p in resumed.parameters()], after)
     opt.close()
-    with pytest.raises(ValueError, match="resume=True"):
-        DepotOptimizer(model.parameters(), client=client, job_name=job_name,
-                       engine="host", lr=1e-2, offload_fraction=0.5,
-                       resume=True, **small_chunks())
 
 
 def test_engine_delayed_update_is_one_step_stale(client, job_name):

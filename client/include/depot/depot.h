@@ -577,15 +577,17 @@ DEPOT_API size_t depot_engine_device_tensors(const depot_engine_t* engine,
  * the result is the whole job's state. With several local ranks it is a
  * collective of the node (each rank holds its own chunks' part, all-gathered
  * here): every local rank calls it between the same two steps, or those that
- * did wait. FAILED_PRECONDITION: a step in flight; INVALID_ARGUMENT: a NULL
- * array the job needs. */
+ * did wait. FAILED_PRECONDITION: a step in flight, or an engine made on a job
+ * that had applied steps whose kept state has not been loaded yet (the
+ * servers never held it); INVALID_ARGUMENT: a NULL array the job needs. */
 DEPOT_API int depot_engine_read_device_state(depot_engine_t* engine,
                                              depot_flat_state_t* state);
 /* The reverse: loads those values from `state` onto the device (bf16 slots
  * rounded to nearest even), e.g. after depot_job_load_state of the same
  * state; each local rank loads its own chunks' part (not a collective: every
- * rank loads the same state). An engine whose step failed may step again. The
- * weights buffer is left as it is. Same errors. */
+ * rank loads the same state). An engine whose step failed, or one made on a
+ * job that had applied steps, may step again. The weights buffer is left as
+ * it is. Same errors (but for the missing state). */
 DEPOT_API int depot_engine_write_device_state(depot_engine_t* engine,
                                               const depot_flat_state_t* state);
 

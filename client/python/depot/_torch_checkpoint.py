@@ -52,6 +52,12 @@ class CheckpointMixin:
         Elsewhere it only reads the state early."""
         self._flat_state("gather_state", gather=True)
 
+    def _write_device_state(self, engine, flat):
+        """Loads the kept parameters' part of `flat` onto the device: their
+        state is known from here on (also after resume=True)."""
+        engine.write_device_state(flat)
+        self._driver.kept_state_missing = False
+
     def _refuse_reference_with_kept_state(self, what):
         if self._device_engine() is not None:
             raise ValueError(
@@ -235,7 +241,7 @@ class CheckpointMixin:
             if blob is not None:
                 job.load_state(blob)
                 if engine is not None:
-                    engine.write_device_state(job.decode_state(blob))
+                    self._write_device_state(engine, job.decode_state(blob))
             loaded = blob is not None
             step = int(state_dict[_STEP_KEY])
         # After the servers accepted the state; a scaler state made by
@@ -294,7 +300,7 @@ class CheckpointMixin:
             slots=[s.numpy() for s in flat_slots], tensor_steps=tensor_steps)
         job.load_state(job.encode_state(flat))
         if engine is not None:
-            engine.write_device_state(flat)
+            self._write_device_state(engine, flat)
         for group, saved in zip(self.param_groups, saved_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
         self._depot_step = applied

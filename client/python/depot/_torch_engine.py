@@ -108,6 +108,12 @@ class _EngineDriver:
         self.delayed = self.engine.delayed_update
         self.local_ranks = engine_kwargs.get("local_ranks", 1)
         self.offloads_all = not self.engine.device_tensors
+        # A job that has applied steps (resume=True): the optimizer state of
+        # the parameters kept on the device died with the trainer that held
+        # it, and the servers never had it. No step runs until
+        # load_state_dict() brings it back (the engine refuses too).
+        self.kept_state_missing = not self.offloads_all and any(
+            status.step > 0 for status in job.status())
         params = optimizer._params
         self.params = params
         self.slots = optimizer._slots
@@ -270,6 +276,8 @@ class _EngineDriver:
                 f"backwards, run all but the last inside "
                 f"`with optimizer.no_sync():`")
         self.fired[index] = True
+        if self.kept_state_missing:
+            return  # step() says why
         if self.begin_at_step or self.begin_late or self.plain:
             return
         if not self.begun:
@@ -378,6 +386,15 @@ class _EngineDriver:
         self.wait_pending()
         if self.no_sync_depth > 0:
             raise RuntimeError("DepotOptimizer.step() inside no_sync()")
+        if self.kept_state_missing:
+            self._reset_step_state()
+            raise depot.FailedPreconditionError(
+                "DepotOptimizer.step(): the job has applied steps (resume="
+                "True) and this optimizer keeps some parameters' optimizer "
+                "state on the device (offload_fraction < 1), which died "
+                "with the trainer that held it (the servers' checkpoints do "
+                "not hold it): load a state_dict() saved by value with "
+                "load_state_dict() first")
         if self.node_failure is not None:
             self._recover_node(self.node_failure)
         if not self.begun and not self.plain and self._weights_edited():

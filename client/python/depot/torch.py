@@ -107,7 +107,10 @@ Take both between steps, on one worker.
 With offload_fraction < 1, the state of the parameters kept on the device is
 the engine's, not the servers': state_dict(), state[p] and torch_state_dict()
 include it (read from the device), and load_state_dict() loads it there; a
-reference and resume=True are refused with ValueError. On a node of several
+reference is refused with ValueError. resume=True on a job that has applied
+steps opens it, but that state died with the trainer that held it: step()
+and state_dict() raise FailedPreconditionError until load_state_dict() loads
+a state saved by value (into the same job). On a node of several
 local ranks each rank holds its own chunks' part: call gather_state() on
 every local rank (a collective of the node), then state_dict() on any;
 without it a read raises ValueError. Every rank calls load_state_dict().
@@ -227,7 +230,10 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         was restarted while its peers went on): the parameters take the
         servers' weights of the oldest step they report, resumed_step says
         the step, and the trainer moves its data position there. Without it
-        such a job is refused (a new run needs a new job).
+        such a job is refused (a new run needs a new job). With
+        offload_fraction < 1 the parameters kept on the device lost their
+        optimizer state with the old trainer: load_state_dict() of a state
+        saved by value before the first step (step() raises until then).
       state_dict_reference: state_dict() saves a reference to a checkpoint
         the servers write (state_dict(reference=True)) rather than the
         state's bytes: for trainers that call state_dict() themselves, with
@@ -329,12 +335,6 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
             delayed_update=delayed_update, offload_fraction=offload_fraction,
             local_rank=local_rank, local_ranks=local_ranks,
             unique_id=node_id, bucket_chunks=bucket_chunks)
-        if self._resume and offload_fraction != 1.0:
-            raise ValueError(
-                "resume=True with offload_fraction < 1: the servers' state "
-                "does not hold the optimizer state of the parameters kept on "
-                "the device, so the job cannot continue from it; load a "
-                "state_dict() saved by value into a new job instead")
         self._engine_device = engine_device(self._all_params(), engine)
         if self._engine_device is None and self._resume:
             # The step to resume from is known at construction.

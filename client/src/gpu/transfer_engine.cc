@@ -181,6 +181,9 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
         absl::StrCat("TransferEngine: offload_fraction must be in [0, 1], got ",
                      options.offload_fraction));
   }
+  // A job that has applied steps: the kept tensors' state is not the
+  // servers' (they never update it), so it is missing until loaded.
+  std::string kept_state_missing;
   if (options.offload_fraction < 1.0) {
     if (options.device_optimizer == nullptr) {
       return absl::InvalidArgumentError(
@@ -190,11 +193,12 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
         job.Status(/*with_checksum=*/false);
     if (!statuses.ok()) return statuses.status();
     for (const ServerJobStatus& status : *statuses) {
-      if (status.step != 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "TransferEngine: offload_fraction < 1 starts the kept tensors' "
-            "optimizer state from the servers' initial weights, but server ",
-            status.server, " has applied step ", status.step));
+      if (status.step != 0 && kept_state_missing.empty()) {
+        kept_state_missing = absl::StrCat(
+            "server ", status.server, " has applied step ", status.step,
+            ", and the optimizer state of the tensors kept on the GPU "
+            "(offload_fraction < 1) is not the servers': load a saved state "
+            "(WriteGpuState, after Job::LoadState of the same state) first");
       }
     }
   }
@@ -208,6 +212,7 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
       job, device, options.local_ranks > 1 ? collective : nullptr, options,
       *partition);
   if (absl::Status s = impl->Init(); !s.ok()) return s;
+  impl->set_kept_state_missing(std::move(kept_state_missing));
   return std::unique_ptr<TransferEngine>(new TransferEngine(std::move(impl)));
 }
 

@@ -102,10 +102,13 @@ struct TransferEngineOptions {
   // a gradient). In a job of several workers (nodes), or whose steps may run
   // in two phases, the servers instead sum their gradients (sum-only
   // tensors, docs/protocol.md), count them in the norm, and send the sums
-  // with the step's decision; each rank updates from those. Needs a job with
-  // no step applied yet (Create reads the kept tensors' initial master
-  // weights from the servers). The servers' checkpoints do not hold the kept
-  // tensors' state (ReadGpuState reads it).
+  // with the step's decision; each rank updates from those. On a job with
+  // no step applied yet, Create reads the kept tensors' initial master
+  // weights from the servers; on one that has applied steps (a trainer
+  // restarted on its job) their state is missing until WriteGpuState loads
+  // it, and BeginStep and ReadGpuState are FAILED_PRECONDITION until then.
+  // The servers' checkpoints do not hold the kept tensors' state
+  // (ReadGpuState reads it).
   double offload_fraction = 1.0;
   DeviceOptimizer* device_optimizer = nullptr;
   // A node of several local ranks: how long one of the node's collectives

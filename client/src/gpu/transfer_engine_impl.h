@@ -245,6 +245,9 @@ class TransferEngine::Impl {
   // reduce-scatter leaves is sent) and breaks the node for good.
   void OnCollectiveExpired(const absl::Status& status);
 
+  void set_kept_state_missing(std::string why) {
+    kept_state_missing_ = std::move(why);
+  }
   const std::vector<uint32_t>& gpu_tensors() const { return gpu_tensors_; }
   uint64_t gpu_state_bytes() const {
     return kept_state_ == nullptr ? 0 : kept_state_->bytes();
@@ -459,6 +462,10 @@ class TransferEngine::Impl {
   // A step failed after the kept tensors' state may have taken part of it:
   // unlike the servers' state, it cannot replay a step (trainer thread).
   bool kept_state_lost_ = false;
+  // Why the kept tensors' state is not known yet (an engine made on a job
+  // that has applied steps); empty once it is (WriteGpuState). Trainer
+  // thread.
+  std::string kept_state_missing_;
 
   // NodeMode: per step parity, the flag all-reduced on the comm stream
   // (device, one float each), the constants 0 and 1 copied into it (device,

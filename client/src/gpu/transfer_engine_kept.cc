@@ -335,6 +335,10 @@ absl::Status TransferEngine::Impl::ReadGpuState(const StateArrays& state) {
   if (absl::Status s = CheckGpuStateAccess("ReadGpuState", state); !s.ok()) {
     return s;
   }
+  if (!kept_state_missing_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ReadGpuState: ", kept_state_missing_));
+  }
   if (options_.local_ranks == 1) {
     for (uint32_t t : gpu_tensors_) state.tensor_steps[t] = kept_steps_[t];
     if (kept_state_ == nullptr) return absl::OkStatus();  // none kept
@@ -411,6 +415,7 @@ absl::Status TransferEngine::Impl::WriteGpuState(const StateArrays& state) {
   for (uint32_t t : gpu_tensors_) kept_steps_[t] = state.tensor_steps[t];
   // The state no longer depends on what a failed step did.
   kept_state_lost_ = false;
+  kept_state_missing_.clear();
   return absl::OkStatus();
 }
 

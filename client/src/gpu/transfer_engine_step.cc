@@ -43,6 +43,10 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
       return s;
     }
   }
+  if (!kept_state_missing_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("BeginStep: ", kept_state_missing_));
+  }
   if (kept_state_lost_) {
     return absl::FailedPreconditionError(
         "BeginStep: a step failed while the optimizer state of the tensors "
