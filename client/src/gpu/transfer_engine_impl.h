@@ -238,12 +238,21 @@ class TransferEngine::Impl {
   // A collective or device call on a node's comm thread failed: fails the
   // step and marks the node's collectives out of step (node_broken_).
   void BreakNode(StepRun& run, const absl::Status& status);
+  // BeginStep's FAILED_PRECONDITION once node_broken_ says why; OK before
+  // (and with one local rank, which never breaks).
+  absl::Status NodeBroken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The watched collective expired (a collective waited past
   // options.collective_timeout, or the node's collectives failed
   // elsewhere), on its thread, before it aborts the collective: fails every
   // step in flight with `status` (so that no chunk an aborted
   // reduce-scatter leaves is sent) and breaks the node for good.
   void OnCollectiveExpired(const absl::Status& status);
+  // Why the node's collectives were aborted (the watched collective
+  // expired, which it says before the abort); OK while they run, and
+  // without a watch.
+  absl::Status CollectivesExpired() const {
+    return watched_ == nullptr ? absl::OkStatus() : watched_->AsyncError();
+  }
 
   void set_kept_state_missing(std::string why) {
     kept_state_missing_ = std::move(why);
@@ -495,8 +504,6 @@ class TransferEngine::Impl {
   // call failed on the comm thread); empty while they are not. Every later
   // step is refused.
   std::string node_broken_ ABSL_GUARDED_BY(mu_);
-  // Why the watched collective expired; OK before.
-  absl::Status collectives_expired_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace depot::gpu

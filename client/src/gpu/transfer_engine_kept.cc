@@ -312,8 +312,7 @@ absl::Status TransferEngine::Impl::GatherKeptState(
   if (!s.ok()) return s;
   if (!synced.ok()) return synced;
   // An all-gather aborted on the way gathered nothing.
-  absl::MutexLock lock(&mu_);
-  return collectives_expired_;
+  return CollectivesExpired();
 }
 
 void TransferEngine::Impl::UnpackKeptBlock(const KeptBlock& block, char* host,

@@ -23,17 +23,9 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
     return absl::InvalidArgumentError("BeginStep: steps are numbered from 1");
   }
   if (NodeMode()) {
-    std::string broken;
     {
       absl::MutexLock lock(&mu_);
-      broken = node_broken_;
-    }
-    if (!broken.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "BeginStep: ", broken,
-          "; this rank can no longer take part in the node's collectives: "
-          "create every local rank's engine (and the node's collective) "
-          "anew"));
+      if (absl::Status broken = NodeBroken(); !broken.ok()) return broken;
     }
     // A step another rank failed leaves this rank's weights wrong: no step
     // begins on them. The steps in flight cannot go on either.
@@ -116,12 +108,7 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
     absl::MutexLock lock(&mu_);
     // The node may have broken since the check above (the watched
     // collective expires on its own thread); nothing has started yet.
-    if (NodeMode() && !node_broken_.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "BeginStep: ", node_broken_,
-          "; create every local rank's engine (and the node's collective) "
-          "anew"));
-    }
+    if (absl::Status broken = NodeBroken(); !broken.ok()) return broken;
     // With no step in flight, none is waited for (the first step, or a
     // retry after a failure).
     if (runs_.empty()) collectives_through_ = step - 1;
@@ -184,11 +171,10 @@ absl::Status TransferEngine::Impl::WaitWeights(uint64_t bucket,
     return absl::InvalidArgumentError(absl::StrCat(
         "WaitWeights: bucket ", bucket, " of ", partition_.num_buckets()));
   }
-  {
-    // An aborted all-gather leaves the other ranks' parts as they were:
-    // no forward runs on them.
-    absl::MutexLock lock(&mu_);
-    if (!collectives_expired_.ok()) return collectives_expired_;
+  // An aborted all-gather leaves the other ranks' parts as they were: no
+  // forward runs on them.
+  if (absl::Status expired = CollectivesExpired(); !expired.ok()) {
+    return expired;
   }
   // The step whose weights this forward reads: the last begun, or with
   // the delayed update the one before it.
@@ -355,9 +341,16 @@ void TransferEngine::Impl::BreakNode(StepRun& run, const absl::Status& status) {
   }
 }
 
+absl::Status TransferEngine::Impl::NodeBroken() const {
+  if (node_broken_.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "BeginStep: ", node_broken_,
+      "; this rank can no longer take part in the node's collectives: "
+      "create every local rank's engine (and the node's collective) anew"));
+}
+
 void TransferEngine::Impl::OnCollectiveExpired(const absl::Status& status) {
   absl::MutexLock lock(&mu_);
-  collectives_expired_ = status;
   if (node_broken_.empty()) node_broken_ = std::string(status.message());
   // Under mu_: the trainer thread adds and removes runs under it.
   for (std::unique_ptr<StepRun>& run : runs_) {
@@ -472,14 +465,6 @@ absl::Status TransferEngine::Impl::QueueNodeVerdict(StepRun& run) {
 }
 
 absl::Status TransferEngine::Impl::CheckNode() {
-  {
-    // The verdicts of steps whose collectives were aborted say nothing.
-    absl::MutexLock lock(&mu_);
-    if (!collectives_expired_.ok()) {
-      node_unchecked_.clear();
-      return collectives_expired_;
-    }
-  }
   while (!node_unchecked_.empty()) {
     const uint64_t step = node_unchecked_.front();
     node_unchecked_.pop_front();
@@ -494,14 +479,8 @@ absl::Status TransferEngine::Impl::CheckNode() {
     }
     if (s.ok()) s = device_.SynchronizeStream(*node_read_);
     if (!s.ok()) return s;
-    {
-      // An all-reduce aborted while it waited read nothing.
-      absl::MutexLock lock(&mu_);
-      if (!collectives_expired_.ok()) {
-        node_unchecked_.clear();
-        return collectives_expired_;
-      }
-    }
+    // An all-reduce aborted while it waited read nothing.
+    if (!CollectivesExpired().ok()) break;
     if (failures > 0.0f) {
       node_unchecked_.clear();
       return absl::AbortedError(absl::StrCat(
@@ -512,7 +491,10 @@ absl::Status TransferEngine::Impl::CheckNode() {
           "step on every rank (Job::Reconcile; take the servers' weights)"));
     }
   }
-  return absl::OkStatus();
+  // Once the collectives were aborted no verdict says anything.
+  absl::Status expired = CollectivesExpired();
+  if (!expired.ok()) node_unchecked_.clear();
+  return expired;
 }
 
 bool TransferEngine::Impl::AwaitPreviousCollectives(StepRun& run) {

@@ -133,10 +133,9 @@ void WatchedCollective::Run() {
   while (true) {
     mu_.AwaitWithTimeout(absl::Condition(&stop_), poll_);
     if (stop_) return;
-    if (!expired_.ok() || expiring_) continue;  // nothing left to watch
+    if (!expired_.ok()) continue;  // nothing left to watch
     std::optional<absl::Status> error = Check();
     if (!error.has_value()) continue;
-    expiring_ = true;
     mu_.Unlock();
     Expire(*error);
     mu_.Lock();

@@ -110,7 +110,6 @@ class WatchedCollective : public Collective {
   std::vector<std::unique_ptr<Event>> free_events_ ABSL_GUARDED_BY(mu_);
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status expired_ ABSL_GUARDED_BY(mu_);
-  bool expiring_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Serializes Expire (the watch thread's and Abort's).
   absl::Mutex expire_mu_;
