@@ -151,10 +151,10 @@ absl::StatusOr<std::shared_ptr<ShardState>> JobStore::CreateLocked(
         "pulls at a step (2 x %d elements x %d bytes of %s) and %d of "
         "bookkeeping (for its %d servers, %d workers, %d tensors and %d "
         "chunks here), but %d of this server's %d byte budget are in use "
-        "(jobs, and payloads of steps in flight) or being allocated (%d "
+        "(jobs, payloads of steps in flight, open Step streams) or being "
+        "allocated (%d "
         "free)",
-        name, needed,
-        shape.state_bytes() * (Checkpointed(shape) ? 2 : 1),
+        name, needed, shape.state_bytes() * (Checkpointed(shape) ? 2 : 1),
         Checkpointed(shape) ? " (twice its state: checkpoints are on)" : "",
         shape.kept_weights_bytes(), shape.shard().size(),
         DTypeSize(shape.config().weight_dtype),

@@ -326,7 +326,8 @@ absl::Status ShardState::Contribute(Contribution contribution) {
               "chunk ", index, " of step ", step, " from worker ", worker,
               ": the server's memory budget (", budget_->limit(), " bytes, ",
               budget_->used(),
-              " in use by jobs and the payloads of steps in flight) has no "
+              " in use by jobs, the payloads of steps in flight and the open "
+              "Step streams) has no "
               "room for its ",
               contribution.payload.size(),
               " bytes; send it again once the step's other chunks are "

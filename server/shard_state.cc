@@ -285,6 +285,10 @@ absl::Status ShardState::CheckChunkPayload(uint64_t chunk_index,
   return absl::OkStatus();
 }
 
+uint64_t ShardState::StepReceiveBytes() const {
+  return shape_.plan().chunk_elems() * sizeof(float) + kStepMessageFramingBytes;
+}
+
 ShardState::ChunkState& ShardState::chunk_state(uint64_t chunk_index) const {
   return chunks_[chunk_index - shape_.shard().first_chunk];
 }

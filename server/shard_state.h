@@ -356,6 +356,16 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
       const std::function<bool(uint64_t offset, std::string payload)>& emit)
       const;
 
+  // What gRPC may receive on one Step stream of this job ahead of its
+  // reader: while a read is pending, HTTP/2 flow control lets the whole
+  // message being read in, whatever the stream's window. That is at most
+  // the largest message a worker sends: a whole chunk of fp32 values (a
+  // gradient in the grad dtype is at most that, a weights override is fp32)
+  // and its framing. The Step reader reserves it in the server's budget for
+  // as long as it reads the stream (docs/protocol.md, "Bounds and memory").
+  uint64_t StepReceiveBytes() const;
+  static constexpr uint64_t kStepMessageFramingBytes = 64;
+
   // Bytes of payloads (and two-phase sums) the shard holds for steps in
   // flight, charged to the budget.
   uint64_t inflight_bytes() const {

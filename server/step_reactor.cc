@@ -7,6 +7,16 @@
 // once, from the received slices straight into the buffer the shard keeps
 // (wire/step_codec.h), instead of into a protobuf `bytes` and out again.
 // Other messages go through protobuf.
+//
+// Once its header is read, a stream reserves one message (the job's largest,
+// ShardState::StepReceiveBytes) in the server's memory budget until it stops
+// reading: a read is pending on it all that time, and gRPC lets a pending
+// read's whole message in ahead of the reader. So what gRPC holds for the
+// Step streams is charged to the budget like the payloads they deliver, and a
+// stream the budget has no room for is refused before it is read further
+// (docs/protocol.md, "Bounds and memory").
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -39,7 +49,8 @@ class DepotService::StepReactor final
   StepReactor(DepotService* service, grpc::CallbackServerContext* context)
       : service_(service),
         context_(context),
-        stream_(std::make_shared<StepStream>(this, service->metrics_)) {
+        stream_(std::make_shared<StepStream>(this, service->metrics_)),
+        budget_(service->jobs_->budget()) {
     service_->metrics_->CountRpc(Rpc::kStep);
     service_->TrackStepStream(stream_, /*job_id=*/0);
     if (!service_->accepting()) {
@@ -59,6 +70,8 @@ class DepotService::StepReactor final
 
   void OnReadDone(bool ok) override {
     if (!ok) {
+      // No read follows.
+      ReleaseReceive();
       // The worker half-closed (or the RPC is over, and this changes nothing).
       if (shard_ == nullptr) {
         stream_->Fail(absl::InvalidArgumentError(
@@ -96,6 +109,7 @@ class DepotService::StepReactor final
   }
 
   void OnDone() override {
+    ReleaseReceive();
     service_->UntrackStepStream(stream_.get());
     stream_->Detach();
     delete this;
@@ -107,10 +121,14 @@ class DepotService::StepReactor final
     StartWrite(response);
   }
   void WriteLastAndFinish(const grpc::ByteBuffer* response) override {
+    // Before gRPC can send the status: a client that sees it may count on
+    // the budget being free.
+    ReleaseReceive();
     StartWriteAndFinish(response, grpc::WriteOptions(), grpc::Status::OK);
   }
   void ResumeReading() override { StartRead(&request_); }
   void FinishWithError(const absl::Status& status) override {
+    ReleaseReceive();
     service_->RecordFailure(Rpc::kStep, status);
     Finish(ToGrpcStatus(status));
   }
@@ -190,6 +208,7 @@ class DepotService::StepReactor final
     numerics_.two_phase = header_.two_phase();
     if (header_.has_commit())
       numerics_.commit = CommitFromProto(header_.commit());
+    if (absl::Status s = ReserveReceive(**shard); !s.ok()) return s;
     absl::StatusOr<NodeSender> sender = NodeSender::FromHeader(
         (*shard)->shape().plan(), header_.local_ranks(), header_.local_rank(),
         header_.bucket_chunks());
@@ -218,6 +237,32 @@ class DepotService::StepReactor final
     });
     service_->TrackStepStream(stream_, header_.job_id());
     return absl::OkStatus();
+  }
+
+  // Reserves the message gRPC may receive ahead of this stream's reader (the
+  // file comment) until ReleaseReceive; RESOURCE_EXHAUSTED when the budget
+  // has no room for it.
+  absl::Status ReserveReceive(const ShardState& shard) {
+    const uint64_t bytes = shard.StepReceiveBytes();
+    if (!budget_->TryReserve(bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "Step stream of worker ", header_.worker_rank(), " for step ",
+          header_.step(), ": the server's memory budget (", budget_->limit(),
+          " bytes, ", budget_->used(),
+          " in use by jobs, the payloads of steps in flight and the open Step "
+          "streams) has no room for the ",
+          bytes,
+          " bytes of one chunk message that the stream may receive ahead of "
+          "its reader; send it again once other steps' streams have ended"));
+    }
+    // After a finish the reactor no longer reads, and OnDone gives it back.
+    reserved_.fetch_add(bytes, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  // Gives the reservation back, once: called from the reader and from
+  // whichever thread finishes the stream.
+  void ReleaseReceive() {
+    budget_->Release(reserved_.exchange(0, std::memory_order_relaxed));
   }
 
   // A buffer of `bytes` bytes for a received gradient payload, from the
@@ -304,6 +349,10 @@ class DepotService::StepReactor final
   NodeSender sender_;
   bool committed_ = false;
   std::shared_ptr<ShardState> shard_;
+  // The server's memory budget, and what this stream holds of it
+  // (ReserveReceive).
+  const std::shared_ptr<MemoryBudget> budget_;
+  std::atomic<uint64_t> reserved_{0};
 };
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DepotService::Step(

@@ -72,8 +72,9 @@ JobConfig OneTensorJob(const std::string& name, uint64_t elems,
 // `budget`: 12 M elements, 240 MB (229 MiB) of state and kept weights, 89% of
 // a 256 MiB budget with the bookkeeping; 12 chunks of 4 MiB of fp32
 // gradients. Each worker sends its header and all 12 chunks (48 MiB) as fast
-// as gRPC takes them: 3 GiB in all, against 27 MiB of room. Then the job is
-// deleted, and created again. Returns the server's peak RSS (VmHWM).
+// as gRPC takes them: 3 GiB in all, against 27 MiB of room, where each open
+// stream reserves one chunk message and each payload held its size. Then the
+// job is deleted, and created again. Returns the server's peak RSS (VmHWM).
 // One raw Step stream of worker `rank` for step 1 of `created`: its header,
 // then `count` chunks from `first` with `payload` each, stopping once the
 // server refuses one; half-closes if asked and still open. `on_written` runs
@@ -183,11 +184,16 @@ uint64_t RunWorkersIgnoringTheirWindow(ServerProcess& server) {
 
 constexpr uint64_t kWindowTestBudget = 256 * kMiB;
 
-// The done-when of issue 13 part 4: each payload the server holds is charged
-// to the budget, so those that do not fit are refused with RESOURCE_EXHAUSTED,
-// and the server's peak RSS stays within the budget + 64 MiB (gRPC's
-// buffers, the payload pool's free list, the binary beyond it). Before, the
-// server kept every payload: 64 x the shard's gradients.
+// The done-when of issue 13 part 4: each payload the server holds, and each
+// message gRPC may receive for an open Step stream, is charged to the budget,
+// so what does not fit is refused with RESOURCE_EXHAUSTED. The server's peak
+// RSS stays within what it allocates of the budget (all of it but the kept
+// weights, allocated by a job's first update, which never comes here) + 64
+// MiB (the connection's HTTP/2 window, the payload pool's free list, the
+// binary and its threads). Before issue 13, the server kept every payload: 64
+// x the shard's gradients. Before the streams' reservations, gRPC held up to
+// the message of every stream with a read pending, outside the budget: the
+// peak reached the budget + 142 MiB.
 TEST(MemoryLimitTest, WorkersIgnoringTheirWindowStayWithinTheBudget) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> started = ServerProcess::Start(
       {absl::StrCat("--memory_limit_bytes=", kWindowTestBudget)});
@@ -202,7 +208,148 @@ TEST(MemoryLimitTest, WorkersIgnoringTheirWindowStayWithinTheBudget) {
             << " MiB)" << std::endl;
   RecordProperty("peak_rss_bytes", std::to_string(peak));
   EXPECT_GT(peak, 0u);
-  EXPECT_LE(peak, kWindowTestBudget + 64 * kMiB) << server.Log();
+  // The job's kept weights: 2 steps x 12 M elements x 4 bytes (fp32).
+  constexpr uint64_t kKeptWeights = 2 * 12'000'000 * sizeof(float);
+  EXPECT_LE(peak, kWindowTestBudget - kKeptWeights + 64 * kMiB) << server.Log();
+}
+
+// The budget in use, as ServerStatus reports it.
+uint64_t BudgetUsed(v1::Depot::Stub& stub) {
+  v1::ServerStatusRequest request;
+  v1::ServerStatusResponse response;
+  grpc::ClientContext context;
+  const grpc::Status status = stub.ServerStatus(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response.memory_used_bytes();
+}
+
+// Polls BudgetUsed until it is `bytes` (true) or 10 s have passed (false).
+bool AwaitBudgetUsed(v1::Depot::Stub& stub, uint64_t bytes) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (BudgetUsed(stub) != bytes) {
+    if (absl::Now() > give_up) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+// What gRPC may receive on an open Step stream ahead of the server's reader is
+// charged to the budget (one chunk message, ShardState::StepReceiveBytes),
+// from the header until the stream stops reading: a stream the budget has no
+// room for is refused at its header, and a stream gives its reservation back
+// when it half-closes or ends. Before, the streams' pending reads were
+// outside the budget, and 64 workers ignoring their window made the server
+// hold up to 190 MB of their messages in gRPC beyond it.
+TEST(MemoryLimitTest,
+     AStepStreamIsRefusedAtItsHeaderWhenTheBudgetCannotReceiveForIt) {
+  constexpr uint64_t kChunkElems = uint64_t{1} << 20;
+  constexpr uint64_t kPayload = kChunkElems * sizeof(float);
+  constexpr uint64_t kReceive = kPayload + 64;
+  const JobConfig config = OneTensorJob("receive", kChunkElems, 2);
+  v1::JobSpec spec;
+  JobConfigToProto(config, &spec);
+  // What the job is charged, from a first server with room to spare.
+  uint64_t job_bytes = 0;
+  {
+    absl::StatusOr<std::unique_ptr<ServerProcess>> started =
+        ServerProcess::Start(
+            {absl::StrCat("--memory_limit_bytes=", 256 * kMiB)});
+    ASSERT_TRUE(started.ok()) << started.status();
+    std::unique_ptr<v1::Depot::Stub> stub =
+        NewDepotStub((*started)->grpc_address());
+    v1::CreateJobResponse created;
+    grpc::Status status = RawCreateJob(*stub, spec, 0, &created);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    job_bytes = BudgetUsed(*stub);
+    ASSERT_GT(job_bytes, 0u);
+  }
+  // Room for the job, then for two streams and one payload, or one stream
+  // and two payloads, but not for two streams and two payloads.
+  const uint64_t budget = job_bytes + 3 * kReceive - 100;
+  absl::StatusOr<std::unique_ptr<ServerProcess>> started =
+      ServerProcess::Start({absl::StrCat("--memory_limit_bytes=", budget)});
+  ASSERT_TRUE(started.ok()) << started.status();
+  ServerProcess& server = **started;
+  std::unique_ptr<v1::Depot::Stub> stub = NewDepotStub(server.grpc_address());
+  v1::CreateJobResponse created;
+  grpc::Status status = RawCreateJob(*stub, spec, 0, &created);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(BudgetUsed(*stub), job_bytes);
+
+  auto header = [&](uint64_t step, uint32_t rank) {
+    v1::StepRequest request;
+    *request.mutable_header() =
+        MakeStepHeader(created.job_id(), created.fingerprint(), step, rank, {});
+    return request;
+  };
+  v1::StepRequest chunk;
+  chunk.mutable_chunk()->set_index(created.first_chunk());
+  chunk.mutable_chunk()->set_payload(std::string(kPayload, '\0'));
+  v1::StepResponse response;
+
+  // Worker 0's stream: its header reserves one message, its chunk waits for
+  // worker 1's.
+  grpc::ClientContext first_context;
+  auto first = stub->Step(&first_context);
+  ASSERT_TRUE(first->Write(header(1, 0)));
+  ASSERT_TRUE(first->Write(chunk));
+  ASSERT_TRUE(AwaitBudgetUsed(*stub, job_bytes + kReceive + kPayload))
+      << BudgetUsed(*stub);
+
+  // A stream of worker 1 finds no room: refused before a chunk is read.
+  {
+    grpc::ClientContext context;
+    auto second = stub->Step(&context);
+    ASSERT_TRUE(second->Write(header(1, 1)));
+    while (second->Read(&response)) {
+    }
+    const grpc::Status refused = second->Finish();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << refused.error_message();
+    EXPECT_THAT(refused.error_message(),
+                HasSubstr(absl::StrCat("memory budget (", budget, " bytes")));
+    EXPECT_THAT(refused.error_message(),
+                HasSubstr(absl::StrCat(kReceive,
+                                       " bytes of one chunk message that the "
+                                       "stream may receive ahead of its "
+                                       "reader")));
+  }
+  EXPECT_EQ(BudgetUsed(*stub), job_bytes + kReceive + kPayload);
+
+  // Worker 0 half-closes: its stream, still waiting for worker 1, reads no
+  // more, and gives its reservation back.
+  ASSERT_TRUE(first->WritesDone());
+  ASSERT_TRUE(AwaitBudgetUsed(*stub, job_bytes + kPayload))
+      << BudgetUsed(*stub);
+
+  // Now worker 1's stream and chunk fit, and the step completes.
+  grpc::ClientContext third_context;
+  auto third = stub->Step(&third_context);
+  ASSERT_TRUE(third->Write(header(1, 1)));
+  ASSERT_TRUE(third->Write(chunk));
+  ASSERT_TRUE(third->WritesDone());
+  for (auto* stream : {first.get(), third.get()}) {
+    int weights = 0;
+    while (stream->Read(&response)) weights += response.has_chunk() ? 1 : 0;
+    EXPECT_EQ(weights, 1);
+    status = stream->Finish();
+    EXPECT_TRUE(status.ok()) << status.error_message();
+  }
+  EXPECT_TRUE(AwaitBudgetUsed(*stub, job_bytes)) << BudgetUsed(*stub);
+
+  // A cancelled stream gives its reservation back too.
+  {
+    grpc::ClientContext context;
+    auto fourth = stub->Step(&context);
+    ASSERT_TRUE(fourth->Write(header(2, 0)));
+    ASSERT_TRUE(AwaitBudgetUsed(*stub, job_bytes + kReceive))
+        << BudgetUsed(*stub);
+    context.TryCancel();
+    while (fourth->Read(&response)) {
+    }
+    EXPECT_EQ(fourth->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_TRUE(AwaitBudgetUsed(*stub, job_bytes)) << BudgetUsed(*stub);
 }
 
 // Issue 13: in-flight contributions are bounded per stream (the server's
