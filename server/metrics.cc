@@ -101,6 +101,20 @@ ServerMetrics::ServerMetrics(prometheus::Registry& registry,
                         "size per element), and each job's bookkeeping (per "
                         "server, worker, tensor and chunk). Payloads of steps "
                         "in flight are counted too, but not here.")),
+      memory_limit_bytes(Gauge(registry, "depot_memory_limit_bytes",
+                               "The memory budget, --memory_limit_bytes (or "
+                               "its default).")),
+      memory_used_bytes(Gauge(
+          registry, "depot_memory_used_bytes",
+          "Bytes counted against --memory_limit_bytes now, everything: jobs "
+          "(depot_state_bytes), gradient payloads of steps in flight, the "
+          "Step streams' reservations, staged imports. What does not fit is "
+          "refused with RESOURCE_EXHAUSTED.")),
+      step_receive_reserved_bytes(Gauge(
+          registry, "depot_step_receive_reserved_bytes",
+          "Bytes of the memory budget the open Step streams reserve for what "
+          "gRPC may receive ahead of the server's reader: one chunk message "
+          "per stream, from its header until it stops reading.")),
       jobs(Gauge(registry, "depot_jobs", "Jobs held by this server.")),
       active_streams(Gauge(registry, "depot_active_streams",
                            "Step streams currently open.")),

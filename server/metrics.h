@@ -59,6 +59,14 @@ class ServerMetrics {
   // From a step's first contribution to its last chunk update on this server.
   prometheus::Histogram& step_seconds;
   prometheus::Gauge& state_bytes;
+  // The memory budget (--memory_limit_bytes) and everything counted against
+  // it now: jobs, payloads of steps in flight, the Step streams'
+  // reservations, staged imports (set at each scrape, StatusEndpoint); and
+  // of it, the Step streams' reservations (one chunk message per stream
+  // that reads, server/step_reactor.cc).
+  prometheus::Gauge& memory_limit_bytes;
+  prometheus::Gauge& memory_used_bytes;
+  prometheus::Gauge& step_receive_reserved_bytes;
   prometheus::Gauge& jobs;
   prometheus::Gauge& active_streams;
   // Calls of methods other than Step whose handlers run now, each on a

@@ -38,6 +38,7 @@ class StatusEndpoint::Handler : public CivetHandler {
     const mg_request_info* request = mg_get_request_info(connection);
     const std::string uri = request->local_uri ? request->local_uri : "";
     if (uri == "/metrics") {
+      endpoint_->RefreshMemoryGauges();
       Send(connection, "text/plain; version=0.0.4; charset=utf-8",
            prometheus::TextSerializer().Serialize(
                endpoint_->registry_->Collect()));
@@ -64,8 +65,7 @@ class StatusEndpoint::Handler : public CivetHandler {
 
 absl::StatusOr<std::unique_ptr<StatusEndpoint>> StatusEndpoint::Start(
     const std::string& listen, std::shared_ptr<prometheus::Registry> registry,
-    const ServerMetrics* metrics, const JobStore* jobs,
-    StatusIdentity identity) {
+    ServerMetrics* metrics, const JobStore* jobs, StatusIdentity identity) {
   std::unique_ptr<StatusEndpoint> endpoint(new StatusEndpoint());
   endpoint->registry_ = std::move(registry);
   endpoint->metrics_ = metrics;
@@ -96,6 +96,12 @@ StatusEndpoint::~StatusEndpoint() {
   if (server_ != nullptr) server_->close();  // before the handler goes
 }
 
+void StatusEndpoint::RefreshMemoryGauges() const {
+  metrics_->memory_limit_bytes.Set(
+      static_cast<double>(jobs_->budget()->limit()));
+  metrics_->memory_used_bytes.Set(static_cast<double>(jobs_->budget()->used()));
+}
+
 void StatusEndpoint::set_listen(std::string listen) {
   absl::MutexLock lock(&mu_);
   identity_.listen = std::move(listen);
@@ -111,18 +117,18 @@ std::string StatusEndpoint::StatusJson() const {
   const double unix_now =
       std::chrono::duration<double>(now.time_since_epoch()).count();
   std::string out = "{";
-  absl::StrAppend(
-      &out, "\"time\":", JsonNumber(unix_now), ",\"server\":{",
-      "\"listen\":", JsonString(identity.listen),
-      ",\"checkpoint_dir\":", JsonString(identity.checkpoint_dir),
-      ",\"threads\":", identity.threads,
-      ",\"start_time\":", JsonNumber(metrics_->start_time.Value()),
-      ",\"memory_limit_bytes\":", jobs_->memory_limit_bytes(),
-      ",\"state_bytes\":", jobs_->state_bytes(),
-      ",\"checkpoint_every_steps\":",
-      JsonNumber(metrics_->checkpoint_every_steps.Value()),
-      ",\"checkpoint_last_success\":",
-      JsonNumber(metrics_->checkpoint_last_success.Value()), "}");
+  absl::StrAppend(&out, "\"time\":", JsonNumber(unix_now), ",\"server\":{",
+                  "\"listen\":", JsonString(identity.listen),
+                  ",\"checkpoint_dir\":", JsonString(identity.checkpoint_dir),
+                  ",\"threads\":", identity.threads,
+                  ",\"start_time\":", JsonNumber(metrics_->start_time.Value()),
+                  ",\"memory_limit_bytes\":", jobs_->memory_limit_bytes(),
+                  ",\"memory_used_bytes\":", jobs_->budget()->used(),
+                  ",\"state_bytes\":", jobs_->state_bytes(),
+                  ",\"checkpoint_every_steps\":",
+                  JsonNumber(metrics_->checkpoint_every_steps.Value()),
+                  ",\"checkpoint_last_success\":",
+                  JsonNumber(metrics_->checkpoint_last_success.Value()), "}");
   // Counters: the page turns them into rates between two polls.
   absl::StrAppend(
       &out, ",\"counters\":{",

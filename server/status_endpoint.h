@@ -38,10 +38,8 @@ class StatusEndpoint {
   // metrics and the jobs must outlive the endpoint. UNAVAILABLE when the
   // address cannot be bound, with civetweb's reason.
   static absl::StatusOr<std::unique_ptr<StatusEndpoint>> Start(
-      const std::string& listen,
-      std::shared_ptr<prometheus::Registry> registry,
-      const ServerMetrics* metrics, const JobStore* jobs,
-      StatusIdentity identity);
+      const std::string& listen, std::shared_ptr<prometheus::Registry> registry,
+      ServerMetrics* metrics, const JobStore* jobs, StatusIdentity identity);
   ~StatusEndpoint();
 
   // The port it listens on.
@@ -57,8 +55,12 @@ class StatusEndpoint {
   StatusEndpoint() = default;
   class Handler;
 
+  // Sets the memory budget's gauges from the budget, before a scrape: its
+  // use moves with every payload, too often to set a gauge each time.
+  void RefreshMemoryGauges() const;
+
   std::shared_ptr<prometheus::Registry> registry_;
-  const ServerMetrics* metrics_ = nullptr;
+  ServerMetrics* metrics_ = nullptr;
   const JobStore* jobs_ = nullptr;
   mutable absl::Mutex mu_;
   StatusIdentity identity_ ABSL_GUARDED_BY(mu_);

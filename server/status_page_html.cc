@@ -56,7 +56,7 @@ const CHARTS = [
   {id: "bytes_in", title: "Bytes in (MB/s)", unit: " MB/s"},
   {id: "bytes_out", title: "Bytes out (MB/s)", unit: " MB/s"},
   {id: "latency", title: "Mean step latency (ms)", unit: " ms"},
-  {id: "memory", title: "State memory, % of the budget", unit: " %"},
+  {id: "memory", title: "Memory budget in use, %", unit: " %"},
   {id: "streams", title: "Active step streams", unit: ""},
   {id: "stalled", title: "Stalled steps", unit: ""},
   {id: "checkpoint_age", title: "Checkpoint age (s)", unit: " s"},
@@ -141,8 +141,8 @@ function update(status) {
   document.getElementById("listen").textContent = server.listen;
   const age = server.checkpoint_last_success > 0 ? t - server.checkpoint_last_success : null;
   document.getElementById("summary").textContent =
-      status.jobs.length + " job(s), state " + human(server.state_bytes) + " of " +
-      human(server.memory_limit_bytes) + ", " + server.threads + " update threads, up " +
+      status.jobs.length + " job(s), state " + human(server.state_bytes) + ", budget in use " +
+      human(server.memory_used_bytes) + " of " + human(server.memory_limit_bytes) + ", " + server.threads + " update threads, up " +
       Math.round(t - server.start_time) + " s" + (restarts ? " (" + restarts + " restart(s) seen)" : "") +
       (server.checkpoint_dir ? ", checkpoints in " + server.checkpoint_dir +
         (age === null ? " (none written yet)" : " (last " + Math.round(age) + " s ago)") : ", no checkpoints");
@@ -155,7 +155,7 @@ function update(status) {
     const n = status.step_seconds.count - previous.step_seconds.count;
     push("latency", t, n > 0 ? (status.step_seconds.sum - previous.step_seconds.sum) / n * 1e3 : 0);
   }
-  push("memory", t, server.memory_limit_bytes > 0 ? 100 * server.state_bytes / server.memory_limit_bytes : 0);
+  push("memory", t, server.memory_limit_bytes > 0 ? 100 * server.memory_used_bytes / server.memory_limit_bytes : 0);
   push("streams", t, status.gauges.active_streams);
   push("stalled", t, status.gauges.stalled_steps);
   if (age !== null) push("checkpoint_age", t, age);

@@ -257,12 +257,18 @@ class DepotService::StepReactor final
     }
     // After a finish the reactor no longer reads, and OnDone gives it back.
     reserved_.fetch_add(bytes, std::memory_order_relaxed);
+    service_->metrics_->step_receive_reserved_bytes.Increment(
+        static_cast<double>(bytes));
     return absl::OkStatus();
   }
   // Gives the reservation back, once: called from the reader and from
   // whichever thread finishes the stream.
   void ReleaseReceive() {
-    budget_->Release(reserved_.exchange(0, std::memory_order_relaxed));
+    const uint64_t bytes = reserved_.exchange(0, std::memory_order_relaxed);
+    if (bytes == 0) return;
+    budget_->Release(bytes);
+    service_->metrics_->step_receive_reserved_bytes.Decrement(
+        static_cast<double>(bytes));
   }
 
   // A buffer of `bytes` bytes for a received gradient payload, from the

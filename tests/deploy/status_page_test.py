@@ -2,7 +2,7 @@
 """The status page every depot-server serves beside /metrics
 (deploy/README.md, "Status page"), opened in Debian's headless Chromium
 during a training run: its charts have data (each chart drew samples; steps,
-update throughput and bytes in show work; state memory is above zero), the
+update throughput and bytes in show work; the memory budget in use is above zero), the
 jobs table lists the job at a step, and a screenshot is kept.
 
 Usage: status_page_test.py SCREENSHOT_PATH

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "metrics_scrape.h"
 #include "raw_driver.h"
 #include "server_process.h"
 #include "wire/wire.h"
@@ -223,6 +224,16 @@ uint64_t BudgetUsed(v1::Depot::Stub& stub) {
   return response.memory_used_bytes();
 }
 
+// Scrapes the series' value from `server`'s /metrics (-1 when it cannot).
+double Scraped(const ServerProcess& server, absl::string_view series) {
+  absl::StatusOr<std::string> scraped = ScrapeMetrics(server.metrics_address());
+  EXPECT_TRUE(scraped.ok()) << scraped.status();
+  if (!scraped.ok()) return -1;
+  absl::StatusOr<double> value = MetricValue(*scraped, series);
+  EXPECT_TRUE(value.ok()) << value.status();
+  return value.ok() ? *value : -1;
+}
+
 // Polls BudgetUsed until it is `bytes` (true) or 10 s have passed (false).
 bool AwaitBudgetUsed(v1::Depot::Stub& stub, uint64_t bytes) {
   const absl::Time give_up = absl::Now() + absl::Seconds(10);
@@ -295,6 +306,13 @@ TEST(MemoryLimitTest,
   ASSERT_TRUE(first->Write(chunk));
   ASSERT_TRUE(AwaitBudgetUsed(*stub, job_bytes + kReceive + kPayload))
       << BudgetUsed(*stub);
+  // The metrics say so: the budget, all of it in use, and the reservation.
+  EXPECT_EQ(Scraped(server, "depot_memory_limit_bytes"),
+            static_cast<double>(budget));
+  EXPECT_EQ(Scraped(server, "depot_memory_used_bytes"),
+            static_cast<double>(job_bytes + kReceive + kPayload));
+  EXPECT_EQ(Scraped(server, "depot_step_receive_reserved_bytes"),
+            static_cast<double>(kReceive));
 
   // A stream of worker 1 finds no room: refused before a chunk is read.
   {
@@ -336,6 +354,9 @@ TEST(MemoryLimitTest,
     EXPECT_TRUE(status.ok()) << status.error_message();
   }
   EXPECT_TRUE(AwaitBudgetUsed(*stub, job_bytes)) << BudgetUsed(*stub);
+  EXPECT_EQ(Scraped(server, "depot_step_receive_reserved_bytes"), 0.0);
+  EXPECT_EQ(Scraped(server, "depot_memory_used_bytes"),
+            static_cast<double>(job_bytes));
 
   // A cancelled stream gives its reservation back too.
   {
