@@ -459,6 +459,16 @@ int depot_engine_check_node(depot_engine_t* engine) {
   });
 }
 
+int depot_engine_synchronize_node(depot_engine_t* engine) {
+  constexpr const char* kFunction = "depot_engine_synchronize_node";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (engine == nullptr) {
+      return depot::c_api::NullArgument(kFunction, "engine");
+    }
+    return engine->engine->SynchronizeNode();
+  });
+}
+
 void depot_engine_destroy(depot_engine_t* engine) { delete engine; }
 
 }  // extern "C"

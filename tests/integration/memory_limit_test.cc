@@ -137,6 +137,36 @@ int CountRefused(const std::vector<grpc::Status>& results,
   return refused;
 }
 
+// The budget in use, as ServerStatus reports it.
+uint64_t BudgetUsed(v1::Depot::Stub& stub) {
+  v1::ServerStatusRequest request;
+  v1::ServerStatusResponse response;
+  grpc::ClientContext context;
+  const grpc::Status status = stub.ServerStatus(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response.memory_used_bytes();
+}
+
+// Scrapes the series' value from `server`'s /metrics (-1 when it cannot).
+double Scraped(const ServerProcess& server, absl::string_view series) {
+  absl::StatusOr<std::string> scraped = ScrapeMetrics(server.metrics_address());
+  EXPECT_TRUE(scraped.ok()) << scraped.status();
+  if (!scraped.ok()) return -1;
+  absl::StatusOr<double> value = MetricValue(*scraped, series);
+  EXPECT_TRUE(value.ok()) << value.status();
+  return value.ok() ? *value : -1;
+}
+
+// Polls BudgetUsed until it is `bytes` (true) or 10 s have passed (false).
+bool AwaitBudgetUsed(v1::Depot::Stub& stub, uint64_t bytes) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (BudgetUsed(stub) != bytes) {
+    if (absl::Now() > give_up) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
 uint64_t RunWorkersIgnoringTheirWindow(ServerProcess& server) {
   constexpr uint32_t kWorkers = 64;
   constexpr uint64_t kElems = 12'000'000;
@@ -151,6 +181,7 @@ uint64_t RunWorkersIgnoringTheirWindow(ServerProcess& server) {
   const uint64_t chunks = created.end_chunk() - created.first_chunk();
   EXPECT_EQ(chunks, 12u);
   const uint64_t baseline = ProcStatusBytes(server.pid(), "VmRSS");
+  const uint64_t job_bytes = BudgetUsed(*stub);
 
   const std::string payload(4 * kMiB, '\0');
   std::vector<grpc::Status> results(kWorkers);
@@ -177,9 +208,11 @@ uint64_t RunWorkersIgnoringTheirWindow(ServerProcess& server) {
   std::cout << "RSS after CreateJob " << baseline << ", peak RSS " << peak
             << std::endl;
   EXPECT_GT(CountRefused(results, {"memory budget"}), 0);
-  // The budget is whole again: the job fits once more.
+  // The budget is whole again: the job fits once more, and nothing of the
+  // 64 streams' payloads or reservations is left counted.
   status = RawCreateJob(*stub, spec, 0, &created);
   EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(AwaitBudgetUsed(*stub, job_bytes)) << BudgetUsed(*stub);
   return peak;
 }
 
@@ -212,36 +245,6 @@ TEST(MemoryLimitTest, WorkersIgnoringTheirWindowStayWithinTheBudget) {
   // The job's kept weights: 2 steps x 12 M elements x 4 bytes (fp32).
   constexpr uint64_t kKeptWeights = 2 * 12'000'000 * sizeof(float);
   EXPECT_LE(peak, kWindowTestBudget - kKeptWeights + 64 * kMiB) << server.Log();
-}
-
-// The budget in use, as ServerStatus reports it.
-uint64_t BudgetUsed(v1::Depot::Stub& stub) {
-  v1::ServerStatusRequest request;
-  v1::ServerStatusResponse response;
-  grpc::ClientContext context;
-  const grpc::Status status = stub.ServerStatus(&context, request, &response);
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  return response.memory_used_bytes();
-}
-
-// Scrapes the series' value from `server`'s /metrics (-1 when it cannot).
-double Scraped(const ServerProcess& server, absl::string_view series) {
-  absl::StatusOr<std::string> scraped = ScrapeMetrics(server.metrics_address());
-  EXPECT_TRUE(scraped.ok()) << scraped.status();
-  if (!scraped.ok()) return -1;
-  absl::StatusOr<double> value = MetricValue(*scraped, series);
-  EXPECT_TRUE(value.ok()) << value.status();
-  return value.ok() ? *value : -1;
-}
-
-// Polls BudgetUsed until it is `bytes` (true) or 10 s have passed (false).
-bool AwaitBudgetUsed(v1::Depot::Stub& stub, uint64_t bytes) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (BudgetUsed(stub) != bytes) {
-    if (absl::Now() > give_up) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
 }
 
 // What gRPC may receive on an open Step stream ahead of the server's reader is

@@ -1172,6 +1172,63 @@ TEST_F(TransferEngineErrorTest, ASlowRankIsToldWhenItsPeerGaveUp) {
   }
 }
 
+// SynchronizeNode returns on a rank only once every rank has called it (a
+// node's ranks call it after their reconciles, so that none begins its next
+// step while another's reconcile may still roll the servers back), refuses a
+// step in flight, and steps go on after it.
+TEST_F(TransferEngineErrorTest, SynchronizeNodeReturnsOnceEveryRankCalledIt) {
+  NodeRank ranks[2];
+  OpenNodeOfTwoBuckets("node-sync", ranks,
+                       {absl::Minutes(1), absl::Minutes(1)});
+  std::atomic<bool> rank1_called{false};
+  OnTwoRanks([&](uint32_t g) {
+    TransferEngine& engine = *ranks[g].engine;
+    if (g == 1) {
+      absl::SleepFor(absl::Milliseconds(300));
+      rank1_called = true;
+    }
+    const absl::Status synced = engine.SynchronizeNode();
+    EXPECT_TRUE(synced.ok()) << synced;
+    if (g == 0) EXPECT_TRUE(rank1_called);
+    ASSERT_TRUE(engine.BeginStep(2, StepOptions()).ok());
+    const absl::Status in_flight = engine.SynchronizeNode();
+    EXPECT_EQ(in_flight.code(), absl::StatusCode::kFailedPrecondition)
+        << in_flight;
+    EXPECT_NE(in_flight.message().find("step 2 is in flight"),
+              absl::string_view::npos)
+        << in_flight;
+    ASSERT_TRUE(NameAll(engine, *ranks[g].compute).ok());
+    const absl::Status finished = engine.FinishStep().status();
+    EXPECT_TRUE(finished.ok()) << finished;
+    EXPECT_TRUE(engine.CheckNode().ok());
+    EXPECT_TRUE(engine.SynchronizeNode().ok());
+  });
+  EXPECT_EQ(NewestStep(*ranks[0].job), 2u);
+}
+
+// A rank that never comes: SynchronizeNode fails at the collective timeout,
+// and the node is broken for good, as after any collective that expired.
+TEST_F(TransferEngineErrorTest, SynchronizeNodeExpiresWhenARankNeverComes) {
+  NodeRank ranks[2];
+  OpenNodeOfTwoBuckets("node-sync-alone", ranks,
+                       {absl::Seconds(1), absl::Seconds(1)});
+  OnTwoRanks([&](uint32_t g) {
+    if (g == 1) return;
+    TransferEngine& engine = *ranks[0].engine;
+    const absl::Time start = absl::Now();
+    const absl::Status synced = engine.SynchronizeNode();
+    EXPECT_EQ(synced.code(), absl::StatusCode::kDeadlineExceeded) << synced;
+    EXPECT_GE(absl::Now() - start, absl::Seconds(1));
+    const absl::Status again = engine.SynchronizeNode();
+    EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+    EXPECT_NE(again.message().find("SynchronizeNode: "),
+              absl::string_view::npos)
+        << again;
+    EXPECT_EQ(engine.BeginStep(2, StepOptions()).code(),
+              absl::StatusCode::kFailedPrecondition);
+  });
+}
+
 // Each deliberate engine bug is caught: by the HostDevice's host-access
 // checks (an engine error), by a weights mismatch with the reference, or by
 // a wait queued on the compute stream. Copies are throttled to 200 MB/s so

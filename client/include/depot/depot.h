@@ -58,7 +58,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 12
+#define DEPOT_API_VERSION 13
 DEPOT_API uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -630,6 +630,16 @@ DEPOT_API int depot_engine_finish_step(depot_engine_t* engine,
  * local rank: DEPOT_OK. Once the node's collectives were aborted
  * (collective_timeout_seconds), their error, every time. */
 DEPOT_API int depot_engine_check_node(depot_engine_t* engine);
+
+/* TransferEngine::SynchronizeNode: with several local ranks, returns once
+ * every rank's engine has called it (an all-reduce on the node's collective).
+ * After a failed step every rank reconciles the job (depot_job_reconcile);
+ * call this between that and the next step, so that no rank's next step
+ * reaches the servers while another rank's reconcile may still roll them
+ * back. FAILED_PRECONDITION: a step in flight, or the node's collectives out
+ * of step or aborted; DEADLINE_EXCEEDED: another rank did not come within
+ * collective_timeout_seconds. One local rank: DEPOT_OK at once. */
+DEPOT_API int depot_engine_synchronize_node(depot_engine_t* engine);
 
 /* Aborts a step in flight and frees the engine. NULL is ignored. */
 DEPOT_API void depot_engine_destroy(depot_engine_t* engine);

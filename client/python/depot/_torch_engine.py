@@ -546,8 +546,11 @@ class _EngineDriver:
         once, in its own time: each drains its steps in flight (their
         collectives run on every rank whatever their outcome, so none
         waits for another), has the servers agree (Job.reconcile, which
-        any number of ranks may call), takes the servers' weights and
-        raises RolledBackError with the step they agree on. Always a
+        any number of ranks may call), waits until every rank's reconcile
+        is over (Engine.synchronize_node: one rank's next step opened on
+        the servers while another's reconcile still rolled them back was
+        rolled back too, a second RolledBackError), takes the servers'
+        weights and raises RolledBackError with the step they agree on. Always a
         rollback, also where every server is at the step before: the
         step's gradient left each rank reduce-scattered and cannot be sent
         again (the next step from that point is bitwise the same).
@@ -560,8 +563,12 @@ class _EngineDriver:
         self._drain_in_flight()
         # The verdicts of the steps just drained no longer count.
         self._node_failure()
-        self._roll_back(self._reconcile(error), error.message,
-                        ", on every local rank of the node")
+        at = self._reconcile(error)
+        # No rank's next step may reach the servers before every rank's
+        # reconcile is over: a later one would find that step half applied,
+        # the servers at different steps, and roll it back.
+        self.engine.synchronize_node()
+        self._roll_back(at, error.message, ", on every local rank of the node")
 
     def _node_failure(self):
         """A node of several local ranks: the error naming an earlier step

@@ -210,3 +210,15 @@ class Engine(OwnedHandle):
         recovers as from a failed step. Waits for the device to reach it;
         begin_step checks too. One local rank: nothing."""
         _capi.check(_capi.lib().depot_engine_check_node(self._live_handle()))
+
+    def synchronize_node(self) -> None:
+        """A node of several local ranks: returns once every rank's engine
+        has called it (an all-reduce on the node's collective). After a
+        failed step each rank reconciles the job; this keeps every rank's
+        next step from reaching the servers before the last rank's
+        reconcile is over. depot.FailedPreconditionError with a step in
+        flight or the node's collectives aborted;
+        depot.DeadlineExceededError when another rank did not come within
+        the collective timeout. One local rank: nothing."""
+        _capi.check(
+            _capi.lib().depot_engine_synchronize_node(self._live_handle()))

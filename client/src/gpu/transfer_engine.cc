@@ -80,7 +80,7 @@ absl::Status TransferEngine::Impl::Init() {
   applied_step_.assign(buckets, 0);
   if (collective_ != nullptr) {
     absl::StatusOr<std::unique_ptr<Buffer>> flags =
-        device_.Allocate(2 * sizeof(float));
+        device_.Allocate(3 * sizeof(float));
     if (!flags.ok()) return flags.status();
     node_flags_ = *std::move(flags);
     absl::StatusOr<std::unique_ptr<Buffer>> constants =
@@ -273,5 +273,8 @@ absl::StatusOr<StepResult> TransferEngine::FinishStep() {
   return impl_->FinishStep();
 }
 absl::Status TransferEngine::CheckNode() { return impl_->CheckNode(); }
+absl::Status TransferEngine::SynchronizeNode() {
+  return impl_->SynchronizeNode();
+}
 
 }  // namespace depot::gpu

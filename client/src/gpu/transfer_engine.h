@@ -262,6 +262,19 @@ class TransferEngine {
   // (options.collective_timeout), CheckNode returns why, every time.
   absl::Status CheckNode();
 
+  // A node of several local ranks: returns once every rank's engine has
+  // called it (one all-reduce on the node's collective, under the collective
+  // timeout). For work on the servers that one rank must finish before
+  // another begins a step: after a failed step every rank reconciles the
+  // job (Job::Reconcile), and a rank's next step, half applied on the
+  // servers, would look to a later rank's reconcile like servers at
+  // different steps, and be rolled back. FAILED_PRECONDITION with a step in
+  // flight, or once the node's collectives are out of step or aborted (as
+  // BeginStep); DEADLINE_EXCEEDED when another rank does not come within
+  // options.collective_timeout (the node is then broken). One local rank:
+  // OK at once.
+  absl::Status SynchronizeNode();
+
  private:
   class Impl;
   explicit TransferEngine(std::unique_ptr<Impl> impl);

@@ -231,6 +231,8 @@ class TransferEngine::Impl {
   // finished without an error and has not checked yet (node_unchecked_);
   // ABORTED naming the first that failed on another rank. Trainer thread.
   absl::Status CheckNode();
+  // TransferEngine::SynchronizeNode. Trainer thread.
+  absl::Status SynchronizeNode();
   // The comm thread's end of a node's step: waits for its streams' end,
   // then all-reduces the flag (1: failed on this rank) on the comm stream
   // and records node_verdict_[parity].
@@ -238,9 +240,11 @@ class TransferEngine::Impl {
   // A collective or device call on a node's comm thread failed: fails the
   // step and marks the node's collectives out of step (node_broken_).
   void BreakNode(StepRun& run, const absl::Status& status);
-  // BeginStep's FAILED_PRECONDITION once node_broken_ says why; OK before
-  // (and with one local rank, which never breaks).
-  absl::Status NodeBroken() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `what` (BeginStep, SynchronizeNode) is FAILED_PRECONDITION once
+  // node_broken_ says why; OK before (and with one local rank, which never
+  // breaks).
+  absl::Status NodeBroken(absl::string_view what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The watched collective expired (a collective waited past
   // options.collective_timeout, or the node's collectives failed
   // elsewhere), on its thread, before it aborts the collective: fails every
@@ -481,6 +485,8 @@ class TransferEngine::Impl {
   // written once), the event after the all-reduce, and a stream the trainer
   // thread reads a verdict on (not the comm stream, which may hold the next
   // step's collectives).
+  // node_flags_: each step parity's failure flag, then SynchronizeNode's
+  // (a float no one reads); node_constants_: 0 and 1.
   std::unique_ptr<Buffer> node_flags_, node_constants_;
   std::unique_ptr<Event> node_verdict_[2];
   std::unique_ptr<Stream> node_read_;

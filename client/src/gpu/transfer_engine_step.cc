@@ -25,7 +25,8 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
   if (NodeMode()) {
     {
       absl::MutexLock lock(&mu_);
-      if (absl::Status broken = NodeBroken(); !broken.ok()) return broken;
+      if (absl::Status broken = NodeBroken("BeginStep"); !broken.ok())
+        return broken;
     }
     // A step another rank failed leaves this rank's weights wrong: no step
     // begins on them. The steps in flight cannot go on either.
@@ -108,7 +109,8 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
     absl::MutexLock lock(&mu_);
     // The node may have broken since the check above (the watched
     // collective expires on its own thread); nothing has started yet.
-    if (absl::Status broken = NodeBroken(); !broken.ok()) return broken;
+    if (absl::Status broken = NodeBroken("BeginStep"); !broken.ok())
+      return broken;
     // With no step in flight, none is waited for (the first step, or a
     // retry after a failure).
     if (runs_.empty()) collectives_through_ = step - 1;
@@ -341,10 +343,10 @@ void TransferEngine::Impl::BreakNode(StepRun& run, const absl::Status& status) {
   }
 }
 
-absl::Status TransferEngine::Impl::NodeBroken() const {
+absl::Status TransferEngine::Impl::NodeBroken(absl::string_view what) const {
   if (node_broken_.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "BeginStep: ", node_broken_,
+      what, ": ", node_broken_,
       "; this rank can no longer take part in the node's collectives: "
       "create every local rank's engine (and the node's collective) anew"));
 }
@@ -495,6 +497,31 @@ absl::Status TransferEngine::Impl::CheckNode() {
   absl::Status expired = CollectivesExpired();
   if (!expired.ok()) node_unchecked_.clear();
   return expired;
+}
+
+absl::Status TransferEngine::Impl::SynchronizeNode() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!runs_.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("SynchronizeNode: step ", runs_.front()->step,
+                       " is in flight (call FinishStep first)"));
+    }
+    if (absl::Status broken = NodeBroken("SynchronizeNode"); !broken.ok()) {
+      return broken;
+    }
+  }
+  if (!NodeMode()) return absl::OkStatus();
+  float* flag = static_cast<float*>(node_flags_->data()) + 2;
+  absl::Status s = device_.CopyAsync(*comm_, flag, node_constants_->data(),
+                                     sizeof(float), CopyKind::kDeviceToDevice);
+  if (s.ok()) s = collective_->AllReduceSum(flag, 1, *comm_);
+  // Also after an error: nothing queued may be left behind.
+  const absl::Status synced = device_.SynchronizeStream(*comm_);
+  if (!s.ok()) return s;
+  if (!synced.ok()) return synced;
+  // An all-reduce aborted while it waited synchronized nothing.
+  return CollectivesExpired();
 }
 
 bool TransferEngine::Impl::AwaitPreviousCollectives(StepRun& run) {
