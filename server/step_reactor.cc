@@ -255,7 +255,8 @@ class DepotService::StepReactor final
           " bytes of one chunk message that the stream may receive ahead of "
           "its reader; send it again once other steps' streams have ended"));
     }
-    // After a finish the reactor no longer reads, and OnDone gives it back.
+    // Added after the stream finished on another thread (a failure while
+    // the header was read), it is given back by OnDone.
     reserved_.fetch_add(bytes, std::memory_order_relaxed);
     service_->metrics_->step_receive_reserved_bytes.Increment(
         static_cast<double>(bytes));

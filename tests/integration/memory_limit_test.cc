@@ -68,14 +68,6 @@ JobConfig OneTensorJob(const std::string& name, uint64_t elems,
   return config;
 }
 
-// 64 workers that ignore their window (each sends every chunk of its step
-// at once, none reading an answer) against a job that uses 90% of
-// `budget`: 12 M elements, 240 MB (229 MiB) of state and kept weights, 89% of
-// a 256 MiB budget with the bookkeeping; 12 chunks of 4 MiB of fp32
-// gradients. Each worker sends its header and all 12 chunks (48 MiB) as fast
-// as gRPC takes them: 3 GiB in all, against 27 MiB of room, where each open
-// stream reserves one chunk message and each payload held its size. Then the
-// job is deleted, and created again. Returns the server's peak RSS (VmHWM).
 // One raw Step stream of worker `rank` for step 1 of `created`: its header,
 // then `count` chunks from `first` with `payload` each, stopping once the
 // server refuses one; half-closes if asked and still open. `on_written` runs
@@ -167,9 +159,20 @@ bool AwaitBudgetUsed(v1::Depot::Stub& stub, uint64_t bytes) {
   return true;
 }
 
+// The elements of the job RunWorkersIgnoringTheirWindow sends to.
+constexpr uint64_t kWindowTestElems = 12'000'000;
+
+// 64 workers that ignore their window (each sends every chunk of its step
+// at once, none reading an answer) against a job that uses 90% of
+// `budget`: 12 M elements, 240 MB (229 MiB) of state and kept weights, 89% of
+// a 256 MiB budget with the bookkeeping; 12 chunks of 4 MiB of fp32
+// gradients. Each worker sends its header and all 12 chunks (48 MiB) as fast
+// as gRPC takes them: 3 GiB in all, against 27 MiB of room, where each open
+// stream reserves one chunk message and each payload held its size. Then the
+// job is deleted, and created again. Returns the server's peak RSS (VmHWM).
 uint64_t RunWorkersIgnoringTheirWindow(ServerProcess& server) {
   constexpr uint32_t kWorkers = 64;
-  constexpr uint64_t kElems = 12'000'000;
+  constexpr uint64_t kElems = kWindowTestElems;
   std::unique_ptr<v1::Depot::Stub> stub = NewDepotStub(server.grpc_address());
 
   v1::JobSpec spec;
@@ -242,8 +245,8 @@ TEST(MemoryLimitTest, WorkersIgnoringTheirWindowStayWithinTheBudget) {
             << " MiB)" << std::endl;
   RecordProperty("peak_rss_bytes", std::to_string(peak));
   EXPECT_GT(peak, 0u);
-  // The job's kept weights: 2 steps x 12 M elements x 4 bytes (fp32).
-  constexpr uint64_t kKeptWeights = 2 * 12'000'000 * sizeof(float);
+  // The job's kept weights: 2 steps x its elements x 4 bytes (fp32).
+  constexpr uint64_t kKeptWeights = 2 * kWindowTestElems * sizeof(float);
   EXPECT_LE(peak, kWindowTestBudget - kKeptWeights + 64 * kMiB) << server.Log();
 }
 

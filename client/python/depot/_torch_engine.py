@@ -550,8 +550,8 @@ class _EngineDriver:
         is over (Engine.synchronize_node: one rank's next step opened on
         the servers while another's reconcile still rolled them back was
         rolled back too, a second RolledBackError), takes the servers'
-        weights and raises RolledBackError with the step they agree on. Always a
-        rollback, also where every server is at the step before: the
+        weights and raises RolledBackError with the step they agree on.
+        Always a rollback, also where every server is at the step before: the
         step's gradient left each rank reduce-scattered and cannot be sent
         again (the next step from that point is bitwise the same).
         An error no server restart explains (the node's collectives

@@ -25,8 +25,9 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
   if (NodeMode()) {
     {
       absl::MutexLock lock(&mu_);
-      if (absl::Status broken = NodeBroken("BeginStep"); !broken.ok())
+      if (absl::Status broken = NodeBroken("BeginStep"); !broken.ok()) {
         return broken;
+      }
     }
     // A step another rank failed leaves this rank's weights wrong: no step
     // begins on them. The steps in flight cannot go on either.
@@ -109,8 +110,9 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
     absl::MutexLock lock(&mu_);
     // The node may have broken since the check above (the watched
     // collective expires on its own thread); nothing has started yet.
-    if (absl::Status broken = NodeBroken("BeginStep"); !broken.ok())
+    if (absl::Status broken = NodeBroken("BeginStep"); !broken.ok()) {
       return broken;
+    }
     // With no step in flight, none is waited for (the first step, or a
     // retry after a failure).
     if (runs_.empty()) collectives_through_ = step - 1;
