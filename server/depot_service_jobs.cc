@@ -239,21 +239,24 @@ absl::Status DepotService::DoExportState(
   absl::StatusOr<std::shared_ptr<ShardState>> shard =
       FindOwned(caller, request.job_id(), request.fingerprint());
   if (!shard.ok()) return shard.status();
-  absl::Status status = (*shard)->ExportChunks([&](ChunkSnapshot snapshot) {
-    if (ended()) return false;
-    v1::StateChunk message;
-    message.set_index(snapshot.index);
-    message.set_applied_step(snapshot.applied_step);
-    message.set_optimizer_step(snapshot.optimizer_step);
-    for (const uint64_t count : snapshot.tensor_steps) {
-      message.add_tensor_steps(count);
-    }
-    *message.mutable_master() = std::move(snapshot.master);
-    for (std::string& slot : snapshot.slots) {
-      *message.add_slots() = std::move(slot);
-    }
-    return writer->Write(message);
-  });
+  const std::vector<uint64_t> only(request.chunks().begin(),
+                                   request.chunks().end());
+  absl::Status status =
+      (*shard)->ExportChunks(only, [&](ChunkSnapshot snapshot) {
+        if (ended()) return false;
+        v1::StateChunk message;
+        message.set_index(snapshot.index);
+        message.set_applied_step(snapshot.applied_step);
+        message.set_optimizer_step(snapshot.optimizer_step);
+        for (const uint64_t count : snapshot.tensor_steps) {
+          message.add_tensor_steps(count);
+        }
+        *message.mutable_master() = std::move(snapshot.master);
+        for (std::string& slot : snapshot.slots) {
+          *message.add_slots() = std::move(slot);
+        }
+        return writer->Write(message);
+      });
   return ended() && !status.ok() ? absl::UnavailableError(kShuttingDown)
                                  : status;
 }
@@ -272,7 +275,9 @@ absl::Status DepotService::DoImportState(
   absl::StatusOr<std::shared_ptr<ShardState>> shard = FindOwned(
       caller, request.header().job_id(), request.header().fingerprint());
   if (!shard.ok()) return shard.status();
-  // Staged whole: ImportChunks checks everything before it replaces anything.
+  const bool patch = request.header().patch();
+  // Staged whole: ImportChunks (PatchChunks) checks everything before it
+  // replaces anything.
   // The staged chunks are charged to the memory budget while they are held:
   // a client that sends more than it holds is refused.
   std::vector<ChunkSnapshot> chunks;
@@ -304,6 +309,15 @@ absl::Status DepotService::DoImportState(
     }
   }
   if (!reader->status().ok()) return reader->status();
+  if (patch) {
+    // The same history: the job's checkpoints stay.
+    const uint64_t patched = chunks.size();
+    if (absl::Status s = (*shard)->PatchChunks(std::move(chunks)); !s.ok()) {
+      return s;
+    }
+    response->set_chunks(patched);
+    return absl::OkStatus();
+  }
   if (absl::Status s = (*shard)->ImportChunks(std::move(chunks)); !s.ok()) {
     return s;
   }

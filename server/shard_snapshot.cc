@@ -12,9 +12,35 @@ namespace depot {
 
 absl::Status ShardState::ExportChunks(
     const std::function<bool(ChunkSnapshot)>& emit) const {
+  return ExportChunks({}, emit);
+}
+
+absl::Status ShardState::ExportChunks(
+    const std::vector<uint64_t>& only,
+    const std::function<bool(ChunkSnapshot)>& emit) const {
   if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
   const ShardRange& shard = shape_.shard();
-  for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
+  std::vector<uint64_t> indices = only;
+  if (indices.empty()) {
+    for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
+      indices.push_back(index);
+    }
+  }
+  // Checked whole before the first chunk goes out.
+  std::vector<bool> listed(shard.num_chunks(), false);
+  for (const uint64_t index : indices) {
+    if (index < shard.first_chunk || index >= shard.end_chunk) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "chunk ", index, " is not in this server's shard: chunks [",
+          shard.first_chunk, ", ", shard.end_chunk, ")"));
+    }
+    if (listed[index - shard.first_chunk]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", index, " is listed twice"));
+    }
+    listed[index - shard.first_chunk] = true;
+  }
+  for (const uint64_t index : indices) {
     ChunkSnapshot snapshot;
     {
       ChunkState& chunk = chunk_state(index);
@@ -54,55 +80,60 @@ void ShardState::CopyChunk(uint64_t index, uint64_t applied_step,
   out.payload_crc = crc;
 }
 
-absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {
-  if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
-  const ShardRange& shard = shape_.shard();
-  // Staged by chunk: every chunk must come exactly once.
-  std::vector<ChunkSnapshot*> staged(shard.num_chunks(), nullptr);
-  for (ChunkSnapshot& snapshot : chunks) {
+absl::Status ShardState::CheckSnapshot(ChunkSnapshot& snapshot) const {
+  if (absl::Status s = CheckChunkPayload(snapshot.index, snapshot.master.size(),
+                                         sizeof(float));
+      !s.ok()) {
+    return s;
+  }
+  if (snapshot.slots.size() != static_cast<size_t>(shape_.slots())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", snapshot.index, " has ", snapshot.slots.size(),
+        " optimizer slots, the job's optimizer has ", shape_.slots()));
+  }
+  for (int k = 0; k < shape_.slots(); ++k) {
     if (absl::Status s = CheckChunkPayload(
-            snapshot.index, snapshot.master.size(), sizeof(float));
+            snapshot.index, snapshot.slots[k].size(), slot_elem_bytes_[k]);
         !s.ok()) {
-      return s;
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer slot ", k, ": ", s.message()));
     }
-    if (snapshot.slots.size() != static_cast<size_t>(shape_.slots())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", snapshot.index, " has ", snapshot.slots.size(),
-          " optimizer slots, the job's optimizer has ", shape_.slots()));
+  }
+  const size_t segments =
+      shape_.layout()
+          .SegmentsIn(shape_.plan().chunk(snapshot.index).begin,
+                      shape_.plan().chunk(snapshot.index).end)
+          .size();
+  if (snapshot.tensor_steps.empty()) {
+    // A state saved before per-tensor counts: one count for the chunk.
+    snapshot.tensor_steps.assign(segments, snapshot.optimizer_step);
+  } else if (snapshot.tensor_steps.size() != segments) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", snapshot.index, " has ", snapshot.tensor_steps.size(),
+        " tensor step counts, it holds ", segments, " tensor segments"));
+  }
+  if (snapshot.applied_step > kMaxStep) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", snapshot.index, " is at step ", snapshot.applied_step,
+        ", beyond the largest step a job may reach (", kMaxStep, ")"));
+  }
+  for (const uint64_t count : snapshot.tensor_steps) {
+    if (count > snapshot.applied_step) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", snapshot.index, ": optimizer step ", count,
+                       " is above its applied step ", snapshot.applied_step));
     }
-    for (int k = 0; k < shape_.slots(); ++k) {
-      if (absl::Status s = CheckChunkPayload(
-              snapshot.index, snapshot.slots[k].size(), slot_elem_bytes_[k]);
-          !s.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("optimizer slot ", k, ": ", s.message()));
-      }
-    }
-    const size_t segments =
-        shape_.layout()
-            .SegmentsIn(shape_.plan().chunk(snapshot.index).begin,
-                        shape_.plan().chunk(snapshot.index).end)
-            .size();
-    if (snapshot.tensor_steps.empty()) {
-      // A state saved before per-tensor counts: one count for the chunk.
-      snapshot.tensor_steps.assign(segments, snapshot.optimizer_step);
-    } else if (snapshot.tensor_steps.size() != segments) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", snapshot.index, " has ", snapshot.tensor_steps.size(),
-          " tensor step counts, it holds ", segments, " tensor segments"));
-    }
-    if (snapshot.applied_step > kMaxStep) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "chunk ", snapshot.index, " is at step ", snapshot.applied_step,
-          ", beyond the largest step a job may reach (", kMaxStep, ")"));
-    }
-    for (const uint64_t count : snapshot.tensor_steps) {
-      if (count > snapshot.applied_step) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("chunk ", snapshot.index, ": optimizer step ", count,
-                         " is above its applied step ", snapshot.applied_step));
-      }
-    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardState::StageSnapshots(
+    std::vector<ChunkSnapshot>& chunks,
+    std::vector<ChunkSnapshot*>& staged) const {
+  const ShardRange& shard = shape_.shard();
+  staged.assign(shard.num_chunks(), nullptr);
+  for (ChunkSnapshot& snapshot : chunks) {
+    if (absl::Status s = CheckSnapshot(snapshot); !s.ok()) return s;
     ChunkSnapshot*& slot_for_chunk = staged[snapshot.index - shard.first_chunk];
     if (slot_for_chunk != nullptr) {
       return absl::InvalidArgumentError(
@@ -110,6 +141,15 @@ absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {
     }
     slot_for_chunk = &snapshot;
   }
+  return absl::OkStatus();
+}
+
+absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {
+  if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  const ShardRange& shard = shape_.shard();
+  // Staged by chunk: every chunk must come exactly once.
+  std::vector<ChunkSnapshot*> staged;
+  if (absl::Status s = StageSnapshots(chunks, staged); !s.ok()) return s;
   if (chunks.size() != shard.num_chunks()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the state has ", chunks.size(), " chunks, the shard ",
@@ -173,6 +213,64 @@ absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {
   // longer describe it.
   steps_.clear();
   return absl::OkStatus();
+}
+
+absl::Status ShardState::PatchChunks(std::vector<ChunkSnapshot> chunks) {
+  if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  const ShardRange& shard = shape_.shard();
+  std::vector<ChunkSnapshot*> staged;
+  if (absl::Status s = StageSnapshots(chunks, staged); !s.ok()) return s;
+  // Every chunk is locked, as for an import: the shard's step is the step of
+  // all of them only while none can move.
+  for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
+    chunk_state(index).mu.Lock();
+  }
+  absl::Status status;
+  const uint64_t step = chunk_state(shard.first_chunk).applied_step;
+  for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
+    const ChunkState& chunk = chunk_state(index);
+    if (chunk.phase() != ChunkPhase::kIdle) {
+      status = absl::FailedPreconditionError(
+          absl::StrCat("chunk ", index, " has contributions for step ",
+                       chunk.applied_step + 1,
+                       ": patch the state only while no step is in flight"));
+      break;
+    }
+    if (chunk.applied_step != step) {
+      status = absl::FailedPreconditionError(
+          absl::StrCat("chunk ", index, " is at step ", chunk.applied_step,
+                       ", chunk ", shard.first_chunk, " at step ", step,
+                       ": patch the state only while no step is in flight"));
+      break;
+    }
+  }
+  for (const ChunkSnapshot& snapshot : chunks) {
+    if (!status.ok()) break;
+    if (snapshot.applied_step != step) {
+      status = absl::FailedPreconditionError(absl::StrCat(
+          "chunk ", snapshot.index, " of the patch is of step ",
+          snapshot.applied_step, " and the shard is at step ", step,
+          ": a patch replaces the state at the shard's own step"));
+    }
+  }
+  if (status.ok()) {
+    for (const ChunkSnapshot& snapshot : chunks) {
+      const ChunkRange range = shape_.plan().chunk(snapshot.index);
+      std::memcpy(master(range), snapshot.master.data(),
+                  snapshot.master.size());
+      for (int k = 0; k < shape_.slots(); ++k) {
+        std::memcpy(slot(k, range.begin), snapshot.slots[k].data(),
+                    snapshot.slots[k].size());
+      }
+      // The step and the weights kept for pulls of earlier steps stay: the
+      // history is the same, only the state at its last step changed.
+      chunk_state(snapshot.index).tensor_steps = snapshot.tensor_steps;
+    }
+  }
+  for (uint64_t index = shard.end_chunk; index > shard.first_chunk; --index) {
+    chunk_state(index - 1).mu.Unlock();
+  }
+  return status;
 }
 
 }  // namespace depot

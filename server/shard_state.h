@@ -410,6 +410,12 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // get one consistent state. ABORTED: the job was deleted.
   absl::Status ExportChunks(
       const std::function<bool(ChunkSnapshot)>& emit) const;
+  // Only the chunks `only` lists, in that order (empty: every chunk).
+  // OUT_OF_RANGE: a chunk outside the shard; INVALID_ARGUMENT: one listed
+  // twice (nothing emitted).
+  absl::Status ExportChunks(
+      const std::vector<uint64_t>& only,
+      const std::function<bool(ChunkSnapshot)>& emit) const;
 
   // Replaces the whole shard's state by `chunks` (server/shard_snapshot.cc).
   // All is checked before anything changes; on error the state is untouched.
@@ -419,6 +425,14 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // FAILED_PRECONDITION: a chunk has pending contributions or an update
   // running. ABORTED: the job was deleted.
   absl::Status ImportChunks(std::vector<ChunkSnapshot> chunks);
+  // Replaces the state of the chunks sent only, each at most once, at the
+  // step every chunk of the shard is at (the ImportState patch,
+  // docs/protocol.md "Patching a part of the state"). The step, the
+  // completed step, the captures and the weights kept for pulls stay. All is
+  // checked before anything changes. Errors as ImportChunks, but for a
+  // missing chunk; FAILED_PRECONDITION also: a chunk of the patch at another
+  // step than the shard's, or the shard's chunks at different steps.
+  absl::Status PatchChunks(std::vector<ChunkSnapshot> chunks);
 
   // Checkpoint captures (server/shard_capture.cc). From now on, at every
   // step t that is a multiple of hooks.every_steps, each chunk is copied as
@@ -584,6 +598,13 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
                     const std::vector<uint64_t>& tensor_steps);
   // Drops a capture still being filled (the state was replaced by an import).
   void DropCapture(uint64_t imported_step);
+  // ImportChunks' and PatchChunks' checks of each chunk sent (sizes, slot
+  // count, step counts; an empty tensor_steps filled from optimizer_step).
+  absl::Status CheckSnapshot(ChunkSnapshot& snapshot) const;
+  // CheckSnapshot of every chunk, then `staged`: one pointer per chunk of
+  // the shard, null for a chunk not sent. INVALID_ARGUMENT: one sent twice.
+  absl::Status StageSnapshots(std::vector<ChunkSnapshot>& chunks,
+                              std::vector<ChunkSnapshot*>& staged) const;
   // Copies chunk `index`'s state into `out`, reusing its buffers, and sets
   // its payload_crc in the same pass.
   // REQUIRES: no update runs on it (its lock held and idle, or its update

@@ -242,6 +242,7 @@ int EngineDeviceState(const char* function, depot_engine_t* engine,
     arrays.num_slots = 3;
     for (int k = 0; k < 3; ++k) arrays.slots[k] = state->slots[k];
     arrays.tensor_steps = state->tensor_steps;
+    arrays.applied_step = state->applied_step;
     return write ? engine->engine->WriteGpuState(arrays)
                  : engine->engine->ReadGpuState(arrays);
   });
@@ -466,6 +467,26 @@ int depot_engine_synchronize_node(depot_engine_t* engine) {
       return depot::c_api::NullArgument(kFunction, "engine");
     }
     return engine->engine->SynchronizeNode();
+  });
+}
+
+int depot_engine_store_device_state(depot_engine_t* engine) {
+  constexpr const char* kFunction = "depot_engine_store_device_state";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (engine == nullptr) {
+      return depot::c_api::NullArgument(kFunction, "engine");
+    }
+    return engine->engine->StoreGpuState();
+  });
+}
+
+int depot_engine_restore_device_state(depot_engine_t* engine) {
+  constexpr const char* kFunction = "depot_engine_restore_device_state";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (engine == nullptr) {
+      return depot::c_api::NullArgument(kFunction, "engine");
+    }
+    return engine->engine->RestoreGpuState();
   });
 }
 

@@ -51,6 +51,10 @@ class JobImpl : public Job {
       const std::string& blob) const override;
   absl::StatusOr<std::string> EncodeState(
       const FlatState& state) const override;
+  absl::StatusOr<FlatState> ReadStatePart(uint64_t begin,
+                                          uint64_t end) override;
+  absl::Status PatchStatePart(uint64_t begin, uint64_t end,
+                              const FlatState& part) override;
 
   // A streamed step (step_stream.h). When it runs in two phases
   // (NeedsTwoPhases), its routes are exactly one per server with chunks (in
@@ -102,6 +106,11 @@ class JobImpl : public Job {
                   const CommitBarrier* barrier, absl::Time start,
                   StepResult* result) const;
 
+  // ReadStatePart and PatchStatePart: the chunks over [begin, end), each
+  // from its server (ExportState of those chunks), in index order, all at
+  // one step. OUT_OF_RANGE, FAILED_PRECONDITION as ReadStatePart.
+  absl::StatusOr<std::vector<v1::StateChunk>> ExportPart(uint64_t begin,
+                                                         uint64_t end);
   // A SaveState blob of this job's config, decoded. DATA_LOSS: corrupt;
   // FAILED_PRECONDITION: of another config or server count.
   absl::StatusOr<StateBlob> DecodeOwnStateBlob(const std::string& bytes) const;

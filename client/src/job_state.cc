@@ -1,5 +1,6 @@
 // JobImpl::SaveState and LoadState: the whole optimizer state through the
-// servers' ExportState / ImportState RPCs, in the blob of state_blob.h.
+// servers' ExportState / ImportState RPCs, in the blob of state_blob.h; and
+// ReadStatePart and PatchStatePart, a part of it by the same RPCs.
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -311,6 +312,237 @@ absl::StatusOr<std::string> JobImpl::EncodeState(const FlatState& state) const {
     }
   }
   return EncodeStateBlob(blob);
+}
+
+absl::StatusOr<std::vector<v1::StateChunk>> JobImpl::ExportPart(uint64_t begin,
+                                                                uint64_t end) {
+  if (begin >= end || end > total_elems()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "a part of the state is [begin, end) with begin < end <= ",
+        total_elems(), " (the job's elements); got [", begin, ", ", end, ")"));
+  }
+  const uint64_t first = begin / plan().chunk_elems();
+  const uint64_t last = (end - 1) / plan().chunk_elems();
+  std::vector<std::vector<uint64_t>> wanted(plan().num_servers());
+  std::vector<uint32_t> servers;
+  for (uint64_t c = first; c <= last; ++c) {
+    const uint32_t server = plan().ServerOfChunk(c);
+    if (wanted[server].empty()) servers.push_back(server);
+    wanted[server].push_back(c);
+  }
+  std::vector<std::vector<v1::StateChunk>> read(plan().num_servers());
+  const absl::Time deadline = absl::Now() + options_.step_timeout;
+  absl::Status status = RunOnServers(
+      *connections_, servers,
+      [&](uint32_t server, CallGroup& group) -> absl::Status {
+        GroupContext context(group, deadline);
+        v1::ExportStateRequest request;
+        request.set_job_id(job_ids_[server]);
+        request.set_fingerprint(fingerprint());
+        for (const uint64_t c : wanted[server]) request.add_chunks(c);
+        std::unique_ptr<grpc::ClientReader<v1::StateChunk>> reader =
+            (*connections_)[server]->depot->ExportState(context.get(), request);
+        v1::StateChunk chunk;
+        while (reader->Read(&chunk)) read[server].push_back(std::move(chunk));
+        if (const grpc::Status rpc = reader->Finish(); !rpc.ok()) {
+          return FromGrpcStatus(rpc);
+        }
+        if (read[server].size() != wanted[server].size()) {
+          return absl::InternalError(absl::StrCat(
+              "ExportState: server sent ", read[server].size(),
+              " chunks of the ", wanted[server].size(), " asked for"));
+        }
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
+  std::vector<v1::StateChunk> chunks;
+  for (uint64_t c = first; c <= last; ++c) {
+    // Each server's chunks came in index order.
+    std::vector<v1::StateChunk>& from = read[plan().ServerOfChunk(c)];
+    v1::StateChunk& chunk = from[c - wanted[plan().ServerOfChunk(c)].front()];
+    if (chunk.index() != c) {
+      return absl::InternalError(absl::StrCat("ExportState: server sent chunk ",
+                                              chunk.index(), " for chunk ", c));
+    }
+    if (!chunks.empty() &&
+        chunk.applied_step() != chunks.front().applied_step()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the job's chunks are at different steps (chunk ",
+          chunks.front().index(), " at step ", chunks.front().applied_step(),
+          ", chunk ", c, " at step ", chunk.applied_step(),
+          "): a step is in flight; read or patch the state between steps"));
+    }
+    chunks.push_back(std::move(chunk));
+  }
+  return chunks;
+}
+
+absl::StatusOr<FlatState> JobImpl::ReadStatePart(uint64_t begin, uint64_t end) {
+  absl::StatusOr<std::vector<v1::StateChunk>> chunks = ExportPart(begin, end);
+  if (!chunks.ok()) return chunks.status();
+  const OptimizerConfig slot_config = JobSlotConfig(config());
+  const int slots = OptimizerStateSlots(slot_config);
+  FlatState part;
+  part.applied_step = chunks->front().applied_step();
+  part.master.assign(end - begin, 0.0f);
+  part.slots.assign(slots, std::vector<float>(end - begin, 0.0f));
+  part.tensor_steps.assign(layout().tensors().size(), 0);
+  std::vector<float> widened;
+  for (const v1::StateChunk& chunk : *chunks) {
+    const ChunkRange range = plan().chunk(chunk.index());
+    if (chunk.master().size() != range.size() * sizeof(float) ||
+        chunk.slots_size() != slots) {
+      return absl::InternalError(absl::StrCat("ExportState: chunk ",
+                                              chunk.index(),
+                                              " has the wrong size or slot "
+                                              "count"));
+    }
+    const uint64_t lo = std::max(begin, range.begin);
+    const uint64_t hi = std::min(end, range.end);
+    std::memcpy(part.master.data() + (lo - begin),
+                chunk.master().data() + (lo - range.begin) * sizeof(float),
+                (hi - lo) * sizeof(float));
+    for (int k = 0; k < slots; ++k) {
+      const DType dtype = OptimizerSlotDType(slot_config, k);
+      widened.resize(range.size());
+      ConvertToFloat(dtype, chunk.slots(k).data(), widened.data(),
+                     range.size());
+      std::copy(widened.begin() + (lo - range.begin),
+                widened.begin() + (hi - range.begin),
+                part.slots[k].begin() + (lo - begin));
+    }
+    const std::vector<Segment> segments =
+        layout().SegmentsIn(range.begin, range.end);
+    for (size_t i = 0; i < segments.size(); ++i) {
+      if (segments[i].end <= begin || segments[i].begin >= end) continue;
+      part.tensor_steps[segments[i].tensor_index] =
+          chunk.tensor_steps_size() != 0 ? chunk.tensor_steps(i)
+                                         : chunk.optimizer_step();
+    }
+  }
+  return part;
+}
+
+absl::Status JobImpl::PatchStatePart(uint64_t begin, uint64_t end,
+                                     const FlatState& part) {
+  const OptimizerConfig slot_config = JobSlotConfig(config());
+  const int slots = OptimizerStateSlots(slot_config);
+  const uint64_t n = end > begin ? end - begin : 0;
+  if (part.master.size() != n ||
+      part.slots.size() != static_cast<size_t>(slots)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PatchStatePart: the part of [", begin, ", ", end, ") needs ", n,
+        " master weights and ", slots, " slot arrays; it has ",
+        part.master.size(), " and ", part.slots.size()));
+  }
+  for (int k = 0; k < slots; ++k) {
+    if (part.slots[k].size() != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PatchStatePart: slot ", k, " has ",
+                       part.slots[k].size(), " elements, the part ", n));
+    }
+  }
+  if (part.tensor_steps.size() != layout().tensors().size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PatchStatePart: ", part.tensor_steps.size(),
+                     " tensor step counts, "
+                     "the job has ",
+                     layout().tensors().size(), " tensors"));
+  }
+  absl::StatusOr<std::vector<v1::StateChunk>> chunks = ExportPart(begin, end);
+  if (!chunks.ok()) return chunks.status();
+  if (chunks->front().applied_step() != part.applied_step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PatchStatePart: the servers are at step ",
+        chunks->front().applied_step(), " and the part is of step ",
+        part.applied_step, ": a part is written at the step it was taken at"));
+  }
+  std::vector<std::vector<v1::StateChunk>> patches(plan().num_servers());
+  std::vector<uint32_t> servers;
+  std::vector<float> widened;
+  for (v1::StateChunk& chunk : *chunks) {
+    const ChunkRange range = plan().chunk(chunk.index());
+    if (chunk.master().size() != range.size() * sizeof(float) ||
+        chunk.slots_size() != slots) {
+      return absl::InternalError(absl::StrCat("ExportState: chunk ",
+                                              chunk.index(),
+                                              " has the wrong size or slot "
+                                              "count"));
+    }
+    const std::vector<Segment> segments =
+        layout().SegmentsIn(range.begin, range.end);
+    if (chunk.tensor_steps_size() == 0) {
+      for (size_t i = 0; i < segments.size(); ++i) {
+        chunk.add_tensor_steps(chunk.optimizer_step());
+      }
+    }
+    std::string& master = *chunk.mutable_master();
+    for (size_t i = 0; i < segments.size(); ++i) {
+      const Segment& segment = segments[i];
+      const uint64_t lo = std::max(begin, segment.begin);
+      const uint64_t hi = std::min(end, segment.end);
+      if (lo >= hi) continue;
+      const uint64_t count = part.tensor_steps[segment.tensor_index];
+      if (count > part.applied_step) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "PatchStatePart: tensor ", segment.tensor_index, " has step count ",
+            count, ", above the applied step ", part.applied_step));
+      }
+      chunk.set_tensor_steps(static_cast<int>(i), count);
+      std::memcpy(master.data() + (lo - range.begin) * sizeof(float),
+                  part.master.data() + (lo - begin), (hi - lo) * sizeof(float));
+    }
+    for (int k = 0; k < slots; ++k) {
+      // Widened, overlaid and narrowed again: a bf16 slot's values outside
+      // the part come back as they were (bf16 to fp32 and back is exact).
+      const DType dtype = OptimizerSlotDType(slot_config, k);
+      widened.resize(range.size());
+      std::string& bytes = *chunk.mutable_slots(k);
+      ConvertToFloat(dtype, bytes.data(), widened.data(), range.size());
+      for (const Segment& segment : segments) {
+        const uint64_t lo = std::max(begin, segment.begin);
+        const uint64_t hi = std::min(end, segment.end);
+        if (lo >= hi) continue;
+        std::copy(part.slots[k].begin() + (lo - begin),
+                  part.slots[k].begin() + (hi - begin),
+                  widened.begin() + (lo - range.begin));
+      }
+      ConvertFromFloat(widened.data(), dtype, bytes.data(), range.size());
+    }
+    uint64_t largest = 0;
+    for (const uint64_t count : chunk.tensor_steps()) {
+      largest = std::max(largest, count);
+    }
+    chunk.set_optimizer_step(largest);
+    const uint32_t server = plan().ServerOfChunk(chunk.index());
+    if (patches[server].empty()) servers.push_back(server);
+    patches[server].push_back(std::move(chunk));
+  }
+  const absl::Time deadline = absl::Now() + options_.step_timeout;
+  return RunOnServers(
+      *connections_, servers,
+      [&](uint32_t server, CallGroup& group) -> absl::Status {
+        GroupContext context(group, deadline);
+        v1::ImportStateResponse response;
+        std::unique_ptr<grpc::ClientWriter<v1::ImportStateRequest>> writer =
+            (*connections_)[server]->depot->ImportState(context.get(),
+                                                        &response);
+        v1::ImportStateRequest request;
+        request.mutable_header()->set_job_id(job_ids_[server]);
+        request.mutable_header()->set_fingerprint(fingerprint());
+        request.mutable_header()->set_patch(true);
+        bool writing = writer->Write(request);
+        for (v1::StateChunk& chunk : patches[server]) {
+          if (!writing) break;
+          *request.mutable_chunk() = std::move(chunk);
+          writing = writer->Write(request);
+        }
+        if (writing) writer->WritesDone();
+        if (const grpc::Status rpc = writer->Finish(); !rpc.ok()) {
+          return FromGrpcStatus(rpc);
+        }
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace depot::client_internal

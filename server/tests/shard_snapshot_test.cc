@@ -1,4 +1,5 @@
-// ShardState::ExportChunks / ImportChunks (server/shard_snapshot.cc).
+// ShardState::ExportChunks / ImportChunks / PatchChunks
+// (server/shard_snapshot.cc).
 #include <memory>
 #include <string>
 #include <vector>
@@ -214,6 +215,111 @@ TEST_F(ShardSnapshotTest, ImportIntoADeletedJobIsAborted) {
   shard->MarkDeleted();
   EXPECT_EQ(shard->ImportChunks(std::move(chunks)).code(),
             absl::StatusCode::kAborted);
+}
+
+TEST_F(ShardSnapshotTest, ExportOfListedChunksSendsOnlyThoseInTheirOrder) {
+  auto shard = TrainedShard(2);
+  const std::vector<ChunkSnapshot> whole = Export(*shard);
+  std::vector<ChunkSnapshot> listed;
+  ASSERT_TRUE(shard
+                  ->ExportChunks({1, 0},
+                                 [&](ChunkSnapshot snapshot) {
+                                   listed.push_back(std::move(snapshot));
+                                   return true;
+                                 })
+                  .ok());
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].index, 1u);
+  EXPECT_EQ(listed[0].master, whole[1].master);
+  EXPECT_EQ(listed[1].index, 0u);
+  EXPECT_EQ(listed[1].slots, whole[0].slots);
+  int emitted = 0;
+  const auto count = [&](ChunkSnapshot) { return ++emitted, true; };
+  EXPECT_EQ(shard->ExportChunks({2}, count).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(shard->ExportChunks({0, 0}, count).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(emitted, 0);
+}
+
+// What the patch is for (docs/gpu.md, "Offload fraction"): one chunk's state
+// replaced at the shard's step, the other chunk, the step and the history
+// left as they were, and training goes on from the patched state.
+TEST_F(ShardSnapshotTest, APatchReplacesOnlyItsChunksAtTheShardsStep) {
+  auto shard = TrainedShard(3);
+  auto other = TrainedShard(3);
+  RunStep(*other, 4, 1.0f);  // another state, taken back to step 3 below
+  std::vector<ChunkSnapshot> theirs = Export(*other);
+  for (ChunkSnapshot& chunk : theirs) {
+    chunk.applied_step = 3;
+    chunk.optimizer_step = 3;
+    chunk.tensor_steps.assign(chunk.tensor_steps.size(), 2);
+  }
+  const std::vector<ChunkSnapshot> before = Export(*shard);
+  ASSERT_NE(before[1].master, theirs[1].master);
+  std::vector<ChunkSnapshot> patch;
+  patch.push_back(theirs[1]);
+  ASSERT_TRUE(shard->PatchChunks(std::move(patch)).ok());
+  const std::vector<ChunkSnapshot> after = Export(*shard);
+  EXPECT_EQ(after[0].master, before[0].master);
+  EXPECT_EQ(after[0].slots, before[0].slots);
+  EXPECT_EQ(after[0].tensor_steps, before[0].tensor_steps);
+  EXPECT_EQ(after[1].master, theirs[1].master);
+  EXPECT_EQ(after[1].slots, theirs[1].slots);
+  EXPECT_EQ(after[1].tensor_steps, std::vector<uint64_t>{2});
+  EXPECT_EQ(after[1].applied_step, 3u);
+  EXPECT_EQ(shard->completed_step(), 3u);
+
+  // Step 4 from the patched state equals step 4 from an imported one.
+  auto imported = MakeShard(AdamWConfig(1));
+  std::vector<ChunkSnapshot> whole = after;
+  ASSERT_TRUE(imported->ImportChunks(std::move(whole)).ok());
+  RunStep(*shard, 4, 0.5f);
+  RunStep(*imported, 4, 0.5f);
+  EXPECT_EQ(shard->Checksum(), imported->Checksum());
+}
+
+TEST_F(ShardSnapshotTest, APatchOfAnotherStepIsRefusedAndChangesNothing) {
+  auto shard = TrainedShard(3);
+  const uint64_t before = shard->Checksum();
+  std::vector<ChunkSnapshot> chunks = Export(*shard);
+  chunks[1].master.assign(chunks[1].master.size(), '\x01');
+  chunks[1].applied_step = 4;
+  std::vector<ChunkSnapshot> patch{chunks[0], chunks[1]};
+  absl::Status s = shard->PatchChunks(std::move(patch));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("of step 4 and the shard is at step 3"),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(shard->Checksum(), before);
+
+  std::vector<ChunkSnapshot> twice{chunks[0], chunks[0]};
+  EXPECT_EQ(shard->PatchChunks(std::move(twice)).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<ChunkSnapshot> short_master{chunks[0]};
+  short_master[0].master.resize(4);
+  EXPECT_EQ(shard->PatchChunks(std::move(short_master)).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->Checksum(), before);
+}
+
+TEST_F(ShardSnapshotTest, APatchWhileAStepIsInFlightIsRefused) {
+  auto shard = MakeShard(AdamWConfig(2));
+  std::vector<ChunkSnapshot> chunks = Export(*shard);
+  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
+  Contribution c;
+  c.step = 1;
+  c.chunk_index = 0;
+  c.payload = Fp32Payload(std::vector<float>(8, 1.0f));
+  c.sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->Contribute(std::move(c)).ok());
+  const uint64_t before = shard->Checksum();
+  // Only chunk 1 is patched; chunk 0's contribution still refuses it.
+  chunks[1].master.assign(chunks[1].master.size(), '\x01');
+  std::vector<ChunkSnapshot> patch{chunks[1]};
+  absl::Status s = shard->PatchChunks(std::move(patch));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(shard->Checksum(), before);
 }
 
 }  // namespace

@@ -303,8 +303,26 @@ class TransferEngineTest : public TwoServers {
     }
     arrays.num_slots = run.state.slots.size();
     arrays.tensor_steps = run.state.tensor_steps.data();
-    return (*engine)->ReadGpuState(arrays);
+    if (absl::Status s = (*engine)->ReadGpuState(arrays); !s.ok()) return s;
+    // And into the servers' own arrays (each rank its part): the test reads
+    // the servers' state alone once every rank is done.
+    return (*engine)->StoreGpuState();
   }
+
+ public:
+  // The job `config` of EngineRun, opened as node 0 by a new client.
+  absl::StatusOr<std::unique_ptr<Job>> OpenEngineJob(JobConfig config) {
+    config.name += "-engine";
+    ClientOptions options;
+    options.servers = Addresses();
+    auto client = Client::Connect(options);
+    if (!client.ok()) return client.status();
+    clients_.push_back(*std::move(client));
+    return clients_.back()->OpenJob(config, 0);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Client>> clients_;
 };
 
 // The first element where two weight buffers differ, or "" when equal.
@@ -399,6 +417,68 @@ TEST_F(TransferEngineTest, TwoPhaseClippedStepsEqualTheOneProcessRunBitForBit) {
 // servers. A static loss scale, and also clipped by the global norm
 // (two-phase steps: the servers' norm covers the kept tensors, whose sums
 // come back unscaled, with the decision), where every step must clip.
+// StoreGpuState (every rank of every node stored its part after the last
+// step, RunRank): the servers' state alone is now the whole job's, bit for bit
+// the fully offloaded run's, so that the servers' checkpoints hold it. Then,
+// with one local rank, an engine made anew on the job (its kept state
+// missing: BeginStep refused) restores it from the servers: the state read
+// through it is again the reference's. Both fail without the store (the
+// servers' arrays hold the initial master weights and zero slots there).
+void ExpectStoredStateIsWhole(TransferEngineTest& test, const JobConfig& config,
+                              TransferEngineOptions options,
+                              uint32_t local_ranks, const FlatState& want) {
+  const auto expect_equal = [&](const FlatState& got, const char* what) {
+    SCOPED_TRACE(what);
+    EXPECT_EQ(got.tensor_steps, want.tensor_steps);
+    EXPECT_EQ(FirstDifference(Bytes(got.master), Bytes(want.master)), "")
+        << "master weights";
+    ASSERT_EQ(got.slots.size(), want.slots.size());
+    for (size_t k = 0; k < got.slots.size(); ++k) {
+      EXPECT_EQ(FirstDifference(Bytes(got.slots[k]), Bytes(want.slots[k])), "")
+          << "slot " << k;
+    }
+  };
+  absl::StatusOr<std::unique_ptr<Job>> job = test.OpenEngineJob(config);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<std::string> blob = (*job)->SaveState();
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  absl::StatusOr<FlatState> decoded = (*job)->DecodeState(*blob);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  expect_equal(*decoded, "the servers' state after StoreGpuState");
+  if (local_ranks != 1) return;
+  HostDevice device;
+  auto optimizer = gpu::MakeHostDeviceOptimizer(config, device);
+  ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+  options.device_optimizer = optimizer->get();
+  auto engine = TransferEngine::Create(**job, device, nullptr, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->BeginStep(kSteps + 1, StepOptions()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*engine)->RestoreGpuState().ok());
+  FlatState overlay = *decoded;
+  gpu::StateArrays arrays;
+  arrays.master = overlay.master.data();
+  for (size_t k = 0; k < overlay.slots.size(); ++k) {
+    arrays.slots[k] = overlay.slots[k].data();
+  }
+  arrays.num_slots = overlay.slots.size();
+  arrays.tensor_steps = overlay.tensor_steps.data();
+  // The servers' values everywhere but the kept elements, which the engine
+  // writes: poison those first.
+  for (const uint32_t t : (*engine)->gpu_tensors()) {
+    const uint64_t begin = (*job)->layout().offset(t);
+    const uint64_t end = begin + (*job)->layout().tensors()[t].numel;
+    std::fill(overlay.master.begin() + begin, overlay.master.begin() + end,
+              -1.0f);
+    for (std::vector<float>& slot : overlay.slots) {
+      std::fill(slot.begin() + begin, slot.begin() + end, -1.0f);
+    }
+    overlay.tensor_steps[t] = 0;
+  }
+  ASSERT_TRUE((*engine)->ReadGpuState(arrays).ok());
+  expect_equal(overlay, "restored by a new engine");
+}
+
 TEST_F(TransferEngineTest, OffloadFractionEqualsTheFullyOffloadedRunBitForBit) {
   for (const auto& [nodes, local_ranks, clip] :
        {std::tuple{1u, 1u, 0.0}, std::tuple{1u, 2u, 0.0},
@@ -463,6 +543,8 @@ TEST_F(TransferEngineTest, OffloadFractionEqualsTheFullyOffloadedRunBitForBit) {
             << "slot " << k;
       }
     }
+    ExpectStoredStateIsWhole(*this, config, options, local_ranks,
+                             reference_state_);
   }
 }
 
@@ -1189,7 +1271,9 @@ TEST_F(TransferEngineErrorTest, SynchronizeNodeReturnsOnceEveryRankCalledIt) {
     }
     const absl::Status synced = engine.SynchronizeNode();
     EXPECT_TRUE(synced.ok()) << synced;
-    if (g == 0) EXPECT_TRUE(rank1_called);
+    if (g == 0) {
+      EXPECT_TRUE(rank1_called);
+    }
     ASSERT_TRUE(engine.BeginStep(2, StepOptions()).ok());
     const absl::Status in_flight = engine.SynchronizeNode();
     EXPECT_EQ(in_flight.code(), absl::StatusCode::kFailedPrecondition)

@@ -406,6 +406,31 @@ class DEPOT_API Job {
   virtual absl::StatusOr<std::string> EncodeState(
       const FlatState& state) const = 0;
 
+  // A part of the state: the elements [begin, end) of the job's index space,
+  // in a FlatState whose master and slots hold end - begin elements (element
+  // `begin` first) and whose tensor_steps has one count per tensor of the
+  // layout, of which only those of the tensors with elements in [begin, end)
+  // mean anything. What a GPU worker's kept state moves by (docs/gpu.md,
+  // "Offload fraction"): the servers' checkpoints hold it once it is written
+  // into their arrays. Both read the chunks over [begin, end) from the servers
+  // that hold them (ExportState of those chunks, docs/protocol.md, "Patching
+  // a part of the state"); call them between steps, with no Step in flight on
+  // any worker. OUT_OF_RANGE unless begin < end <= N; FAILED_PRECONDITION:
+  // those chunks are at different steps (a step in flight).
+  virtual absl::StatusOr<FlatState> ReadStatePart(uint64_t begin,
+                                                  uint64_t end) = 0;
+  // Writes `part` over the elements [begin, end) that belong to a tensor
+  // (padding keeps its zeros) and its counts over those tensors' (segments
+  // in the chunks, as the servers keep them), at the servers' step, which
+  // must be part.applied_step: every other element, count and checkpoint
+  // stays (an ImportState patch). Each server patches its chunks at once;
+  // an error on one leaves the others patched. INVALID_ARGUMENT: arrays of
+  // the wrong size or count, a count above applied_step;
+  // FAILED_PRECONDITION: the servers are at another step than
+  // part.applied_step, or a step is in flight.
+  virtual absl::Status PatchStatePart(uint64_t begin, uint64_t end,
+                                      const FlatState& part) = 0;
+
  protected:
   Job(JobConfig config, Layout layout, ShardPlan plan, uint64_t fingerprint,
       uint32_t worker_rank)

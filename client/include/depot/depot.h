@@ -58,7 +58,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 13
+#define DEPOT_API_VERSION 14
 DEPOT_API uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -640,6 +640,19 @@ DEPOT_API int depot_engine_check_node(depot_engine_t* engine);
  * of step or aborted; DEADLINE_EXCEEDED: another rank did not come within
  * collective_timeout_seconds. One local rank: DEPOT_OK at once. */
 DEPOT_API int depot_engine_synchronize_node(depot_engine_t* engine);
+
+/* TransferEngine::StoreGpuState / RestoreGpuState (docs/gpu.md, "Offload
+ * fraction"): the kept tensors' state of this rank written into the servers'
+ * own arrays at the servers' step, so that a checkpoint the servers take next
+ * (depot_job_checkpoint) holds the whole state; and read back from them onto
+ * the device, after the servers went back to such a checkpoint (or are still
+ * at the step it was stored at). Not collectives: with several local ranks
+ * each stores its own part, all before one takes the checkpoint.
+ * FAILED_PRECONDITION: a step in flight; store only: the state missing or
+ * lost (a failed step), the servers at another step, or the node's verdict
+ * failed. */
+DEPOT_API int depot_engine_store_device_state(depot_engine_t* engine);
+DEPOT_API int depot_engine_restore_device_state(depot_engine_t* engine);
 
 /* Aborts a step in flight and frees the engine. NULL is ignored. */
 DEPOT_API void depot_engine_destroy(depot_engine_t* engine);

@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 13
+API_VERSION = 14
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -277,6 +277,8 @@ _PROTOTYPES = {
     "depot_engine_finish_step": (ctypes.c_int, [c_void_p, _p(StepResult)]),
     "depot_engine_check_node": (ctypes.c_int, [c_void_p]),
     "depot_engine_synchronize_node": (ctypes.c_int, [c_void_p]),
+    "depot_engine_store_device_state": (ctypes.c_int, [c_void_p]),
+    "depot_engine_restore_device_state": (ctypes.c_int, [c_void_p]),
     "depot_engine_destroy": (None, [c_void_p]),
     "depot_grad_scaler_create": (ctypes.c_int, [
         c_void_p, ctypes.POINTER(c_void_p)]),

@@ -177,6 +177,25 @@ class Engine(OwnedHandle):
         _capi.check(_capi.lib().depot_engine_write_device_state(
             self._live_handle(), ctypes.byref(c_state)))
 
+    def store_device_state(self) -> None:
+        """Writes this rank's part of the kept tensors' state into the
+        servers' own arrays, at the servers' step, so that a checkpoint
+        they take next (Job.checkpoint) holds the whole state. With several
+        local ranks every rank stores its own part before one takes the
+        checkpoint. depot.FailedPreconditionError: a step in flight, the
+        state missing (resume=True before a load) or lost (a failed step),
+        or the servers at another step."""
+        _capi.check(_capi.lib().depot_engine_store_device_state(
+            self._live_handle()))
+
+    def restore_device_state(self) -> None:
+        """Reads this rank's part of the kept tensors' state back from the
+        servers' arrays onto the device: after the servers went back to a
+        checkpoint taken after store_device_state (Job.roll_back to its
+        step), never after steps the servers only summed."""
+        _capi.check(_capi.lib().depot_engine_restore_device_state(
+            self._live_handle()))
+
     def begin_step(self, step: int, *, group_hparams: Iterable = (),
                    loss_scale: float = 1.0, known_commit=None,
                    no_grad_tensors: Iterable[int] = ()) -> None:

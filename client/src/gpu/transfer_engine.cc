@@ -259,6 +259,10 @@ absl::Status TransferEngine::ReadGpuState(const StateArrays& state) {
 absl::Status TransferEngine::WriteGpuState(const StateArrays& state) {
   return impl_->WriteGpuState(state);
 }
+absl::Status TransferEngine::StoreGpuState() { return impl_->StoreGpuState(); }
+absl::Status TransferEngine::RestoreGpuState() {
+  return impl_->RestoreGpuState();
+}
 absl::Status TransferEngine::BeginStep(uint64_t step,
                                        const StepOptions& options) {
   return impl_->BeginStep(step, options);

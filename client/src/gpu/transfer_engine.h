@@ -134,6 +134,8 @@ struct StateArrays {
   float* slots[3] = {nullptr, nullptr, nullptr};
   size_t num_slots = 0;
   uint64_t* tensor_steps = nullptr;
+  // The step the state is at (WriteGpuState records it for StoreGpuState).
+  uint64_t applied_step = 0;
 };
 
 // The tensors (layout indices, ascending) an offload fraction keeps on the
@@ -199,6 +201,26 @@ class TransferEngine {
   // fewer slots than the job keeps.
   absl::Status ReadGpuState(const StateArrays& state);
   absl::Status WriteGpuState(const StateArrays& state);
+  // The same state in the servers' own arrays (docs/gpu.md, "Offload
+  // fraction"), so that a checkpoint the servers take holds it:
+  // StoreGpuState writes this rank's part (its chunks' kept elements and the
+  // kept tensors' step counts there) over the servers' values
+  // (Job::PatchStatePart), at the step the state is at, which must be the
+  // servers' step; RestoreGpuState reads this rank's part back from the
+  // servers' arrays (Job::ReadStatePart) onto the device, as WriteGpuState
+  // from a saved state. The servers' arrays hold the kept state only as
+  // stored: call RestoreGpuState after the servers went back to a checkpoint
+  // taken after a StoreGpuState of its step (or are still at that step),
+  // never after steps the servers only summed. Not collectives: with several
+  // local ranks every rank stores its own part, and all must have stored
+  // before one takes the checkpoint (SynchronizeNode). A rank that keeps
+  // nothing does nothing. FAILED_PRECONDITION: a step in flight; and for
+  // StoreGpuState: the state missing (an engine made on a job with applied
+  // steps, before a load) or lost (a failed step), the servers at another
+  // step, or with several local ranks the node's verdict unread or failed
+  // (CheckNode). Neither changes weights().
+  absl::Status StoreGpuState();
+  absl::Status RestoreGpuState();
 
   // Starts step `step` (options as Job::Step, without weight_overrides). A
   // step that needs two phases (the config clips, has a skip threshold or

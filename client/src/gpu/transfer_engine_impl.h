@@ -217,9 +217,18 @@ class TransferEngine::Impl {
         kept_sum_[options_.delayed_update ? run.parity : 0]->data());
   }
 
-  // TransferEngine::ReadGpuState and WriteGpuState.
+  // TransferEngine::ReadGpuState and WriteGpuState, StoreGpuState and
+  // RestoreGpuState.
   absl::Status ReadGpuState(const StateArrays& state);
   absl::Status WriteGpuState(const StateArrays& state);
+  absl::Status StoreGpuState();
+  absl::Status RestoreGpuState();
+  // FAILED_PRECONDITION for `what` while a step is in flight.
+  absl::Status CheckNoStepInFlight(const char* what);
+  // The element ranges this rank's kept state is stored and restored by:
+  // runs of its kept segments with nothing of another tensor between them,
+  // in adjacent chunks.
+  std::vector<std::pair<uint64_t, uint64_t>> KeptRanges() const;
 
   // A node of several local ranks (docs/gpu.md, "A rank's failure on a
   // node"): every step's collectives run on every rank whatever the step's
@@ -479,6 +488,9 @@ class TransferEngine::Impl {
   // that has applied steps); empty once it is (WriteGpuState). Trainer
   // thread.
   std::string kept_state_missing_;
+  // The step the kept state is at: the last step finished here, or the
+  // state loaded (trainer thread).
+  uint64_t kept_step_ = 0;
 
   // NodeMode: per step parity, the flag all-reduced on the comm stream
   // (device, one float each), the constants 0 and 1 copied into it (device,

@@ -1,6 +1,9 @@
 // TransferEngine::Impl: the tensors whose optimizer stays on the GPU
 // (offload fraction, docs/gpu.md): their state, and their update each step.
 #include <cstring>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include "gpu/transfer_engine_impl.h"
 
@@ -221,16 +224,19 @@ absl::Status TransferEngine::Impl::UpdateGpuTensors(StepRun& run, uint64_t b,
   return absl::OkStatus();
 }
 
+absl::Status TransferEngine::Impl::CheckNoStepInFlight(const char* what) {
+  absl::MutexLock lock(&mu_);
+  if (!runs_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": step ", runs_.front()->step,
+                     " is in flight (call FinishStep first)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TransferEngine::Impl::CheckGpuStateAccess(
     const char* what, const StateArrays& state) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!runs_.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, ": step ", runs_.front()->step,
-                       " is in flight (call FinishStep first)"));
-    }
-  }
+  if (absl::Status s = CheckNoStepInFlight(what); !s.ok()) return s;
   const size_t slots = OptimizerStateSlots(JobSlotConfig(job_.config()));
   if (state.master == nullptr || state.tensor_steps == nullptr ||
       state.num_slots < slots) {
@@ -412,7 +418,153 @@ absl::Status TransferEngine::Impl::WriteGpuState(const StateArrays& state) {
     if (!s.ok()) return s;
   }
   for (uint32_t t : gpu_tensors_) kept_steps_[t] = state.tensor_steps[t];
+  kept_step_ = state.applied_step;
   // The state no longer depends on what a failed step did.
+  kept_state_lost_ = false;
+  kept_state_missing_.clear();
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> TransferEngine::Impl::KeptRanges()
+    const {
+  const uint64_t chunk_elems = job_.plan().chunk_elems();
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const std::vector<KeptSegment>& segments : kept_.in_bucket) {
+    for (const KeptSegment& k : segments) {
+      if (!ranges.empty()) {
+        std::pair<uint64_t, uint64_t>& last = ranges.back();
+        // Only padding between, and no chunk of another rank.
+        if (job_.layout().SegmentsIn(last.second, k.begin).empty() &&
+            k.begin / chunk_elems <= (last.second - 1) / chunk_elems + 1) {
+          last.second = k.end;
+          continue;
+        }
+      }
+      ranges.emplace_back(k.begin, k.end);
+    }
+  }
+  return ranges;
+}
+
+absl::Status TransferEngine::Impl::StoreGpuState() {
+  if (absl::Status s = CheckNoStepInFlight("StoreGpuState"); !s.ok()) {
+    return s;
+  }
+  if (!kept_state_missing_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("StoreGpuState: ", kept_state_missing_));
+  }
+  if (kept_state_lost_) {
+    return absl::FailedPreconditionError(
+        "StoreGpuState: a step failed after the kept tensors' state may "
+        "have taken part of it; load a saved state (WriteGpuState or "
+        "RestoreGpuState) first");
+  }
+  if (NodeMode()) {
+    if (absl::Status s = CheckNode(); !s.ok()) return s;
+  }
+  if (kept_state_ == nullptr) return absl::OkStatus();  // none kept here
+  std::string host;
+  if (absl::Status s = CopyKeptState(host, CopyKind::kDeviceToHost); !s.ok()) {
+    return s;
+  }
+  const std::vector<std::pair<uint64_t, uint64_t>> ranges = KeptRanges();
+  const int slots = OptimizerStateSlots(JobSlotConfig(job_.config()));
+  size_t next = 0;  // the range the next kept segment lies in
+  std::vector<FlatState> parts(ranges.size());
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    const uint64_t elems = ranges[r].second - ranges[r].first;
+    parts[r].applied_step = kept_step_;
+    parts[r].master.assign(elems, 0.0f);
+    parts[r].slots.assign(slots, std::vector<float>(elems, 0.0f));
+    parts[r].tensor_steps = kept_steps_;
+  }
+  for (const std::vector<KeptSegment>& segments : kept_.in_bucket) {
+    for (const KeptSegment& k : segments) {
+      while (k.begin >= ranges[next].second) ++next;
+      FlatState& part = parts[next];
+      const uint64_t at = k.begin - ranges[next].first;
+      const ParamRun run = KeptRun(k, host.data());
+      std::copy_n(run.master, run.n, part.master.data() + at);
+      for (int slot = 0; slot < kMaxStateSlots; ++slot) {
+        if (run.slots[slot] == nullptr) continue;
+        ConvertToFloat(slot_dtype_[slot], run.slots[slot],
+                       part.slots[slot].data() + at, run.n);
+      }
+    }
+  }
+  for (size_t r = 0; r < ranges.size(); ++r) {
+    if (absl::Status s =
+            job_.PatchStatePart(ranges[r].first, ranges[r].second, parts[r]);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TransferEngine::Impl::RestoreGpuState() {
+  if (absl::Status s = CheckNoStepInFlight("RestoreGpuState"); !s.ok()) {
+    return s;
+  }
+  std::optional<uint64_t> step;
+  if (kept_state_ != nullptr) {
+    // Read first: the block's alignment gaps keep what they hold.
+    std::string host;
+    if (absl::Status s = CopyKeptState(host, CopyKind::kDeviceToHost);
+        !s.ok()) {
+      return s;
+    }
+    const std::vector<std::pair<uint64_t, uint64_t>> ranges = KeptRanges();
+    std::vector<FlatState> parts;
+    for (const auto& [begin, end] : ranges) {
+      absl::StatusOr<FlatState> part = job_.ReadStatePart(begin, end);
+      if (!part.ok()) return part.status();
+      if (step.has_value() && part->applied_step != *step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "RestoreGpuState: the servers' chunks are at steps ", *step,
+            " and ", part->applied_step, ": a step is in flight"));
+      }
+      step = part->applied_step;
+      parts.push_back(*std::move(part));
+    }
+    std::vector<uint64_t> counts = kept_steps_;
+    size_t next = 0;
+    for (const std::vector<KeptSegment>& segments : kept_.in_bucket) {
+      for (const KeptSegment& k : segments) {
+        while (k.begin >= ranges[next].second) ++next;
+        const FlatState& part = parts[next];
+        const uint64_t at = k.begin - ranges[next].first;
+        const ParamRun run = KeptRun(k, host.data());
+        std::copy_n(part.master.data() + at, run.n, run.master);
+        for (int slot = 0; slot < kMaxStateSlots; ++slot) {
+          if (run.slots[slot] == nullptr) continue;
+          ConvertFromFloat(part.slots[slot].data() + at, slot_dtype_[slot],
+                           run.slots[slot], run.n);
+        }
+        counts[k.tensor] = part.tensor_steps[k.tensor];
+      }
+    }
+    if (absl::Status s = CopyKeptState(host, CopyKind::kHostToDevice);
+        !s.ok()) {
+      return s;
+    }
+    kept_steps_ = std::move(counts);
+  } else {
+    // Nothing kept on this rank: only the step is the servers'.
+    absl::StatusOr<std::vector<ServerJobStatus>> statuses =
+        job_.Status(/*with_checksum=*/false);
+    if (!statuses.ok()) return statuses.status();
+    for (const ServerJobStatus& status : *statuses) {
+      if (step.has_value() && status.step != *step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "RestoreGpuState: the servers are at steps ", *step, " and ",
+            status.step, ": a step is in flight, or a server restarted"));
+      }
+      step = status.step;
+    }
+  }
+  kept_step_ = step.value_or(0);
   kept_state_lost_ = false;
   kept_state_missing_.clear();
   return absl::OkStatus();

@@ -281,6 +281,7 @@ absl::StatusOr<StepResult> TransferEngine::Impl::FinishStep() {
     return error;
   }
   const StepResult result = run.result;
+  kept_step_ = run.step;
   if (NodeMode()) node_unchecked_.push_back(run.step);
   absl::MutexLock lock(&mu_);
   runs_.pop_front();
