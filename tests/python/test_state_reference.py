@@ -62,20 +62,27 @@ def checksums(job):
     return [s.state_checksum for s in job.status(with_checksum=True)]
 
 
-@pytest.mark.parametrize("engine", [None, "host"])
+@pytest.mark.parametrize("engine,kept", [(None, {}), ("host", {}),
+                                         ("host", {"offload_fraction": 0.5})])
 def test_reference_is_small_and_a_fresh_optimizer_goes_back_to_it_bitwise(
-        two_servers, job_name, engine):
+        two_servers, job_name, engine, kept):
     """A reference at step 3, two more steps, then a new optimizer on the
     job loads it: the servers are back at step 3, the parameters hold its
     weights, and three more steps end bitwise like an uninterrupted run.
-    (With an engine the job opens at construction: resume=True.)"""
+    (With an engine the job opens at construction: resume=True.) With an
+    offload fraction the kept parameter (the bias) has its optimizer state
+    on the device: the reference stores it into the servers' arrays before
+    their checkpoint, and the load reads it back; without that the new
+    optimizer would refuse to step, or step from the initial state."""
     servers, _ = two_servers
     with depot.Client([s.address for s in servers]) as c:
         want = uninterrupted(c, job_name)
         model = worker.make_model(seed=0)
         opt = DepotOptimizer(model.parameters(), client=c, job_name=job_name,
                              state_dict_reference=True, engine=engine,
-                             **worker.OPTIONS)
+                             **kept, **worker.OPTIONS)
+        if kept:
+            assert opt.engine.device_tensors == [1]  # the bias
         worker.train(model, opt, 1, SAVE_AT)
         state = opt.state_dict()  # by reference: the constructor's choice
         reference = state["depot_reference"]
@@ -93,7 +100,7 @@ def test_reference_is_small_and_a_fresh_optimizer_goes_back_to_it_bitwise(
         fresh = worker.make_model(seed=7)
         fresh_opt = DepotOptimizer(fresh.parameters(), client=c,
                                    job_name=job_name, engine=engine,
-                                   resume=engine is not None,
+                                   resume=engine is not None, **kept,
                                    **worker.OPTIONS)
         fresh_opt.load_state_dict(torch.load(io.BytesIO(_saved(state)))["opt"])
         assert [s.step for s in fresh_opt.job.status()] == [SAVE_AT] * 2
@@ -154,6 +161,49 @@ def test_a_trainer_restarted_in_a_new_process_goes_back_to_the_reference(
         assert torch.equal(p, q)
     for p, q in zip(params["final"], want[LAST]):
         assert torch.equal(p, q)
+
+
+def test_a_trainer_with_an_offload_fraction_survives_its_servers_crash(
+        two_servers, job_name):
+    """offload_fraction < 1, whose kept state the servers' checkpoints held
+    only by value before: a reference at step 3, two more steps, then both
+    servers are killed with SIGKILL and restarted (they restore their newest
+    checkpoint, the reference's). The next step fails, naming the remedy;
+    the same optimizer loads the reference and steps 4 to 6 end bitwise like
+    an uninterrupted run. The reference written before an earlier one's
+    step stays loadable too: a patch keeps the job's checkpoints."""
+    servers, dirs = two_servers
+    addresses = [s.address for s in servers]
+    kept = dict(engine="host", offload_fraction=0.5)
+    with depot.Client(addresses) as c:
+        want = uninterrupted(c, job_name)
+        model = worker.make_model(seed=0)
+        opt = DepotOptimizer(model.parameters(), client=c, job_name=job_name,
+                             **kept, **worker.OPTIONS)
+        worker.train(model, opt, 1, 2)
+        at_2 = _saved(opt.state_dict(reference=True))
+        worker.train(model, opt, 3, SAVE_AT)
+        at_3 = _saved(opt.state_dict(reference=True))
+        worker.train(model, opt, SAVE_AT + 1, SAVE_AT + 2)
+        for s, d in enumerate(dirs):
+            servers[s].process.kill()
+            servers[s].process.wait()
+            servers[s].stop()
+            servers[s] = start(d, f"--listen={addresses[s]}")
+        with pytest.raises(depot.DepotError,
+                           match=r"offload fraction.*reference"):
+            worker.train(model, opt, SAVE_AT + 3, SAVE_AT + 3)
+        opt.load_state_dict(torch.load(io.BytesIO(at_3))["opt"])
+        for p, q in zip(model.parameters(), want[SAVE_AT]):
+            assert torch.equal(p.detach(), q)
+        worker.train(model, opt, SAVE_AT + 1, LAST)
+        for p, q in zip(model.parameters(), want[LAST]):
+            assert torch.equal(p.detach(), q)
+        opt.load_state_dict(torch.load(io.BytesIO(at_2))["opt"])
+        worker.train(model, opt, 3, LAST)
+        for p, q in zip(model.parameters(), want[LAST]):
+            assert torch.equal(p.detach(), q)
+        opt.close()
 
 
 def referenced_at_2_trained_to_3(client, job_name):

@@ -59,12 +59,24 @@ class CheckpointMixin:
         self._driver.kept_state_missing = False
 
     def _refuse_reference_with_kept_state(self, what):
-        if self._device_engine() is not None:
+        if self._device_engine() is not None and \
+                self._driver.local_ranks > 1:
             raise ValueError(
-                f"{what}: the servers' checkpoints do not hold the optimizer "
-                f"state of the parameters kept on the device "
-                f"(offload_fraction < 1); save and load by value "
-                f"(state_dict(reference=False))")
+                f"{what}: with offload_fraction < 1 on a node of "
+                f"{self._driver.local_ranks} local ranks, each rank holds "
+                f"the optimizer state of its own chunks of the parameters "
+                f"kept on the device, and a reference cannot yet gather it "
+                f"into the servers' checkpoint; save and load by value "
+                f"(gather_state() on every local rank, then "
+                f"state_dict(reference=False))")
+
+    def _store_kept_state(self):
+        """Writes the kept parameters' optimizer state into the servers'
+        own arrays (Engine.store_device_state), so that the checkpoint the
+        servers take next holds the whole state."""
+        engine = self._device_engine()
+        if engine is not None and self._driver.local_ranks == 1:
+            engine.store_device_state()
 
     def _flat_state(self, what, gather=False):
         """The whole state (depot.FlatState): the servers', with the engine's
@@ -154,7 +166,10 @@ class CheckpointMixin:
           "step", "servers", "location"} instead: a few hundred bytes
           whatever the model's size. It needs servers with --checkpoint_dir
           (FailedPreconditionError otherwise), and the checkpoint must
-          still be there when the dict is loaded (--checkpoint_keep).
+          still be there when the dict is loaded (--checkpoint_keep). With
+          offload_fraction < 1 the kept parameters' state is first written
+          into the servers' arrays, so that the checkpoint holds it (one
+          local rank per node; ValueError with several).
 
         reference=None: the constructor's state_dict_reference (False by
         default), so that a trainer that calls state_dict() itself saves by
@@ -172,6 +187,7 @@ class CheckpointMixin:
             state[_STATE_KEY] = None  # nothing on the servers yet
         elif reference:
             self._refuse_reference_with_kept_state("state_dict(reference=True)")
+            self._store_kept_state()
             state[_REFERENCE_KEY] = state_reference.take(
                 job, self._client.servers)
         elif self._device_engine() is not None:
@@ -235,6 +251,11 @@ class CheckpointMixin:
         if by_reference:
             step = state_reference.restore(job, reference,
                                            self._client.servers)
+            if engine is not None:
+                # The referenced checkpoint holds the kept parameters'
+                # state (state_dict stored it before the servers took it).
+                engine.restore_device_state()
+                self._driver.kept_state_missing = False
             loaded = True
         else:
             blob = state_dict[_STATE_KEY]

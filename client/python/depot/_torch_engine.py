@@ -392,8 +392,9 @@ class _EngineDriver:
                 "DepotOptimizer.step(): the job has applied steps (resume="
                 "True) and this optimizer keeps some parameters' optimizer "
                 "state on the device (offload_fraction < 1), which died "
-                "with the trainer that held it (the servers' checkpoints do "
-                "not hold it): load a state_dict() saved by value with "
+                "with the trainer that held it (the servers' periodic "
+                "checkpoints do not hold it): load a state_dict() saved by "
+                "value, or a reference (state_dict(reference=True)), with "
                 "load_state_dict() first")
         if self.node_failure is not None:
             self._recover_node(self.node_failure)
@@ -530,13 +531,22 @@ class _EngineDriver:
                 error = again
         raise error
 
-    def _refuse_recovery_with_kept_state(self, error):
+    def _refuse_recovery_with_kept_state(self, error, reconcile=True):
+        """With parameters kept on the device no step recovers by itself:
+        raises `error` naming the remedy, a load_state_dict(). First the
+        servers agree again (Job.reconcile: a restarted server's job opened
+        anew), so that the load finds the job (`reconcile`: one local rank;
+        a node's ranks reconcile in _recover_node)."""
         if not self.offloads_all:
+            if reconcile:
+                self._drain_in_flight()
+                self._reconcile(error)
             raise type(error)(
                 f"{error.message} (an engine with an offload fraction below "
                 f"1 does not recover by itself: the optimizer state kept on "
                 f"the device cannot go back to the servers' step; load a "
-                f"state_dict() saved by value into a new optimizer)") \
+                f"state_dict() saved by value, or a reference "
+                f"(state_dict(reference=True)), with load_state_dict())") \
                 from error
 
     def _recover_node(self, error):
@@ -559,7 +569,7 @@ class _EngineDriver:
         raised as it is: no step can run on this engine again."""
         if not _restart_may_explain(error):
             raise error
-        self._refuse_recovery_with_kept_state(error)
+        self._refuse_recovery_with_kept_state(error, reconcile=False)
         self._drain_in_flight()
         # The verdicts of the steps just drained no longer count.
         self._node_failure()

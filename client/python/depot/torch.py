@@ -106,14 +106,17 @@ Restore the model's own state_dict too: it holds the low-precision weights.
 Take both between steps, on one worker.
 With offload_fraction < 1, the state of the parameters kept on the device is
 the engine's, not the servers': state_dict(), state[p] and torch_state_dict()
-include it (read from the device), and load_state_dict() loads it there; a
-reference is refused with ValueError. resume=True on a job that has applied
-steps opens it, but that state died with the trainer that held it: step()
-and state_dict() raise FailedPreconditionError until load_state_dict() loads
-a state saved by value (into the same job). On a node of several
-local ranks each rank holds its own chunks' part: call gather_state() on
-every local rank (a collective of the node), then state_dict() on any;
-without it a read raises ValueError. Every rank calls load_state_dict().
+include it (read from the device), and load_state_dict() loads it there. A
+reference (and checkpoint()) first writes it into the servers' arrays, so
+that their checkpoint holds it, and loading the reference reads it back;
+the servers' periodic checkpoints do not hold it. resume=True on a job that
+has applied steps opens it, but that state died with the trainer that held
+it: step() and state_dict() raise FailedPreconditionError until
+load_state_dict() loads a state saved by value or a reference (into the
+same job). On a node of several local ranks each rank holds its own chunks'
+part: call gather_state() on every local rank (a collective of the node),
+then state_dict() on any; without it a read raises ValueError, and a
+reference is refused (ValueError). Every rank calls load_state_dict().
 Every worker loads the same dict (loading the same state twice is harmless),
 and all must have loaded before any steps again (a barrier): a load while a
 peer's step is pending is refused with FailedPreconditionError.
@@ -233,7 +236,8 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         such a job is refused (a new run needs a new job). With
         offload_fraction < 1 the parameters kept on the device lost their
         optimizer state with the old trainer: load_state_dict() of a state
-        saved by value before the first step (step() raises until then).
+        saved by value, or of a reference, before the first step (step()
+        raises until then).
       state_dict_reference: state_dict() saves a reference to a checkpoint
         the servers write (state_dict(reference=True)) rather than the
         state's bytes: for trainers that call state_dict() themselves, with
@@ -707,9 +711,14 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         """Has the servers write the job's state to their --checkpoint_dir
         now (after finishing any step in flight: synchronize()); returns the
         step it holds. A restarted server restores it by itself. Call it on
-        one worker, between steps."""
+        one worker, between steps. With offload_fraction < 1 and one local
+        rank, the kept parameters' state is written into the servers'
+        arrays first, so that the checkpoint holds the whole state (with
+        several local ranks it holds the servers' part only)."""
         self.synchronize()
-        return self._open_job().checkpoint()
+        job = self._open_job()
+        self._store_kept_state()
+        return job.checkpoint()
 
     def attach(self, model):
         """Engine mode: forward waits per bucket. Each module of `model`
