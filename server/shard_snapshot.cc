@@ -220,6 +220,7 @@ absl::Status ShardState::PatchChunks(std::vector<ChunkSnapshot> chunks) {
   const ShardRange& shard = shape_.shard();
   std::vector<ChunkSnapshot*> staged;
   if (absl::Status s = StageSnapshots(chunks, staged); !s.ok()) return s;
+  if (shard.num_chunks() == 0) return absl::OkStatus();  // nothing was sent
   // Every chunk is locked, as for an import: the shard's step is the step of
   // all of them only while none can move.
   for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {

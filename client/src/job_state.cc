@@ -425,9 +425,15 @@ absl::StatusOr<FlatState> JobImpl::ReadStatePart(uint64_t begin, uint64_t end) {
 
 absl::Status JobImpl::PatchStatePart(uint64_t begin, uint64_t end,
                                      const FlatState& part) {
+  if (begin >= end || end > total_elems()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "PatchStatePart: a part of the state is [begin, end) with begin < end "
+        "<= ",
+        total_elems(), " (the job's elements); got [", begin, ", ", end, ")"));
+  }
   const OptimizerConfig slot_config = JobSlotConfig(config());
   const int slots = OptimizerStateSlots(slot_config);
-  const uint64_t n = end > begin ? end - begin : 0;
+  const uint64_t n = end - begin;
   if (part.master.size() != n ||
       part.slots.size() != static_cast<size_t>(slots)) {
     return absl::InvalidArgumentError(absl::StrCat(

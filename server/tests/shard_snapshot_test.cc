@@ -303,6 +303,21 @@ TEST_F(ShardSnapshotTest, APatchOfAnotherStepIsRefusedAndChangesNothing) {
   EXPECT_EQ(shard->Checksum(), before);
 }
 
+// A server whose shard holds no chunk (more servers than chunks): an empty
+// patch changes nothing and indexes no chunk.
+TEST_F(ShardSnapshotTest, AnEmptyPatchOfAShardWithoutChunksIsAccepted) {
+  JobConfig config = AdamWConfig(1);
+  config.num_servers = 3;
+  for (uint32_t server = 0; server < 3; ++server) {
+    auto shard = MakeShard(config, server);
+    if (shard->shape().shard().num_chunks() != 0) continue;
+    EXPECT_TRUE(shard->PatchChunks({}).ok());
+    EXPECT_TRUE(Export(*shard).empty());
+    return;
+  }
+  FAIL() << "no server without chunks";
+}
+
 TEST_F(ShardSnapshotTest, APatchWhileAStepIsInFlightIsRefused) {
   auto shard = MakeShard(AdamWConfig(2));
   std::vector<ChunkSnapshot> chunks = Export(*shard);

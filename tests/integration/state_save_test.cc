@@ -138,5 +138,96 @@ TEST_F(StateSaveTest, BlobOfAnotherConfigIsFailedPrecondition) {
   ExpectChecksums(**target, *before);
 }
 
+// Job::ReadStatePart / PatchStatePart (an ImportState patch, the GPU worker's
+// kept state): two tensors whose chunks lie on both servers are read, changed
+// and patched back; only their elements and counts change, padding and every
+// other value stay, and a part of another step, an empty range or arrays of
+// the wrong size are refused with nothing changed.
+TEST_F(StateSaveTest, APatchedPartChangesOnlyItsTensorsOnEveryServer) {
+  std::unique_ptr<ClientTraining> training = OpenJob("patched");
+  ASSERT_NE(training, nullptr);
+  Train(*training, 1, kSaveAt);
+  Job& job = training->job(0);
+  const Layout& layout = job.layout();
+  const auto whole_state = [&]() {
+    absl::StatusOr<std::string> blob = job.SaveState();
+    EXPECT_TRUE(blob.ok()) << blob.status();
+    absl::StatusOr<FlatState> state = job.DecodeState(blob.value_or(""));
+    EXPECT_TRUE(state.ok()) << state.status();
+    return state.value_or(FlatState());
+  };
+  const FlatState before = whole_state();
+  // The tensor the second server's shard begins in, and the next one.
+  const uint64_t boundary =
+      job.plan().chunk(job.plan().shard(1).first_chunk).begin;
+  size_t t0 = 0;
+  while (t0 + 1 < layout.tensors().size() && layout.offset(t0 + 1) < boundary) {
+    ++t0;
+  }
+  ASSERT_LT(t0 + 1, layout.tensors().size());
+  const uint64_t begin = layout.offset(t0);
+  const uint64_t end = layout.offset(t0 + 1) + layout.tensors()[t0 + 1].numel;
+  ASSERT_LT(begin, boundary);
+  ASSERT_GT(end, boundary);
+
+  absl::StatusOr<FlatState> part = job.ReadStatePart(begin, end);
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_EQ(part->applied_step, kSaveAt);
+  ASSERT_EQ(part->master.size(), end - begin);
+  EXPECT_TRUE(BitwiseEqual(part->master,
+                           std::vector<float>(before.master.begin() + begin,
+                                              before.master.begin() + end)));
+  EXPECT_EQ(part->tensor_steps[t0], before.tensor_steps[t0]);
+
+  FlatState changed = *part;
+  for (float& v : changed.master) v += 1.0f;
+  for (std::vector<float>& slot : changed.slots) {
+    for (float& v : slot) v = 0.5f;
+  }
+  changed.tensor_steps[t0] = 3;
+  changed.tensor_steps[t0 + 1] = 4;
+
+  absl::StatusOr<std::vector<uint64_t>> checksums = training->StateChecksums();
+  ASSERT_TRUE(checksums.ok()) << checksums.status();
+  FlatState other_step = changed;
+  other_step.applied_step = kSaveAt + 1;
+  EXPECT_EQ(job.PatchStatePart(begin, end, other_step).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(job.PatchStatePart(end, begin, changed).code(),
+            absl::StatusCode::kOutOfRange);
+  FlatState short_part = changed;
+  short_part.master.pop_back();
+  EXPECT_EQ(job.PatchStatePart(begin, end, short_part).code(),
+            absl::StatusCode::kInvalidArgument);
+  ExpectChecksums(*training, *checksums);
+
+  ASSERT_TRUE(job.PatchStatePart(begin, end, changed).ok());
+  const FlatState after = whole_state();
+  EXPECT_EQ(after.applied_step, kSaveAt);
+  for (size_t t = 0; t < layout.tensors().size(); ++t) {
+    const bool in_part = t == t0 || t == t0 + 1;
+    EXPECT_EQ(after.tensor_steps[t],
+              in_part ? changed.tensor_steps[t] : before.tensor_steps[t])
+        << "tensor " << t;
+  }
+  std::vector<bool> in_tensor(layout.total_elems(), false);
+  for (size_t t : {t0, t0 + 1}) {
+    for (uint64_t i = 0; i < layout.tensors()[t].numel; ++i) {
+      in_tensor[layout.offset(t) + i] = true;
+    }
+  }
+  FlatState want = before;
+  for (uint64_t i = 0; i < layout.total_elems(); ++i) {
+    if (!in_tensor[i]) continue;
+    want.master[i] = changed.master[i - begin];
+    for (std::vector<float>& slot : want.slots) slot[i] = 0.5f;
+  }
+  EXPECT_TRUE(BitwiseEqual(want.master, after.master)) << "master weights";
+  ASSERT_EQ(after.slots.size(), want.slots.size());
+  for (size_t k = 0; k < want.slots.size(); ++k) {
+    EXPECT_TRUE(BitwiseEqual(want.slots[k], after.slots[k])) << "slot " << k;
+  }
+}
+
 }  // namespace
 }  // namespace depot::testing
