@@ -206,6 +206,41 @@ def test_a_trainer_with_an_offload_fraction_survives_its_servers_crash(
         opt.close()
 
 
+def test_a_node_of_two_local_ranks_with_an_offload_fraction_goes_back(
+        two_servers, job_name):
+    """A node of two local ranks keeping half the parameters' optimizer on
+    the devices, each rank its own chunks' part. A reference without
+    gather_state() raises ValueError naming it (a rank alone cannot write
+    the other's part); after gather_state() on both ranks (which writes
+    each rank's part into the servers' arrays) a reference on rank 0 holds
+    the whole state: three more steps, both ranks load it, and the same
+    three steps again end bitwise as the first time on both ranks."""
+    import test_torch_engine as engine_tests
+    servers, _ = two_servers
+    with depot.Client([s.address for s in servers]) as c:
+        model, inputs, targets = engine_tests.model_and_data()
+        models, opts = engine_tests.node_of_two_ranks(
+            model, c, job_name, weight_decay=0.1, offload_fraction=0.5)
+        assert opts[0].engine.device_tensors
+        engine_tests.train_two_ranks(opts, models, inputs, targets)
+        with pytest.raises(ValueError, match="gather_state"):
+            opts[0].state_dict(reference=True)
+        with pytest.raises(ValueError, match="gather_state"):
+            opts[1].checkpoint()
+        engine_tests.on_two_ranks(lambda rank: opts[rank].gather_state())
+        reference = _saved(opts[0].state_dict(reference=True))
+        after = engine_tests.train_two_ranks(opts, models, inputs[3:],
+                                             targets[3:])
+        engine_tests.on_two_ranks(lambda rank: opts[rank].load_state_dict(
+            torch.load(io.BytesIO(reference))["opt"]))
+        again = engine_tests.train_two_ranks(opts, models, inputs[3:],
+                                             targets[3:])
+        for rank in range(2):
+            engine_tests.assert_bitwise(again[rank], after[rank])
+        for o in opts:
+            o.close()
+
+
 def referenced_at_2_trained_to_3(client, job_name):
     """An optimizer trained to step 3, and its reference to step 2."""
     model = worker.make_model(seed=0)

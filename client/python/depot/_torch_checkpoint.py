@@ -49,8 +49,17 @@ class CheckpointMixin:
                 torch.save(opt.state_dict(), path)
 
         Each call is a collective there, also at a step already gathered.
-        Elsewhere it only reads the state early."""
+        There it also writes each rank's part into the servers' own arrays
+        (Engine.store_device_state, then a wait for every rank), so that
+        state_dict(reference=True) or checkpoint() on any rank, until the
+        next step, has the servers checkpoint the whole state. Elsewhere it
+        only reads the state early."""
         self._flat_state("gather_state", gather=True)
+        engine = self._device_engine()
+        if engine is not None and self._driver.local_ranks > 1:
+            engine.store_device_state()
+            engine.synchronize_node()
+            self._kept_stored_step = self._depot_step
 
     def _write_device_state(self, engine, flat):
         """Loads the kept parameters' part of `flat` onto the device: their
@@ -58,25 +67,27 @@ class CheckpointMixin:
         engine.write_device_state(flat)
         self._driver.kept_state_missing = False
 
-    def _refuse_reference_with_kept_state(self, what):
-        if self._device_engine() is not None and \
-                self._driver.local_ranks > 1:
+    def _store_kept_state(self, what):
+        """Before the servers checkpoint for `what`: the kept parameters'
+        optimizer state written into the servers' own arrays
+        (Engine.store_device_state), so that the checkpoint holds the whole
+        state. On a node of several local ranks every rank has stored its
+        part in gather_state() at this step; ValueError naming it when not
+        (a rank alone cannot: the others' parts are on their devices)."""
+        engine = self._device_engine()
+        if engine is None:
+            return
+        if self._driver.local_ranks == 1:
+            engine.store_device_state()
+        elif self._kept_stored_step != self._depot_step:
             raise ValueError(
                 f"{what}: with offload_fraction < 1 on a node of "
                 f"{self._driver.local_ranks} local ranks, each rank holds "
                 f"the optimizer state of its own chunks of the parameters "
-                f"kept on the device, and a reference cannot yet gather it "
-                f"into the servers' checkpoint; save and load by value "
-                f"(gather_state() on every local rank, then "
-                f"state_dict(reference=False))")
-
-    def _store_kept_state(self):
-        """Writes the kept parameters' optimizer state into the servers'
-        own arrays (Engine.store_device_state), so that the checkpoint the
-        servers take next holds the whole state."""
-        engine = self._device_engine()
-        if engine is not None and self._driver.local_ranks == 1:
-            engine.store_device_state()
+                f"kept on the device, which the servers' checkpoint must "
+                f"hold: call gather_state() on every local rank first (a "
+                f"collective of the node, which writes each rank's part to "
+                f"the servers), then {what} on any of them")
 
     def _flat_state(self, what, gather=False):
         """The whole state (depot.FlatState): the servers', with the engine's
@@ -168,8 +179,9 @@ class CheckpointMixin:
           (FailedPreconditionError otherwise), and the checkpoint must
           still be there when the dict is loaded (--checkpoint_keep). With
           offload_fraction < 1 the kept parameters' state is first written
-          into the servers' arrays, so that the checkpoint holds it (one
-          local rank per node; ValueError with several).
+          into the servers' arrays, so that the checkpoint holds it; on a
+          node of several local ranks gather_state() on every rank does
+          that, before this on any (ValueError otherwise).
 
         reference=None: the constructor's state_dict_reference (False by
         default), so that a trainer that calls state_dict() itself saves by
@@ -186,8 +198,7 @@ class CheckpointMixin:
         if not self._initialized:
             state[_STATE_KEY] = None  # nothing on the servers yet
         elif reference:
-            self._refuse_reference_with_kept_state("state_dict(reference=True)")
-            self._store_kept_state()
+            self._store_kept_state("state_dict(reference=True)")
             state[_REFERENCE_KEY] = state_reference.take(
                 job, self._client.servers)
         elif self._device_engine() is not None:
@@ -242,9 +253,6 @@ class CheckpointMixin:
             state_reference.check_job_name(reference,
                                            self._job_args["job_name"])
         job = self._open_job()
-        if by_reference:
-            self._refuse_reference_with_kept_state(
-                "load_state_dict of a reference")
         engine = self._device_engine()
         args.check_fixed(self._kind, self._fixed, torch_state["param_groups"],
                          what="the state dict's param group")
@@ -336,6 +344,7 @@ class CheckpointMixin:
         """After the servers' state changed: what Depot last wrote into the
         parameters is now the servers' weights."""
         self._state_cache = None
+        self._kept_stored_step = None
         if self._initialized:
             if self._driver is not None:
                 self._driver.load_weights()

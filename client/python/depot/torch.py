@@ -115,8 +115,10 @@ it: step() and state_dict() raise FailedPreconditionError until
 load_state_dict() loads a state saved by value or a reference (into the
 same job). On a node of several local ranks each rank holds its own chunks'
 part: call gather_state() on every local rank (a collective of the node),
-then state_dict() on any; without it a read raises ValueError, and a
-reference is refused (ValueError). Every rank calls load_state_dict().
+then state_dict() on any; without it a read raises ValueError. The same
+gather_state() writes each rank's part into the servers' arrays, so that
+state_dict(reference=True) or checkpoint() on any rank after it holds the
+whole state (ValueError without it). Every rank calls load_state_dict().
 Every worker loads the same dict (loading the same state twice is harmless),
 and all must have loaded before any steps again (a barrier): a load while a
 peer's step is pending is refused with FailedPreconditionError.
@@ -321,6 +323,9 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         self._warned_edit = False
         self._sync_all = False
         self._state_cache = None  # (step, depot.FlatState)
+        # A node of several local ranks: the step at which gather_state()
+        # wrote every rank's kept state into the servers' arrays.
+        self._kept_stored_step = None
         self.state = ServerState(self)
         self.last_result = None  # the depot.StepResult of the last step
         self.last_step = None  # its LastStep
@@ -711,13 +716,14 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         """Has the servers write the job's state to their --checkpoint_dir
         now (after finishing any step in flight: synchronize()); returns the
         step it holds. A restarted server restores it by itself. Call it on
-        one worker, between steps. With offload_fraction < 1 and one local
-        rank, the kept parameters' state is written into the servers'
-        arrays first, so that the checkpoint holds the whole state (with
-        several local ranks it holds the servers' part only)."""
+        one worker, between steps. With offload_fraction < 1 the kept
+        parameters' state is written into the servers' arrays first, so
+        that the checkpoint holds the whole state; on a node of several
+        local ranks gather_state() on every rank does that, before this on
+        any (ValueError otherwise)."""
         self.synchronize()
         job = self._open_job()
-        self._store_kept_state()
+        self._store_kept_state("checkpoint()")
         return job.checkpoint()
 
     def attach(self, model):
