@@ -108,9 +108,27 @@ class JobImpl : public Job {
 
   // ReadStatePart and PatchStatePart: the chunks over [begin, end), each
   // from its server (ExportState of those chunks), in index order, all at
-  // one step. OUT_OF_RANGE, FAILED_PRECONDITION as ReadStatePart.
+  // one step, with the sizes of the job's arrays (INTERNAL otherwise).
+  // OUT_OF_RANGE, FAILED_PRECONDITION as ReadStatePart.
   absl::StatusOr<std::vector<v1::StateChunk>> ExportPart(uint64_t begin,
                                                          uint64_t end);
+  // ExportState on each of `servers` at once, of the chunks `wanted` lists
+  // for it (empty: its whole shard), into out[server], in the order sent.
+  absl::Status ExportFromServers(
+      const std::vector<uint32_t>& servers,
+      const std::vector<std::vector<uint64_t>>& wanted,
+      std::vector<std::vector<v1::StateChunk>>& out);
+  // ImportState of chunks[server] on each of `servers` at once (`patch`: only
+  // those chunks, docs/protocol.md "Patching a part of the state"); the
+  // chunks are moved out.
+  absl::Status ImportOnServers(const std::vector<uint32_t>& servers,
+                               std::vector<std::vector<v1::StateChunk>>& chunks,
+                               bool patch);
+  // EncodeState's and PatchStatePart's checks of `state`'s arrays: `n`
+  // master weights and as many per slot the job keeps, one count per tensor.
+  // INVALID_ARGUMENT naming `what`.
+  absl::Status CheckStateArrays(const char* what, const FlatState& state,
+                                uint64_t n) const;
   // A SaveState blob of this job's config, decoded. DATA_LOSS: corrupt;
   // FAILED_PRECONDITION: of another config or server count.
   absl::StatusOr<StateBlob> DecodeOwnStateBlob(const std::string& bytes) const;

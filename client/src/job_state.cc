@@ -24,31 +24,12 @@ absl::StatusOr<std::string> JobImpl::SaveState() {
   StateBlob blob;
   blob.fingerprint = StateFingerprint(config());
   JobConfigToProto(config(), &blob.spec.emplace());
-  blob.servers.resize(plan().num_servers());
-  const absl::Time deadline = absl::Now() + options_.step_timeout;
-  absl::Status status = RunOnServers(
-      *connections_, ServersWithChunks(),
-      [&](uint32_t server, CallGroup& group) -> absl::Status {
-        GroupContext context(group, deadline);
-        v1::ExportStateRequest request;
-        request.set_job_id(job_ids_[server]);
-        request.set_fingerprint(fingerprint());
-        std::unique_ptr<grpc::ClientReader<v1::StateChunk>> reader =
-            (*connections_)[server]->depot->ExportState(context.get(), request);
-        std::vector<v1::StateChunk>& chunks = blob.servers[server];
-        v1::StateChunk chunk;
-        while (reader->Read(&chunk)) chunks.push_back(std::move(chunk));
-        if (const grpc::Status rpc = reader->Finish(); !rpc.ok()) {
-          return FromGrpcStatus(rpc);
-        }
-        if (chunks.size() != plan().shard(server).num_chunks()) {
-          return absl::InternalError(absl::StrCat(
-              "ExportState: server sent ", chunks.size(), " chunks of the ",
-              plan().shard(server).num_chunks(), " of its shard"));
-        }
-        return absl::OkStatus();
-      });
-  if (!status.ok()) return status;
+  std::vector<std::vector<uint64_t>> every(plan().num_servers());
+  if (absl::Status s =
+          ExportFromServers(ServersWithChunks(), every, blob.servers);
+      !s.ok()) {
+    return s;
+  }
   // One step for the whole state: a step applied on some chunks and not on
   // others (a step in flight, or a server that restarted behind the others)
   // would save a state no uninterrupted run ever had.
@@ -139,9 +120,49 @@ absl::StatusOr<StateBlob> JobImpl::DecodeOwnStateBlob(
 absl::Status JobImpl::LoadState(const std::string& bytes) {
   absl::StatusOr<StateBlob> blob = DecodeOwnStateBlob(bytes);
   if (!blob.ok()) return blob.status();
+  return ImportOnServers(ServersWithChunks(), blob->servers, /*patch=*/false);
+}
+
+absl::Status JobImpl::ExportFromServers(
+    const std::vector<uint32_t>& servers,
+    const std::vector<std::vector<uint64_t>>& wanted,
+    std::vector<std::vector<v1::StateChunk>>& out) {
+  out.assign(plan().num_servers(), {});
   const absl::Time deadline = absl::Now() + options_.step_timeout;
   return RunOnServers(
-      *connections_, ServersWithChunks(),
+      *connections_, servers,
+      [&](uint32_t server, CallGroup& group) -> absl::Status {
+        GroupContext context(group, deadline);
+        v1::ExportStateRequest request;
+        request.set_job_id(job_ids_[server]);
+        request.set_fingerprint(fingerprint());
+        for (const uint64_t c : wanted[server]) request.add_chunks(c);
+        std::unique_ptr<grpc::ClientReader<v1::StateChunk>> reader =
+            (*connections_)[server]->depot->ExportState(context.get(), request);
+        std::vector<v1::StateChunk>& chunks = out[server];
+        v1::StateChunk chunk;
+        while (reader->Read(&chunk)) chunks.push_back(std::move(chunk));
+        if (const grpc::Status rpc = reader->Finish(); !rpc.ok()) {
+          return FromGrpcStatus(rpc);
+        }
+        const uint64_t expected = wanted[server].empty()
+                                      ? plan().shard(server).num_chunks()
+                                      : wanted[server].size();
+        if (chunks.size() != expected) {
+          return absl::InternalError(
+              absl::StrCat("ExportState: server sent ", chunks.size(),
+                           " chunks of the ", expected, " asked for"));
+        }
+        return absl::OkStatus();
+      });
+}
+
+absl::Status JobImpl::ImportOnServers(
+    const std::vector<uint32_t>& servers,
+    std::vector<std::vector<v1::StateChunk>>& chunks, bool patch) {
+  const absl::Time deadline = absl::Now() + options_.step_timeout;
+  return RunOnServers(
+      *connections_, servers,
       [&](uint32_t server, CallGroup& group) -> absl::Status {
         GroupContext context(group, deadline);
         v1::ImportStateResponse response;
@@ -151,8 +172,9 @@ absl::Status JobImpl::LoadState(const std::string& bytes) {
         v1::ImportStateRequest request;
         request.mutable_header()->set_job_id(job_ids_[server]);
         request.mutable_header()->set_fingerprint(fingerprint());
+        request.mutable_header()->set_patch(patch);
         bool writing = writer->Write(request);
-        for (v1::StateChunk& chunk : blob->servers[server]) {
+        for (v1::StateChunk& chunk : chunks[server]) {
           if (!writing) break;
           *request.mutable_chunk() = std::move(chunk);
           writing = writer->Write(request);
@@ -236,31 +258,41 @@ absl::StatusOr<FlatState> JobImpl::DecodeState(const std::string& bytes) const {
   return state;
 }
 
-absl::StatusOr<std::string> JobImpl::EncodeState(const FlatState& state) const {
-  const OptimizerConfig slot_config = JobSlotConfig(config());
-  const int slots = OptimizerStateSlots(slot_config);
-  const uint64_t n = total_elems();
+absl::Status JobImpl::CheckStateArrays(const char* what, const FlatState& state,
+                                       uint64_t n) const {
+  const int slots = OptimizerStateSlots(JobSlotConfig(config()));
   if (state.master.size() != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("EncodeState: master has ", state.master.size(),
-                     " elements, the job ", n));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": master has ", state.master.size(), " elements, needs ", n));
   }
   if (state.slots.size() != static_cast<size_t>(slots)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("EncodeState: ", state.slots.size(),
+        absl::StrCat(what, ": ", state.slots.size(),
                      " slot arrays, the job's optimizer keeps ", slots));
   }
   for (int k = 0; k < slots; ++k) {
     if (state.slots[k].size() != n) {
       return absl::InvalidArgumentError(
-          absl::StrCat("EncodeState: slot ", k, " has ",
-                       state.slots[k].size(), " elements, the job ", n));
+          absl::StrCat(what, ": slot ", k, " has ", state.slots[k].size(),
+                       " elements, needs ", n));
     }
   }
   if (state.tensor_steps.size() != layout().tensors().size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "EncodeState: ", state.tensor_steps.size(), " tensor step counts, the "
-        "job has ", layout().tensors().size(), " tensors"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", state.tensor_steps.size(),
+                     " tensor step counts, the job "
+                     "has ",
+                     layout().tensors().size(), " tensors"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> JobImpl::EncodeState(const FlatState& state) const {
+  const OptimizerConfig slot_config = JobSlotConfig(config());
+  const int slots = OptimizerStateSlots(slot_config);
+  const uint64_t n = total_elems();
+  if (absl::Status s = CheckStateArrays("EncodeState", state, n); !s.ok()) {
+    return s;
   }
   for (size_t t = 0; t < state.tensor_steps.size(); ++t) {
     if (state.tensor_steps[t] > state.applied_step) {
@@ -330,31 +362,12 @@ absl::StatusOr<std::vector<v1::StateChunk>> JobImpl::ExportPart(uint64_t begin,
     if (wanted[server].empty()) servers.push_back(server);
     wanted[server].push_back(c);
   }
-  std::vector<std::vector<v1::StateChunk>> read(plan().num_servers());
-  const absl::Time deadline = absl::Now() + options_.step_timeout;
-  absl::Status status = RunOnServers(
-      *connections_, servers,
-      [&](uint32_t server, CallGroup& group) -> absl::Status {
-        GroupContext context(group, deadline);
-        v1::ExportStateRequest request;
-        request.set_job_id(job_ids_[server]);
-        request.set_fingerprint(fingerprint());
-        for (const uint64_t c : wanted[server]) request.add_chunks(c);
-        std::unique_ptr<grpc::ClientReader<v1::StateChunk>> reader =
-            (*connections_)[server]->depot->ExportState(context.get(), request);
-        v1::StateChunk chunk;
-        while (reader->Read(&chunk)) read[server].push_back(std::move(chunk));
-        if (const grpc::Status rpc = reader->Finish(); !rpc.ok()) {
-          return FromGrpcStatus(rpc);
-        }
-        if (read[server].size() != wanted[server].size()) {
-          return absl::InternalError(absl::StrCat(
-              "ExportState: server sent ", read[server].size(),
-              " chunks of the ", wanted[server].size(), " asked for"));
-        }
-        return absl::OkStatus();
-      });
-  if (!status.ok()) return status;
+  std::vector<std::vector<v1::StateChunk>> read;
+  if (absl::Status s = ExportFromServers(servers, wanted, read); !s.ok()) {
+    return s;
+  }
+  const OptimizerConfig slot_config = JobSlotConfig(config());
+  const int slots = OptimizerStateSlots(slot_config);
   std::vector<v1::StateChunk> chunks;
   for (uint64_t c = first; c <= last; ++c) {
     // Each server's chunks came in index order.
@@ -363,6 +376,18 @@ absl::StatusOr<std::vector<v1::StateChunk>> JobImpl::ExportPart(uint64_t begin,
     if (chunk.index() != c) {
       return absl::InternalError(absl::StrCat("ExportState: server sent chunk ",
                                               chunk.index(), " for chunk ", c));
+    }
+    bool sizes_ok =
+        chunk.master().size() == plan().chunk(c).size() * sizeof(float) &&
+        chunk.slots_size() == slots;
+    for (int k = 0; sizes_ok && k < slots; ++k) {
+      sizes_ok = chunk.slots(k).size() ==
+                 plan().chunk(c).size() *
+                     DTypeSize(OptimizerSlotDType(slot_config, k));
+    }
+    if (!sizes_ok) {
+      return absl::InternalError(absl::StrCat(
+          "ExportState: chunk ", c, " has the wrong size or slot count"));
     }
     if (!chunks.empty() &&
         chunk.applied_step() != chunks.front().applied_step()) {
@@ -390,13 +415,6 @@ absl::StatusOr<FlatState> JobImpl::ReadStatePart(uint64_t begin, uint64_t end) {
   std::vector<float> widened;
   for (const v1::StateChunk& chunk : *chunks) {
     const ChunkRange range = plan().chunk(chunk.index());
-    if (chunk.master().size() != range.size() * sizeof(float) ||
-        chunk.slots_size() != slots) {
-      return absl::InternalError(absl::StrCat("ExportState: chunk ",
-                                              chunk.index(),
-                                              " has the wrong size or slot "
-                                              "count"));
-    }
     const uint64_t lo = std::max(begin, range.begin);
     const uint64_t hi = std::min(end, range.end);
     std::memcpy(part.master.data() + (lo - begin),
@@ -433,27 +451,9 @@ absl::Status JobImpl::PatchStatePart(uint64_t begin, uint64_t end,
   }
   const OptimizerConfig slot_config = JobSlotConfig(config());
   const int slots = OptimizerStateSlots(slot_config);
-  const uint64_t n = end - begin;
-  if (part.master.size() != n ||
-      part.slots.size() != static_cast<size_t>(slots)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PatchStatePart: the part of [", begin, ", ", end, ") needs ", n,
-        " master weights and ", slots, " slot arrays; it has ",
-        part.master.size(), " and ", part.slots.size()));
-  }
-  for (int k = 0; k < slots; ++k) {
-    if (part.slots[k].size() != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("PatchStatePart: slot ", k, " has ",
-                       part.slots[k].size(), " elements, the part ", n));
-    }
-  }
-  if (part.tensor_steps.size() != layout().tensors().size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PatchStatePart: ", part.tensor_steps.size(),
-                     " tensor step counts, "
-                     "the job has ",
-                     layout().tensors().size(), " tensors"));
+  if (absl::Status s = CheckStateArrays("PatchStatePart", part, end - begin);
+      !s.ok()) {
+    return s;
   }
   absl::StatusOr<std::vector<v1::StateChunk>> chunks = ExportPart(begin, end);
   if (!chunks.ok()) return chunks.status();
@@ -468,13 +468,6 @@ absl::Status JobImpl::PatchStatePart(uint64_t begin, uint64_t end,
   std::vector<float> widened;
   for (v1::StateChunk& chunk : *chunks) {
     const ChunkRange range = plan().chunk(chunk.index());
-    if (chunk.master().size() != range.size() * sizeof(float) ||
-        chunk.slots_size() != slots) {
-      return absl::InternalError(absl::StrCat("ExportState: chunk ",
-                                              chunk.index(),
-                                              " has the wrong size or slot "
-                                              "count"));
-    }
     const std::vector<Segment> segments =
         layout().SegmentsIn(range.begin, range.end);
     if (chunk.tensor_steps_size() == 0) {
@@ -524,31 +517,7 @@ absl::Status JobImpl::PatchStatePart(uint64_t begin, uint64_t end,
     if (patches[server].empty()) servers.push_back(server);
     patches[server].push_back(std::move(chunk));
   }
-  const absl::Time deadline = absl::Now() + options_.step_timeout;
-  return RunOnServers(
-      *connections_, servers,
-      [&](uint32_t server, CallGroup& group) -> absl::Status {
-        GroupContext context(group, deadline);
-        v1::ImportStateResponse response;
-        std::unique_ptr<grpc::ClientWriter<v1::ImportStateRequest>> writer =
-            (*connections_)[server]->depot->ImportState(context.get(),
-                                                        &response);
-        v1::ImportStateRequest request;
-        request.mutable_header()->set_job_id(job_ids_[server]);
-        request.mutable_header()->set_fingerprint(fingerprint());
-        request.mutable_header()->set_patch(true);
-        bool writing = writer->Write(request);
-        for (v1::StateChunk& chunk : patches[server]) {
-          if (!writing) break;
-          *request.mutable_chunk() = std::move(chunk);
-          writing = writer->Write(request);
-        }
-        if (writing) writer->WritesDone();
-        if (const grpc::Status rpc = writer->Finish(); !rpc.ok()) {
-          return FromGrpcStatus(rpc);
-        }
-        return absl::OkStatus();
-      });
+  return ImportOnServers(servers, patches, /*patch=*/true);
 }
 
 }  // namespace depot::client_internal

@@ -70,6 +70,19 @@ class ShardSnapshotTest : public ::testing::Test {
     return shard;
   }
 
+  // A two-worker shard in step 1, worker 0's contribution to chunk 0 in.
+  std::shared_ptr<ShardState> ShardWithAPendingContribution() {
+    auto shard = MakeShard(AdamWConfig(2));
+    EXPECT_TRUE(shard->BeginStep(1, 0, {}).ok());
+    Contribution c;
+    c.step = 1;
+    c.chunk_index = 0;
+    c.payload = Fp32Payload(std::vector<float>(8, 1.0f));
+    c.sink = std::make_shared<RecordingSink>();
+    EXPECT_TRUE(shard->Contribute(std::move(c)).ok());
+    return shard;
+  }
+
   static std::vector<ChunkSnapshot> Export(const ShardState& shard) {
     std::vector<ChunkSnapshot> chunks;
     EXPECT_TRUE(shard
@@ -193,14 +206,7 @@ TEST_F(ShardSnapshotTest, ImportOfAChunkOutsideTheShardIsOutOfRange) {
 }
 
 TEST_F(ShardSnapshotTest, ImportIsRejectedWhileContributionsArePending) {
-  auto shard = MakeShard(AdamWConfig(2));
-  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
-  Contribution c;
-  c.step = 1;
-  c.chunk_index = 0;
-  c.payload = Fp32Payload(std::vector<float>(8, 1.0f));
-  c.sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(shard->Contribute(std::move(c)).ok());
+  auto shard = ShardWithAPendingContribution();
   const uint64_t before = shard->Checksum();
   std::vector<ChunkSnapshot> chunks = Export(*shard);
   chunks[0].master.assign(chunks[0].master.size(), '\x01');
@@ -319,15 +325,8 @@ TEST_F(ShardSnapshotTest, AnEmptyPatchOfAShardWithoutChunksIsAccepted) {
 }
 
 TEST_F(ShardSnapshotTest, APatchWhileAStepIsInFlightIsRefused) {
-  auto shard = MakeShard(AdamWConfig(2));
-  std::vector<ChunkSnapshot> chunks = Export(*shard);
-  ASSERT_TRUE(shard->BeginStep(1, 0, {}).ok());
-  Contribution c;
-  c.step = 1;
-  c.chunk_index = 0;
-  c.payload = Fp32Payload(std::vector<float>(8, 1.0f));
-  c.sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(shard->Contribute(std::move(c)).ok());
+  auto shard = ShardWithAPendingContribution();
+  std::vector<ChunkSnapshot> chunks = Export(*shard);  // an idle chunk 1
   const uint64_t before = shard->Checksum();
   // Only chunk 1 is patched; chunk 0's contribution still refuses it.
   chunks[1].master.assign(chunks[1].master.size(), '\x01');

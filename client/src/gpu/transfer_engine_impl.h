@@ -223,6 +223,9 @@ class TransferEngine::Impl {
   absl::Status WriteGpuState(const StateArrays& state);
   absl::Status StoreGpuState();
   absl::Status RestoreGpuState();
+  // FAILED_PRECONDITION for `what` while the kept tensors' state is missing
+  // (an engine made on a job with applied steps) or lost (a failed step).
+  absl::Status CheckKeptStateKnown(const char* what);
   // FAILED_PRECONDITION for `what` while a step is in flight.
   absl::Status CheckNoStepInFlight(const char* what);
   // The element ranges this rank's kept state is stored and restored by:

@@ -234,6 +234,22 @@ absl::Status TransferEngine::Impl::CheckNoStepInFlight(const char* what) {
   return absl::OkStatus();
 }
 
+absl::Status TransferEngine::Impl::CheckKeptStateKnown(const char* what) {
+  if (!kept_state_missing_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": ", kept_state_missing_));
+  }
+  if (kept_state_lost_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what,
+        ": a step failed while the optimizer state of the tensors kept on the "
+        "GPU (offload_fraction < 1) took part in it; that state cannot replay "
+        "a step: load a saved state first (WriteGpuState, or RestoreGpuState "
+        "once the servers went back to a checkpoint that holds it)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TransferEngine::Impl::CheckGpuStateAccess(
     const char* what, const StateArrays& state) {
   if (absl::Status s = CheckNoStepInFlight(what); !s.ok()) return s;
@@ -450,15 +466,8 @@ absl::Status TransferEngine::Impl::StoreGpuState() {
   if (absl::Status s = CheckNoStepInFlight("StoreGpuState"); !s.ok()) {
     return s;
   }
-  if (!kept_state_missing_.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("StoreGpuState: ", kept_state_missing_));
-  }
-  if (kept_state_lost_) {
-    return absl::FailedPreconditionError(
-        "StoreGpuState: a step failed after the kept tensors' state may "
-        "have taken part of it; load a saved state (WriteGpuState or "
-        "RestoreGpuState) first");
+  if (absl::Status s = CheckKeptStateKnown("StoreGpuState"); !s.ok()) {
+    return s;
   }
   if (NodeMode()) {
     if (absl::Status s = CheckNode(); !s.ok()) return s;

@@ -37,16 +37,7 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
       return s;
     }
   }
-  if (!kept_state_missing_.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("BeginStep: ", kept_state_missing_));
-  }
-  if (kept_state_lost_) {
-    return absl::FailedPreconditionError(
-        "BeginStep: a step failed while the optimizer state of the tensors "
-        "kept on the GPU (offload_fraction < 1) took part in it; that state "
-        "cannot replay a step: create a new engine from a checkpoint");
-  }
+  if (absl::Status s = CheckKeptStateKnown("BeginStep"); !s.ok()) return s;
   if (!runs_.empty() && step != begun_ + 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("BeginStep(", step, "): step ", begun_,
