@@ -101,6 +101,38 @@ def test_cuda_offload_fraction_equals_full_offload(client, job_name,
         assert torch.equal(bits(g), bits(w)), f"parameter {i}"
 
 
+def test_cuda_reference_holds_the_kept_state(tmp_path, job_name):
+    """offload_fraction 0.5 on CUDA: state_dict(reference=True) writes the
+    kept parameters' state from the device into the servers' arrays
+    (StoreGpuState through the CUDA device's copies) before they
+    checkpoint, and loading it reads it back onto the device: three steps
+    after the reference, repeated after the load, end bit for bit alike."""
+    import server_process
+    from conftest import server_binary
+    started = [server_process.start_server(
+        server_binary(), [f"--checkpoint_dir={tmp_path / f'server-{s}'}",
+                          "--threads=2"]) for s in range(2)]
+    try:
+        with depot.Client([s.address for s in started]) as c:
+            model = Exact(torch.float32).cuda()
+            opt = DepotOptimizer(model.parameters(), client=c,
+                                 job_name=job_name, lr=1e-2,
+                                 weight_decay=0.1, offload_fraction=0.5,
+                                 chunk_elems=256, bucket_chunks=1)
+            assert opt.engine.device_tensors
+            run(model, opt, steps=3)
+            reference = opt.state_dict(reference=True)
+            after = run(model, opt, steps=3)
+            opt.load_state_dict(reference)
+            again = run(model, opt, steps=3)
+            for i, (g, w) in enumerate(zip(again, after)):
+                assert torch.equal(bits(g), bits(w)), f"parameter {i}"
+            opt.close()
+    finally:
+        for server in started:
+            server.stop()
+
+
 def test_cuda_training_follows_torch_adamw(client, job_name):
     """A small MLP on the GPU: the loss curve of DepotOptimizer (fp32 masters
     on the servers) against torch.optim.AdamW(fused=True) on the GPU, within
