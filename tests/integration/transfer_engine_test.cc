@@ -860,13 +860,15 @@ class TransferEngineErrorTest : public TransferEngineTest {
     std::unique_ptr<Job> job;
     std::unique_ptr<HostDevice> device;
     std::unique_ptr<gpu::Collective> collective;
+    std::unique_ptr<gpu::DeviceOptimizer> optimizer;
     std::unique_ptr<TransferEngine> engine;
     std::unique_ptr<gpu::Stream> compute;
     absl::Status finished;
   };
   void OpenNodeRank(NodeRank& rank, uint32_t g, const JobConfig& config,
                     HostCollectiveGroup& group,
-                    absl::Duration collective_timeout = absl::Minutes(10)) {
+                    absl::Duration collective_timeout = absl::Minutes(10),
+                    double offload_fraction = 1.0) {
     ClientOptions options;
     options.servers = Addresses();
     options.step_timeout = absl::Seconds(20);
@@ -879,6 +881,12 @@ class TransferEngineErrorTest : public TransferEngineTest {
     engine_options.local_ranks = 2;
     engine_options.bucket_chunks = 2;
     engine_options.collective_timeout = collective_timeout;
+    engine_options.offload_fraction = offload_fraction;
+    if (offload_fraction < 1.0) {
+      rank.optimizer =
+          gpu::MakeHostDeviceOptimizer(config, *rank.device).value();
+      engine_options.device_optimizer = rank.optimizer.get();
+    }
     rank.engine = TransferEngine::Create(*rank.job, *rank.device,
                                          rank.collective.get(), engine_options)
                       .value();
@@ -1176,6 +1184,41 @@ TEST_F(TransferEngineErrorTest, ARankWhoseStepFailsLeavesNoRankWaiting) {
     EXPECT_NE(next.message().find("out of step"), absl::string_view::npos)
         << next;
   });
+  EXPECT_TRUE(group->errors().empty()) << absl::StrJoin(group->errors(), "; ");
+}
+
+// StoreGpuState on a node of two ranks (everything kept on the GPU, one chunk
+// per rank and per server) is a collective: each rank patches its own chunk,
+// and every rank learns whether all did. With server 1, which holds only
+// rank 1's chunk, killed, rank 1's store fails with its own error and rank
+// 0's, whose patch went through, is ABORTED naming the other rank: a rank
+// alone could not tell the servers' arrays are not whole, and neither waits
+// for ever. (Without the agreement rank 0 returns OK: checked.)
+TEST_F(TransferEngineErrorTest, ANodesStoreFailsOnEveryRankWhenOneRankCannot) {
+  JobConfig config = SmallJobConfig("node-store", 1, 2);
+  config.tensors = {{"w", 2 * config.chunk_elems, 0}};
+  ASSERT_TRUE(InitJob(config));
+  std::shared_ptr<HostCollectiveGroup> group = HostCollectiveGroup::Create(2);
+  NodeRank ranks[2];
+  OnTwoRanks([&](uint32_t g) {
+    OpenNodeRank(ranks[g], g, config, *group, absl::Minutes(10),
+                 /*offload_fraction=*/0.0);
+    EXPECT_GT(ranks[g].engine->gpu_state_bytes(), 0u);
+  });
+  ASSERT_EQ(ranks[0].job->plan().ServerOfChunk(1), 1u);
+  ASSERT_EQ(ranks[0].engine->partition().OwnerOfChunk(1), 1u);
+  absl::Status stored[2];
+  OnTwoRanks([&](uint32_t g) { stored[g] = ranks[g].engine->StoreGpuState(); });
+  EXPECT_TRUE(stored[0].ok()) << stored[0];
+  EXPECT_TRUE(stored[1].ok()) << stored[1];
+  ASSERT_TRUE(server(1).Kill().ok());
+  OnTwoRanks([&](uint32_t g) { stored[g] = ranks[g].engine->StoreGpuState(); });
+  EXPECT_FALSE(stored[1].ok());
+  EXPECT_NE(stored[1].code(), absl::StatusCode::kAborted) << stored[1];
+  EXPECT_EQ(stored[0].code(), absl::StatusCode::kAborted) << stored[0];
+  EXPECT_NE(stored[0].message().find("another local rank"),
+            absl::string_view::npos)
+      << stored[0];
   EXPECT_TRUE(group->errors().empty()) << absl::StrJoin(group->errors(), "; ");
 }
 

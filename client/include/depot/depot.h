@@ -646,8 +646,10 @@ DEPOT_API int depot_engine_synchronize_node(depot_engine_t* engine);
  * own arrays at the servers' step, so that a checkpoint the servers take next
  * (depot_job_checkpoint) holds the whole state; and read back from them onto
  * the device, after the servers went back to such a checkpoint (or are still
- * at the step it was stored at). Not collectives: with several local ranks
- * each stores its own part, all before one takes the checkpoint.
+ * at the step it was stored at). With several local ranks each rank stores
+ * and restores its own part, and the store is a collective of the node: it
+ * returns once every rank has stored, DEPOT_OK only if all did (ABORTED:
+ * another rank failed), after which one rank takes the checkpoint.
  * FAILED_PRECONDITION: a step in flight; store only: the state missing or
  * lost (a failed step), the servers at another step, or the node's verdict
  * failed. */

@@ -50,15 +50,15 @@ class CheckpointMixin:
 
         Each call is a collective there, also at a step already gathered.
         There it also writes each rank's part into the servers' own arrays
-        (Engine.store_device_state, then a wait for every rank), so that
+        (Engine.store_device_state, which returns once every rank has), so
+        that
         state_dict(reference=True) or checkpoint() on any rank, until the
         next step, has the servers checkpoint the whole state. Elsewhere it
         only reads the state early."""
         self._flat_state("gather_state", gather=True)
         engine = self._device_engine()
         if engine is not None and self._driver.local_ranks > 1:
-            engine.store_device_state()
-            engine.synchronize_node()
+            engine.store_device_state()  # a collective of the node here
             self._kept_stored_step = self._depot_step
 
     def _write_device_state(self, engine, flat):

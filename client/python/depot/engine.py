@@ -181,10 +181,12 @@ class Engine(OwnedHandle):
         """Writes this rank's part of the kept tensors' state into the
         servers' own arrays, at the servers' step, so that a checkpoint
         they take next (Job.checkpoint) holds the whole state. With several
-        local ranks every rank stores its own part before one takes the
-        checkpoint. depot.FailedPreconditionError: a step in flight, the
-        state missing (resume=True before a load) or lost (a failed step),
-        or the servers at another step."""
+        local ranks it is a collective of the node: every rank stores its
+        own part, and it returns once every rank has (depot.AbortedError
+        when another rank could not); then one rank takes the checkpoint.
+        depot.FailedPreconditionError: a step in flight, the state missing
+        (resume=True before a load) or lost (a failed step), or the servers
+        at another step."""
         _capi.check(_capi.lib().depot_engine_store_device_state(
             self._live_handle()))
 

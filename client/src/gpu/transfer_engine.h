@@ -211,14 +211,17 @@ class TransferEngine {
   // from a saved state. The servers' arrays hold the kept state only as
   // stored: call RestoreGpuState after the servers went back to a checkpoint
   // taken after a StoreGpuState of its step (or are still at that step),
-  // never after steps the servers only summed. Not collectives: with several
-  // local ranks every rank stores its own part, and all must have stored
-  // before one takes the checkpoint (SynchronizeNode). A rank that keeps
-  // nothing does nothing. FAILED_PRECONDITION: a step in flight; and for
-  // StoreGpuState: the state missing (an engine made on a job with applied
-  // steps, before a load) or lost (a failed step), the servers at another
-  // step, or with several local ranks the node's verdict unread or failed
-  // (CheckNode). Neither changes weights().
+  // never after steps the servers only summed. With several local ranks
+  // each rank stores and restores its own part; StoreGpuState is then a
+  // collective of the node (every rank calls it between the same two steps):
+  // it returns once every rank has stored, OK only if every rank did, so
+  // that one rank may take the checkpoint after it (ABORTED: another rank
+  // failed, its own call says why). RestoreGpuState is not a collective. A
+  // rank that keeps nothing stores nothing. FAILED_PRECONDITION: a step in
+  // flight; and for StoreGpuState: the state missing (an engine made on a
+  // job with applied steps, before a load) or lost (a failed step), the
+  // servers at another step, or the node's verdict failed (CheckNode).
+  // Neither changes weights().
   absl::Status StoreGpuState();
   absl::Status RestoreGpuState();
 

@@ -223,6 +223,8 @@ class TransferEngine::Impl {
   absl::Status WriteGpuState(const StateArrays& state);
   absl::Status StoreGpuState();
   absl::Status RestoreGpuState();
+  // StoreGpuState's own part: this rank's ranges, patched.
+  absl::Status StoreOwnKeptState();
   // FAILED_PRECONDITION for `what` while the kept tensors' state is missing
   // (an engine made on a job with applied steps) or lost (a failed step).
   absl::Status CheckKeptStateKnown(const char* what);
@@ -245,6 +247,10 @@ class TransferEngine::Impl {
   absl::Status CheckNode();
   // TransferEngine::SynchronizeNode. Trainer thread.
   absl::Status SynchronizeNode();
+  // NodeMode: an all-reduce of each rank's `failed` on the comm stream (as
+  // SynchronizeNode's, which passes false): whether any rank passed true,
+  // once every rank has called it. Trainer thread, no step in flight.
+  absl::StatusOr<bool> AnyRankFailed(bool failed);
   // The comm thread's end of a node's step: waits for its streams' end,
   // then all-reduces the flag (1: failed on this rank) on the comm stream
   // and records node_verdict_[parity].

@@ -466,12 +466,28 @@ absl::Status TransferEngine::Impl::StoreGpuState() {
   if (absl::Status s = CheckNoStepInFlight("StoreGpuState"); !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckKeptStateKnown("StoreGpuState"); !s.ok()) {
-    return s;
-  }
   if (NodeMode()) {
+    // The node's verdicts, the same on every rank: all return here alike.
     if (absl::Status s = CheckNode(); !s.ok()) return s;
   }
+  absl::Status mine = CheckKeptStateKnown("StoreGpuState");
+  if (mine.ok()) mine = StoreOwnKeptState();
+  if (!NodeMode()) return mine;
+  // Every rank learns whether every rank stored: none waits for one that
+  // failed, and none reports a whole state the servers do not hold.
+  absl::StatusOr<bool> any_failed = AnyRankFailed(!mine.ok());
+  if (!any_failed.ok()) return any_failed.status();
+  if (!mine.ok()) return mine;
+  if (*any_failed) {
+    return absl::AbortedError(
+        "StoreGpuState: another local rank could not store its part of the "
+        "kept tensors' state (its own call says why), so the servers' arrays "
+        "do not hold the whole state");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TransferEngine::Impl::StoreOwnKeptState() {
   if (kept_state_ == nullptr) return absl::OkStatus();  // none kept here
   std::string host;
   if (absl::Status s = CopyKeptState(host, CopyKind::kDeviceToHost); !s.ok()) {

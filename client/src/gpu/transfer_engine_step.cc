@@ -506,16 +506,30 @@ absl::Status TransferEngine::Impl::SynchronizeNode() {
     }
   }
   if (!NodeMode()) return absl::OkStatus();
+  return AnyRankFailed(false).status();
+}
+
+absl::StatusOr<bool> TransferEngine::Impl::AnyRankFailed(bool failed) {
   float* flag = static_cast<float*>(node_flags_->data()) + 2;
-  absl::Status s = device_.CopyAsync(*comm_, flag, node_constants_->data(),
-                                     sizeof(float), CopyKind::kDeviceToDevice);
+  const float* constant =
+      static_cast<const float*>(node_constants_->data()) + (failed ? 1 : 0);
+  float sum = 0.0f;
+  absl::Status s = device_.CopyAsync(*comm_, flag, constant, sizeof(float),
+                                     CopyKind::kDeviceToDevice);
   if (s.ok()) s = collective_->AllReduceSum(flag, 1, *comm_);
+  if (s.ok()) {
+    s = device_.CopyAsync(*comm_, &sum, flag, sizeof(float),
+                          CopyKind::kDeviceToHost);
+  }
   // Also after an error: nothing queued may be left behind.
   const absl::Status synced = device_.SynchronizeStream(*comm_);
   if (!s.ok()) return s;
   if (!synced.ok()) return synced;
   // An all-reduce aborted while it waited synchronized nothing.
-  return CollectivesExpired();
+  if (absl::Status expired = CollectivesExpired(); !expired.ok()) {
+    return expired;
+  }
+  return sum > 0.0f;
 }
 
 bool TransferEngine::Impl::AwaitPreviousCollectives(StepRun& run) {
