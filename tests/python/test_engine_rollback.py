@@ -9,6 +9,8 @@ A step that fails while every server is still at the step before is sent
 again from the engine's gradient buffer and the run goes on without an
 error."""
 
+import time
+
 import pytest
 import torch
 
@@ -103,6 +105,83 @@ def test_engine_step_sent_again_when_no_server_went_back(tmp_path,
             opt.synchronize()
             for p, q in zip(model.parameters(), final):
                 assert torch.equal(p.detach(), q)
+            opt.close()
+
+
+class _SlowBackward(torch.autograd.Function):
+    """The identity, whose backward waits: the buckets after it are named
+    that much later."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.5)
+        return grad
+
+
+class _TwoLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(32, 16)
+        self.last = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.last(_SlowBackward.apply(self.first(x)))
+
+
+def test_engine_step_that_fails_inside_backward_is_sent_again(tmp_path,
+                                                                job_name):
+    """As above, but the step's failure comes while backward still runs:
+    the last layer's buckets begin the step on the restarted servers, whose
+    streams fail at once, and the first layer's buckets are named half a
+    second later. Their naming must not raise the step's error from inside
+    backward (where nothing recovers: before 2026-11-29 it raised
+    NotFoundError from loss.backward() now and then, the flake of
+    test_engine_step_sent_again_when_no_server_went_back); step() finishes
+    the step, which reports it, and sends it again: no error, bitwise."""
+    data = batches(EVERY + 2)
+    torch.manual_seed(0)
+    initial = _TwoLayers().state_dict()
+
+    def optimizer(model, client, name):
+        return DepotOptimizer(model.parameters(), client=client,
+                              job_name=name, engine="host", lr=1e-2,
+                              chunk_elems=64, bucket_chunks=1)
+
+    def step(model, opt, batch):
+        x, y = batch
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+
+    with checkpointing_servers(tmp_path) as (servers, dirs):
+        addresses = [s.address for s in servers]
+        with depot.Client(addresses, unavailable_retry=20) as c:
+            reference = _TwoLayers()
+            reference.load_state_dict(initial)
+            ref_opt = optimizer(reference, c, f"{job_name}-ref")
+            for batch in data:
+                step(reference, ref_opt, batch)
+            ref_opt.synchronize()
+            ref_opt.close()
+            model = _TwoLayers()
+            model.load_state_dict(initial)
+            opt = optimizer(model, c, job_name)
+            assert len(opt.engine.bucket_ranges) > 2
+            for batch in data[:EVERY]:
+                step(model, opt, batch)
+            for d in dirs:
+                wait_for_manifest(d, job_name, EVERY)
+            for s in range(2):
+                restart(servers, dirs, addresses, s)
+            for batch in data[EVERY:]:
+                step(model, opt, batch)  # no error
+            opt.synchronize()
+            for p, q in zip(model.parameters(), reference.parameters()):
+                assert torch.equal(p.detach(), q.detach())
             opt.close()
 
 

@@ -311,7 +311,19 @@ class _EngineDriver:
 
     def _name(self, bucket):
         self.named[bucket] = True
-        self.engine.gradients_ready(bucket, self._stream())
+        self._gradients_ready(bucket, self._stream())
+
+    def _gradients_ready(self, bucket, stream):
+        """Engine.gradients_ready. A step that failed already (a server went
+        away under it while backward still ran) refuses to name more
+        buckets with its own error: when a server restart may explain it,
+        it is left to finish_step, which reports it, and step() recovers,
+        rather than raised from inside backward, where nothing would."""
+        try:
+            self.engine.gradients_ready(bucket, stream)
+        except depot.DepotError as error:
+            if not _restart_may_explain(error):
+                raise
 
     def _begin(self, no_grad):
         opt = self.opt
@@ -522,7 +534,7 @@ class _EngineDriver:
                 no_grad_tensors=sorted(self.declared_no_grad))
             stream = self._stream()
             for b in range(len(self.engine.bucket_ranges)):
-                self.engine.gradients_ready(b, stream)
+                self._gradients_ready(b, stream)
             try:
                 return self.engine.finish_step()
             except depot.DepotError as again:
