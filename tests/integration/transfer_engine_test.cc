@@ -897,6 +897,23 @@ class TransferEngineErrorTest : public TransferEngineTest {
     EXPECT_TRUE(rank.engine->CheckNode().ok());
   }
 
+  // A node of two ranks on a new job `name` of two chunks (one bucket, a
+  // chunk per rank and per server), `offload_fraction` of it offloaded,
+  // after step 1; the group.
+  std::shared_ptr<HostCollectiveGroup> OpenNodeOfTwoChunks(
+      const std::string& name, NodeRank (&ranks)[2], double offload_fraction) {
+    JobConfig config = SmallJobConfig(name, 1, 2);
+    config.tensors = {{"w", 2 * config.chunk_elems, 0}};
+    EXPECT_TRUE(InitJob(config));
+    std::shared_ptr<HostCollectiveGroup> group = HostCollectiveGroup::Create(2);
+    OnTwoRanks([&](uint32_t g) {
+      OpenNodeRank(ranks[g], g, config, *group, absl::Minutes(10),
+                   offload_fraction);
+      EXPECT_EQ(ranks[g].engine->partition().num_buckets(), 1u);
+    });
+    return group;
+  }
+
   // A node of two ranks on a new job `name` of four chunks (two buckets),
   // each rank's collective timeout its own, after step 1; the group.
   std::shared_ptr<HostCollectiveGroup> OpenNodeOfTwoBuckets(
@@ -1123,16 +1140,9 @@ TEST_F(TransferEngineErrorTest, AFailedStepWithGpuTensorsLeavesTheEngineUnusable
 // named leaves the node's collectives out of step: every later step is
 // refused, saying so.
 TEST_F(TransferEngineErrorTest, ARankWhoseStepFailsLeavesNoRankWaiting) {
-  JobConfig config = SmallJobConfig("node-fail", 1, 2);
-  config.tensors = {{"w", 2 * config.chunk_elems, 0}};
-  ASSERT_TRUE(InitJob(config));
-  std::shared_ptr<HostCollectiveGroup> group = HostCollectiveGroup::Create(2);
   NodeRank ranks[2];
-  OnTwoRanks([&](uint32_t g) {
-    NodeRank& rank = ranks[g];
-    OpenNodeRank(rank, g, config, *group);
-    ASSERT_EQ(rank.engine->partition().num_buckets(), 1u);
-  });
+  std::shared_ptr<HostCollectiveGroup> group =
+      OpenNodeOfTwoChunks("node-fail", ranks, /*offload_fraction=*/1.0);
   // Rank 1's only chunk lives on server 1.
   ASSERT_EQ(ranks[0].job->plan().ServerOfChunk(1), 1u);
   ASSERT_EQ(ranks[0].engine->partition().OwnerOfChunk(1), 1u);
@@ -1195,16 +1205,12 @@ TEST_F(TransferEngineErrorTest, ARankWhoseStepFailsLeavesNoRankWaiting) {
 // alone could not tell the servers' arrays are not whole, and neither waits
 // for ever. (Without the agreement rank 0 returns OK: checked.)
 TEST_F(TransferEngineErrorTest, ANodesStoreFailsOnEveryRankWhenOneRankCannot) {
-  JobConfig config = SmallJobConfig("node-store", 1, 2);
-  config.tensors = {{"w", 2 * config.chunk_elems, 0}};
-  ASSERT_TRUE(InitJob(config));
-  std::shared_ptr<HostCollectiveGroup> group = HostCollectiveGroup::Create(2);
   NodeRank ranks[2];
-  OnTwoRanks([&](uint32_t g) {
-    OpenNodeRank(ranks[g], g, config, *group, absl::Minutes(10),
-                 /*offload_fraction=*/0.0);
-    EXPECT_GT(ranks[g].engine->gpu_state_bytes(), 0u);
-  });
+  std::shared_ptr<HostCollectiveGroup> group =
+      OpenNodeOfTwoChunks("node-store", ranks, /*offload_fraction=*/0.0);
+  for (const NodeRank& rank : ranks) {
+    EXPECT_GT(rank.engine->gpu_state_bytes(), 0u);
+  }
   ASSERT_EQ(ranks[0].job->plan().ServerOfChunk(1), 1u);
   ASSERT_EQ(ranks[0].engine->partition().OwnerOfChunk(1), 1u);
   absl::Status stored[2];

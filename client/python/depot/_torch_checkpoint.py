@@ -51,10 +51,9 @@ class CheckpointMixin:
         Each call is a collective there, also at a step already gathered.
         There it also writes each rank's part into the servers' own arrays
         (Engine.store_device_state, which returns once every rank has), so
-        that
-        state_dict(reference=True) or checkpoint() on any rank, until the
-        next step, has the servers checkpoint the whole state. Elsewhere it
-        only reads the state early."""
+        that state_dict(reference=True) or checkpoint() on any rank, until
+        the next step, has the servers checkpoint the whole state. Elsewhere
+        it only reads the state early."""
         self._flat_state("gather_state", gather=True)
         engine = self._device_engine()
         if engine is not None and self._driver.local_ranks > 1:
