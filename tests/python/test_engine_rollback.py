@@ -108,6 +108,60 @@ def test_engine_step_sent_again_when_no_server_went_back(tmp_path,
             opt.close()
 
 
+def test_engine_with_an_offload_fraction_rolls_back_to_a_whole_checkpoint(
+        tmp_path, job_name):
+    """offload_fraction 0.5 (the bias' optimizer on the device) and periodic
+    checkpoints every 4 steps, which do not hold the kept state. Both
+    servers are killed after step 5 and restore step 4. Without a reference
+    the next step fails, naming the remedy. With a reference taken at step
+    2 (which made the servers' checkpoint of 2 whole), the next step rolls
+    the job back to 2, below the servers' 4, with the kept state read back:
+    RolledBackError(2), and a trainer that reloads its data position there
+    ends bitwise like an uninterrupted run."""
+    data = batches(8)
+    torch.manual_seed(0)
+    initial = torch.nn.Linear(32, 8).state_dict()
+    with checkpointing_servers(tmp_path) as (servers, dirs):
+        addresses = [s.address for s in servers]
+        with depot.Client(addresses, unavailable_retry=20) as c:
+            at_step, final = train_reference(c, f"{job_name}-ref", initial,
+                                             data, delayed=False)
+            for referenced in (False, True):
+                name = f"{job_name}-{referenced}"
+                model = torch.nn.Linear(32, 8)
+                model.load_state_dict(initial)
+                opt = DepotOptimizer(model.parameters(), client=c,
+                                     job_name=name, engine="host", lr=1e-2,
+                                     chunk_elems=64, offload_fraction=0.5)
+                assert opt.engine.device_tensors == [1]
+                for step in range(1, 6):
+                    one_step(model, opt, data[step - 1])
+                    if referenced and step == 2:
+                        opt.state_dict(reference=True)
+                for d in dirs:
+                    wait_for_manifest(d, name, EVERY)
+                for s in range(2):
+                    restart(servers, dirs, addresses, s)
+                if not referenced:
+                    with pytest.raises(depot.DepotError,
+                                       match="does not recover by itself"):
+                        one_step(model, opt, data[5])
+                    opt.close()
+                    continue
+
+                def check(error):
+                    for p, q in zip(model.parameters(), at_step[error.step]):
+                        assert torch.equal(p.detach(), q)
+
+                rolled = train_through_rollbacks(
+                    lambda batch: one_step(model, opt, batch), data, 5, check)
+                assert rolled == [2]
+                opt.synchronize()
+                for p, q in zip(model.parameters(), final):
+                    assert torch.equal(p.detach(), q)
+                opt.close()
+
+
 class _SlowBackward(torch.autograd.Function):
     """The identity, whose backward waits: the buckets after it are named
     that much later."""

@@ -88,6 +88,16 @@ class CheckpointMixin:
                 f"collective of the node, which writes each rank's part to "
                 f"the servers), then {what} on any of them")
 
+    def _note_whole_step(self, step):
+        """The servers' checkpoint of `step` holds the kept parameters'
+        state too (stored just before it was written)."""
+        if self._device_engine() is not None:
+            self._whole_steps.add(step)
+
+    def _forget_whole_steps_after(self, step):
+        """The job went back to `step`: its later checkpoints are gone."""
+        self._whole_steps = {s for s in self._whole_steps if s <= step}
+
     def _flat_state(self, what, gather=False):
         """The whole state (depot.FlatState): the servers', with the engine's
         kept parameters' state over it; read once per step, and at every
@@ -200,6 +210,7 @@ class CheckpointMixin:
             self._store_kept_state("state_dict(reference=True)")
             state[_REFERENCE_KEY] = state_reference.take(
                 job, self._client.servers)
+            self._note_whole_step(state[_REFERENCE_KEY]["step"])
         elif self._device_engine() is not None:
             state[_STATE_KEY] = torch.frombuffer(
                 bytearray(job.encode_state(self._flat_state("state_dict"))),
@@ -258,6 +269,7 @@ class CheckpointMixin:
         if by_reference:
             step = state_reference.restore(job, reference,
                                            self._client.servers)
+            self._forget_whole_steps_after(step)
             if engine is not None:
                 # The referenced checkpoint holds the kept parameters'
                 # state (state_dict stored it before the servers took it).
@@ -268,6 +280,7 @@ class CheckpointMixin:
             blob = state_dict[_STATE_KEY]
             if blob is not None:
                 job.load_state(blob)
+                self._whole_steps = set()  # the import removed checkpoints
                 if engine is not None:
                     self._write_device_state(engine, job.decode_state(blob))
             loaded = blob is not None
@@ -327,6 +340,7 @@ class CheckpointMixin:
             applied_step=applied, master=master.numpy(),
             slots=[s.numpy() for s in flat_slots], tensor_steps=tensor_steps)
         job.load_state(job.encode_state(flat))
+        self._whole_steps = set()  # the import removed the checkpoints
         if engine is not None:
             self._write_device_state(engine, flat)
         for group, saved in zip(self.param_groups, saved_groups):

@@ -520,7 +520,8 @@ class _EngineDriver:
         weights and RolledBackError names the step to resume from."""
         if self.local_ranks > 1:
             self._recover_node(error)
-        self._refuse_recovery_with_kept_state(error)
+        if not self.offloads_all:
+            self._recover_kept_state(step, error)
         for _ in range(_RECOVERY_ROUNDS):
             # With the delayed update a second step may be in flight: its
             # outcome no longer counts.
@@ -543,21 +544,49 @@ class _EngineDriver:
                 error = again
         raise error
 
-    def _refuse_recovery_with_kept_state(self, error, reconcile=True):
-        """With parameters kept on the device no step recovers by itself:
-        raises `error` naming the remedy, a load_state_dict(). First the
-        servers agree again (Job.reconcile: a restarted server's job opened
-        anew), so that the load finds the job (`reconcile`: one local rank;
-        a node's ranks reconcile in _recover_node)."""
+    def _recover_kept_state(self, step, error):
+        """One local rank with parameters kept on the device, after step
+        `step` failed (`error`): their state cannot replay a step, so the
+        step is never sent again. Once the servers agree (Job.reconcile: a
+        restarted server's job opened anew), the job goes back to the newest
+        step at or before theirs whose checkpoint this optimizer made whole
+        (state_dict(reference=True) or checkpoint() stored the kept state
+        into the servers' arrays before they wrote it: opt._whole_steps),
+        the kept state is read back from the servers, and RolledBackError
+        names that step, as any rollback does. Without such a step, or when
+        its checkpoint is gone, raises `error` naming the remedy."""
+        self._drain_in_flight()
+        at = self._reconcile(error)
+        whole = [s for s in self.opt._whole_steps if s <= at]
+        if whole:
+            target = max(whole)
+            try:
+                self.job.roll_back(target)
+                self.engine.restore_device_state()
+            except depot.DepotError as failed:
+                self._refuse_recovery_with_kept_state(
+                    error, f"; going back to step {target}, whose checkpoint "
+                           f"holds it, failed: {failed}")
+            self.kept_state_missing = False
+            self._roll_back(
+                target, f"step {step} failed: {error.message}; the optimizer "
+                        f"state kept on the device went back with the "
+                        f"servers to their checkpoint of step {target}, which "
+                        f"a reference or checkpoint() made whole")
+        self._refuse_recovery_with_kept_state(error)
+
+    def _refuse_recovery_with_kept_state(self, error, why=""):
+        """Raises `error` naming the remedy for a step that failed with
+        parameters kept on the device and cannot recover by itself: a
+        load_state_dict()."""
         if not self.offloads_all:
-            if reconcile:
-                self._drain_in_flight()
-                self._reconcile(error)
             raise type(error)(
                 f"{error.message} (an engine with an offload fraction below "
-                f"1 does not recover by itself: the optimizer state kept on "
-                f"the device cannot go back to the servers' step; load a "
-                f"state_dict() saved by value, or a reference "
+                f"1 does not recover by itself unless a reference or "
+                f"checkpoint() of this optimizer made a checkpoint at or "
+                f"before the servers' step whole{why}: the optimizer state "
+                f"kept on the device cannot go back to the servers' step; "
+                f"load a state_dict() saved by value, or a reference "
                 f"(state_dict(reference=True)), with load_state_dict())") \
                 from error
 
@@ -581,7 +610,7 @@ class _EngineDriver:
         raised as it is: no step can run on this engine again."""
         if not _restart_may_explain(error):
             raise error
-        self._refuse_recovery_with_kept_state(error, reconcile=False)
+        self._refuse_recovery_with_kept_state(error)
         self._drain_in_flight()
         # The verdicts of the steps just drained no longer count.
         self._node_failure()
@@ -629,6 +658,7 @@ class _EngineDriver:
         RolledBackError saying why."""
         self.opt._restore_scaler(at)
         self.opt._depot_step = at
+        self.opt._forget_whole_steps_after(at)
         self.pending_waits = set()  # the weights are loaded here
         self.load_weights()
         raise depot.RolledBackError(

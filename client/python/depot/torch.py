@@ -326,6 +326,11 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         # A node of several local ranks: the step at which gather_state()
         # wrote every rank's kept state into the servers' arrays.
         self._kept_stored_step = None
+        # offload_fraction < 1: the steps whose checkpoint on the servers
+        # holds the kept state too (a reference or checkpoint() stored it
+        # first), in this run's history: a failed step goes back to the
+        # newest (_torch_engine's _recover_kept_state).
+        self._whole_steps = set()
         self.state = ServerState(self)
         self.last_result = None  # the depot.StepResult of the last step
         self.last_step = None  # its LastStep
@@ -724,7 +729,9 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         self.synchronize()
         job = self._open_job()
         self._store_kept_state("checkpoint()")
-        return job.checkpoint()
+        step = job.checkpoint()
+        self._note_whole_step(step)
+        return step
 
     def attach(self, model):
         """Engine mode: forward waits per bucket. Each module of `model`
