@@ -109,7 +109,10 @@ the engine's, not the servers': state_dict(), state[p] and torch_state_dict()
 include it (read from the device), and load_state_dict() loads it there. A
 reference (and checkpoint()) first writes it into the servers' arrays, so
 that their checkpoint holds it, and loading the reference reads it back;
-the servers' periodic checkpoints do not hold it. resume=True on a job that
+the servers' periodic checkpoints do not hold it. A step failed by a server
+restart goes back by itself to the newest step such a reference or
+checkpoint() made whole (RolledBackError), or, without one, raises naming
+load_state_dict(). resume=True on a job that
 has applied steps opens it, but that state died with the trainer that held
 it: step() and state_dict() raise FailedPreconditionError until
 load_state_dict() loads a state saved by value or a reference (into the
