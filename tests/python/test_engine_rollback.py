@@ -39,6 +39,15 @@ def train_reference(client, name, initial, data, delayed):
     return at_step, final
 
 
+def holds_weights_of(model, at_step):
+    """on_rollback for train_through_rollbacks: the parameters hold the
+    uninterrupted run's weights of the step rolled back to."""
+    def check(error):
+        for p, q in zip(model.parameters(), at_step[error.step]):
+            assert torch.equal(p.detach(), q)
+    return check
+
+
 def test_engine_step_raises_rolled_back_error_and_ends_bitwise(
         tmp_path, job_name):
     data = batches(10)
@@ -61,12 +70,9 @@ def test_engine_step_raises_rolled_back_error_and_ends_bitwise(
             # Server 0 restarts at step 4; server 1 is at step 6.
             restart(servers, dirs, addresses, 0)
 
-            def check(error):
-                for p, q in zip(model.parameters(), at_step[error.step]):
-                    assert torch.equal(p.detach(), q)
-
             rolled = train_through_rollbacks(
-                lambda batch: one_step(model, opt, batch), data, 6, check)
+                lambda batch: one_step(model, opt, batch), data, 6,
+                holds_weights_of(model, at_step))
             assert rolled == [EVERY]
             opt.synchronize()
             for p, q in zip(model.parameters(), final):
@@ -149,12 +155,9 @@ def test_engine_with_an_offload_fraction_rolls_back_to_a_whole_checkpoint(
                     opt.close()
                     continue
 
-                def check(error):
-                    for p, q in zip(model.parameters(), at_step[error.step]):
-                        assert torch.equal(p.detach(), q)
-
                 rolled = train_through_rollbacks(
-                    lambda batch: one_step(model, opt, batch), data, 5, check)
+                    lambda batch: one_step(model, opt, batch), data, 5,
+                    holds_weights_of(model, at_step))
                 assert rolled == [2]
                 opt.synchronize()
                 for p, q in zip(model.parameters(), final):
