@@ -167,44 +167,21 @@ absl::Status ShardState::ImportChunks(std::vector<ChunkSnapshot> chunks) {
     }
   }
 
-  // Every chunk is locked at once so that the check of pending contributions
-  // and the replacement are one atomic change.
-  for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
-    chunk_state(index).mu.Lock();
-  }
-  absl::Status status;
-  for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
-    ChunkState& chunk = chunk_state(index);
-    if (chunk.phase() != ChunkPhase::kIdle) {
-      status = absl::FailedPreconditionError(
-          absl::StrCat("chunk ", index, " has contributions for step ",
-                       chunk.applied_step + 1,
-                       ": import the state only while no step is in flight"));
-      break;
-    }
-  }
-  if (status.ok()) {
+  // The check of pending contributions and the replacement are one atomic
+  // change.
+  const absl::Status status = WithEveryChunkIdle("import", [&] {
     for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
-      const ChunkRange range = shape_.plan().chunk(index);
       const ChunkSnapshot& snapshot = *staged[index - shard.first_chunk];
       ChunkState& chunk = chunk_state(index);
-      std::memcpy(master(range), snapshot.master.data(),
-                  snapshot.master.size());
-      for (int k = 0; k < shape_.slots(); ++k) {
-        std::memcpy(slot(k, range.begin), snapshot.slots[k].data(),
-                    snapshot.slots[k].size());
-      }
+      WriteChunk(snapshot);
       chunk.applied_step = snapshot.applied_step;
-      chunk.tensor_steps = snapshot.tensor_steps;
       // Weights of the history the import replaced: pulls read the imported
       // step from the master, and the chunk's next update starts a history.
       chunk.last = KeptWeights();
       chunk.before = KeptWeights();
     }
-  }
-  for (uint64_t index = shard.end_chunk; index > shard.first_chunk; --index) {
-    chunk_state(index - 1).mu.Unlock();
-  }
+    return absl::OkStatus();
+  });
   if (!status.ok()) return status;
   DropCapture(step);
   absl::MutexLock lock(&steps_mu_);
@@ -221,57 +198,65 @@ absl::Status ShardState::PatchChunks(std::vector<ChunkSnapshot> chunks) {
   std::vector<ChunkSnapshot*> staged;
   if (absl::Status s = StageSnapshots(chunks, staged); !s.ok()) return s;
   if (shard.num_chunks() == 0) return absl::OkStatus();  // nothing was sent
-  // Every chunk is locked, as for an import: the shard's step is the step of
-  // all of them only while none can move.
+  // As for an import; and the shard's step is the step of all its chunks
+  // only while none can move.
+  return WithEveryChunkIdle("patch", [&] {
+    const uint64_t step = chunk_state(shard.first_chunk).applied_step;
+    for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
+      if (chunk_state(index).applied_step != step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "chunk ", index, " is at step ", chunk_state(index).applied_step,
+            ", chunk ", shard.first_chunk, " at step ", step,
+            ": patch the state only while no step is in flight"));
+      }
+    }
+    for (const ChunkSnapshot& snapshot : chunks) {
+      if (snapshot.applied_step != step) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "chunk ", snapshot.index, " of the patch is of step ",
+            snapshot.applied_step, " and the shard is at step ", step,
+            ": a patch replaces the state at the shard's own step"));
+      }
+    }
+    // The step and the weights kept for pulls of earlier steps stay: the
+    // history is the same, only the state at its last step changed.
+    for (const ChunkSnapshot& snapshot : chunks) WriteChunk(snapshot);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status ShardState::WithEveryChunkIdle(
+    absl::string_view verb, const std::function<absl::Status()>& body) {
+  const ShardRange& shard = shape_.shard();
   for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
     chunk_state(index).mu.Lock();
   }
   absl::Status status;
-  const uint64_t step = chunk_state(shard.first_chunk).applied_step;
   for (uint64_t index = shard.first_chunk; index < shard.end_chunk; ++index) {
     const ChunkState& chunk = chunk_state(index);
     if (chunk.phase() != ChunkPhase::kIdle) {
       status = absl::FailedPreconditionError(
           absl::StrCat("chunk ", index, " has contributions for step ",
-                       chunk.applied_step + 1,
-                       ": patch the state only while no step is in flight"));
-      break;
-    }
-    if (chunk.applied_step != step) {
-      status = absl::FailedPreconditionError(
-          absl::StrCat("chunk ", index, " is at step ", chunk.applied_step,
-                       ", chunk ", shard.first_chunk, " at step ", step,
-                       ": patch the state only while no step is in flight"));
+                       chunk.applied_step + 1, ": ", verb,
+                       " the state only while no step is in flight"));
       break;
     }
   }
-  for (const ChunkSnapshot& snapshot : chunks) {
-    if (!status.ok()) break;
-    if (snapshot.applied_step != step) {
-      status = absl::FailedPreconditionError(absl::StrCat(
-          "chunk ", snapshot.index, " of the patch is of step ",
-          snapshot.applied_step, " and the shard is at step ", step,
-          ": a patch replaces the state at the shard's own step"));
-    }
-  }
-  if (status.ok()) {
-    for (const ChunkSnapshot& snapshot : chunks) {
-      const ChunkRange range = shape_.plan().chunk(snapshot.index);
-      std::memcpy(master(range), snapshot.master.data(),
-                  snapshot.master.size());
-      for (int k = 0; k < shape_.slots(); ++k) {
-        std::memcpy(slot(k, range.begin), snapshot.slots[k].data(),
-                    snapshot.slots[k].size());
-      }
-      // The step and the weights kept for pulls of earlier steps stay: the
-      // history is the same, only the state at its last step changed.
-      chunk_state(snapshot.index).tensor_steps = snapshot.tensor_steps;
-    }
-  }
+  if (status.ok()) status = body();
   for (uint64_t index = shard.end_chunk; index > shard.first_chunk; --index) {
     chunk_state(index - 1).mu.Unlock();
   }
   return status;
+}
+
+void ShardState::WriteChunk(const ChunkSnapshot& snapshot) {
+  const ChunkRange range = shape_.plan().chunk(snapshot.index);
+  std::memcpy(master(range), snapshot.master.data(), snapshot.master.size());
+  for (int k = 0; k < shape_.slots(); ++k) {
+    std::memcpy(slot(k, range.begin), snapshot.slots[k].data(),
+                snapshot.slots[k].size());
+  }
+  chunk_state(snapshot.index).tensor_steps = snapshot.tensor_steps;
 }
 
 }  // namespace depot

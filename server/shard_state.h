@@ -605,6 +605,14 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // the shard, null for a chunk not sent. INVALID_ARGUMENT: one sent twice.
   absl::Status StageSnapshots(std::vector<ChunkSnapshot>& chunks,
                               std::vector<ChunkSnapshot*>& staged) const;
+  // Runs `body` with every chunk of the shard locked (in index order), once
+  // none has pending contributions: FAILED_PRECONDITION naming `verb`
+  // ("import", "patch") otherwise, and `body` does not run. Returns body's.
+  absl::Status WithEveryChunkIdle(absl::string_view verb,
+                                  const std::function<absl::Status()>& body);
+  // The reverse of CopyChunk: `snapshot`'s master, slots and step counts
+  // into its chunk. REQUIRES: the chunk's lock held, the chunk idle.
+  void WriteChunk(const ChunkSnapshot& snapshot);
   // Copies chunk `index`'s state into `out`, reusing its buffers, and sets
   // its payload_crc in the same pass.
   // REQUIRES: no update runs on it (its lock held and idle, or its update
