@@ -106,6 +106,8 @@ class JobImpl : public Job {
                   const CommitBarrier* barrier, absl::Time start,
                   StepResult* result) const;
 
+  // OUT_OF_RANGE unless begin < end <= N (ReadStatePart, PatchStatePart).
+  absl::Status CheckPartRange(uint64_t begin, uint64_t end) const;
   // ReadStatePart and PatchStatePart: the chunks over [begin, end), each
   // from its server (ExportState of those chunks), in index order, all at
   // one step, with the sizes of the job's arrays (INTERNAL otherwise).

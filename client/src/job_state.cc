@@ -280,8 +280,7 @@ absl::Status JobImpl::CheckStateArrays(const char* what, const FlatState& state,
   if (state.tensor_steps.size() != layout().tensors().size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": ", state.tensor_steps.size(),
-                     " tensor step counts, the job "
-                     "has ",
+                     " tensor step counts, the job has ",
                      layout().tensors().size(), " tensors"));
   }
   return absl::OkStatus();
@@ -346,13 +345,16 @@ absl::StatusOr<std::string> JobImpl::EncodeState(const FlatState& state) const {
   return EncodeStateBlob(blob);
 }
 
+absl::Status JobImpl::CheckPartRange(uint64_t begin, uint64_t end) const {
+  if (begin < end && end <= total_elems()) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat(
+      "a part of the state is [begin, end) with begin < end <= ", total_elems(),
+      " (the job's elements); got [", begin, ", ", end, ")"));
+}
+
 absl::StatusOr<std::vector<v1::StateChunk>> JobImpl::ExportPart(uint64_t begin,
                                                                 uint64_t end) {
-  if (begin >= end || end > total_elems()) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "a part of the state is [begin, end) with begin < end <= ",
-        total_elems(), " (the job's elements); got [", begin, ", ", end, ")"));
-  }
+  if (absl::Status s = CheckPartRange(begin, end); !s.ok()) return s;
   const uint64_t first = begin / plan().chunk_elems();
   const uint64_t last = (end - 1) / plan().chunk_elems();
   std::vector<std::vector<uint64_t>> wanted(plan().num_servers());
@@ -443,12 +445,8 @@ absl::StatusOr<FlatState> JobImpl::ReadStatePart(uint64_t begin, uint64_t end) {
 
 absl::Status JobImpl::PatchStatePart(uint64_t begin, uint64_t end,
                                      const FlatState& part) {
-  if (begin >= end || end > total_elems()) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "PatchStatePart: a part of the state is [begin, end) with begin < end "
-        "<= ",
-        total_elems(), " (the job's elements); got [", begin, ", ", end, ")"));
-  }
+  // Before the arrays, whose size the range gives.
+  if (absl::Status s = CheckPartRange(begin, end); !s.ok()) return s;
   const OptimizerConfig slot_config = JobSlotConfig(config());
   const int slots = OptimizerStateSlots(slot_config);
   if (absl::Status s = CheckStateArrays("PatchStatePart", part, end - begin);
