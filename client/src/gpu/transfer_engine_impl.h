@@ -230,10 +230,14 @@ class TransferEngine::Impl {
   absl::Status CheckKeptStateKnown(const char* what);
   // FAILED_PRECONDITION for `what` while a step is in flight.
   absl::Status CheckNoStepInFlight(const char* what);
-  // The element ranges this rank's kept state is stored and restored by:
-  // runs of its kept segments with nothing of another tensor between them,
-  // in adjacent chunks.
-  std::vector<std::pair<uint64_t, uint64_t>> KeptRanges() const;
+  // The element ranges [begin, end) this rank's kept state is stored and
+  // restored by: runs of its kept segments (into kept_) with nothing of
+  // another tensor between them, in adjacent chunks.
+  struct KeptRange {
+    uint64_t begin = 0, end = 0;
+    std::vector<const KeptSegment*> segments;
+  };
+  std::vector<KeptRange> KeptRanges() const;
 
   // A node of several local ranks (docs/gpu.md, "A rank's failure on a
   // node"): every step's collectives run on every rank whatever the step's

@@ -441,22 +441,21 @@ absl::Status TransferEngine::Impl::WriteGpuState(const StateArrays& state) {
   return absl::OkStatus();
 }
 
-std::vector<std::pair<uint64_t, uint64_t>> TransferEngine::Impl::KeptRanges()
+std::vector<TransferEngine::Impl::KeptRange> TransferEngine::Impl::KeptRanges()
     const {
   const uint64_t chunk_elems = job_.plan().chunk_elems();
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  std::vector<KeptRange> ranges;
   for (const std::vector<KeptSegment>& segments : kept_.in_bucket) {
     for (const KeptSegment& k : segments) {
-      if (!ranges.empty()) {
-        std::pair<uint64_t, uint64_t>& last = ranges.back();
-        // Only padding between, and no chunk of another rank.
-        if (job_.layout().SegmentsIn(last.second, k.begin).empty() &&
-            k.begin / chunk_elems <= (last.second - 1) / chunk_elems + 1) {
-          last.second = k.end;
-          continue;
-        }
+      // Joined to the last range when only padding lies between, and no
+      // chunk of another rank.
+      if (ranges.empty() ||
+          !job_.layout().SegmentsIn(ranges.back().end, k.begin).empty() ||
+          k.begin / chunk_elems > (ranges.back().end - 1) / chunk_elems + 1) {
+        ranges.push_back(KeptRange{k.begin, k.begin, {}});
       }
-      ranges.emplace_back(k.begin, k.end);
+      ranges.back().end = k.end;
+      ranges.back().segments.push_back(&k);
     }
   }
   return ranges;
@@ -493,23 +492,16 @@ absl::Status TransferEngine::Impl::StoreOwnKeptState() {
   if (absl::Status s = CopyKeptState(host, CopyKind::kDeviceToHost); !s.ok()) {
     return s;
   }
-  const std::vector<std::pair<uint64_t, uint64_t>> ranges = KeptRanges();
   const int slots = OptimizerStateSlots(JobSlotConfig(job_.config()));
-  size_t next = 0;  // the range the next kept segment lies in
-  std::vector<FlatState> parts(ranges.size());
-  for (size_t r = 0; r < ranges.size(); ++r) {
-    const uint64_t elems = ranges[r].second - ranges[r].first;
-    parts[r].applied_step = kept_step_;
-    parts[r].master.assign(elems, 0.0f);
-    parts[r].slots.assign(slots, std::vector<float>(elems, 0.0f));
-    parts[r].tensor_steps = kept_steps_;
-  }
-  for (const std::vector<KeptSegment>& segments : kept_.in_bucket) {
-    for (const KeptSegment& k : segments) {
-      while (k.begin >= ranges[next].second) ++next;
-      FlatState& part = parts[next];
-      const uint64_t at = k.begin - ranges[next].first;
-      const ParamRun run = KeptRun(k, host.data());
+  for (const KeptRange& range : KeptRanges()) {
+    FlatState part;
+    part.applied_step = kept_step_;
+    part.master.assign(range.end - range.begin, 0.0f);
+    part.slots.assign(slots, std::vector<float>(part.master.size(), 0.0f));
+    part.tensor_steps = kept_steps_;
+    for (const KeptSegment* k : range.segments) {
+      const uint64_t at = k->begin - range.begin;
+      const ParamRun run = KeptRun(*k, host.data());
       std::copy_n(run.master, run.n, part.master.data() + at);
       for (int slot = 0; slot < kMaxStateSlots; ++slot) {
         if (run.slots[slot] == nullptr) continue;
@@ -517,10 +509,7 @@ absl::Status TransferEngine::Impl::StoreOwnKeptState() {
                        part.slots[slot].data() + at, run.n);
       }
     }
-  }
-  for (size_t r = 0; r < ranges.size(); ++r) {
-    if (absl::Status s =
-            job_.PatchStatePart(ranges[r].first, ranges[r].second, parts[r]);
+    if (absl::Status s = job_.PatchStatePart(range.begin, range.end, part);
         !s.ok()) {
       return s;
     }
@@ -540,10 +529,11 @@ absl::Status TransferEngine::Impl::RestoreGpuState() {
         !s.ok()) {
       return s;
     }
-    const std::vector<std::pair<uint64_t, uint64_t>> ranges = KeptRanges();
-    std::vector<FlatState> parts;
-    for (const auto& [begin, end] : ranges) {
-      absl::StatusOr<FlatState> part = job_.ReadStatePart(begin, end);
+    // Every part is read into the host copy before the device's changes.
+    std::vector<uint64_t> counts = kept_steps_;
+    for (const KeptRange& range : KeptRanges()) {
+      absl::StatusOr<FlatState> part =
+          job_.ReadStatePart(range.begin, range.end);
       if (!part.ok()) return part.status();
       if (step.has_value() && part->applied_step != *step) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -551,23 +541,16 @@ absl::Status TransferEngine::Impl::RestoreGpuState() {
             " and ", part->applied_step, ": a step is in flight"));
       }
       step = part->applied_step;
-      parts.push_back(*std::move(part));
-    }
-    std::vector<uint64_t> counts = kept_steps_;
-    size_t next = 0;
-    for (const std::vector<KeptSegment>& segments : kept_.in_bucket) {
-      for (const KeptSegment& k : segments) {
-        while (k.begin >= ranges[next].second) ++next;
-        const FlatState& part = parts[next];
-        const uint64_t at = k.begin - ranges[next].first;
-        const ParamRun run = KeptRun(k, host.data());
-        std::copy_n(part.master.data() + at, run.n, run.master);
+      for (const KeptSegment* k : range.segments) {
+        const uint64_t at = k->begin - range.begin;
+        const ParamRun run = KeptRun(*k, host.data());
+        std::copy_n(part->master.data() + at, run.n, run.master);
         for (int slot = 0; slot < kMaxStateSlots; ++slot) {
           if (run.slots[slot] == nullptr) continue;
-          ConvertFromFloat(part.slots[slot].data() + at, slot_dtype_[slot],
+          ConvertFromFloat(part->slots[slot].data() + at, slot_dtype_[slot],
                            run.slots[slot], run.n);
         }
-        counts[k.tensor] = part.tensor_steps[k.tensor];
+        counts[k->tensor] = part->tensor_steps[k->tensor];
       }
     }
     if (absl::Status s = CopyKeptState(host, CopyKind::kHostToDevice);
