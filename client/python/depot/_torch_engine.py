@@ -520,13 +520,21 @@ class _EngineDriver:
         weights and RolledBackError names the step to resume from."""
         if self.local_ranks > 1:
             self._recover_node(error)
-        if not self.offloads_all:
-            self._recover_kept_state(step, error)
         for _ in range(_RECOVERY_ROUNDS):
             # With the delayed update a second step may be in flight: its
             # outcome no longer counts.
             self._drain_in_flight()
             at = self._reconcile(error)
+            if not self.offloads_all:
+                # The state kept on the device cannot replay a step: always a
+                # rollback, to a checkpoint that holds that state too.
+                target = self._back_to_whole_checkpoint(at, error)
+                self._roll_back(
+                    target, f"step {step} failed: {error.message}; the "
+                            f"optimizer state kept on the device went back "
+                            f"with the servers to their checkpoint of step "
+                            f"{target}, which a reference or checkpoint() "
+                            f"made whole")
             if self.delayed or at + 1 < step:
                 self._roll_back(at, f"step {step} failed: {error.message}")
             self.engine.begin_step(
@@ -544,36 +552,28 @@ class _EngineDriver:
                 error = again
         raise error
 
-    def _recover_kept_state(self, step, error):
-        """One local rank with parameters kept on the device, after step
-        `step` failed (`error`): their state cannot replay a step, so the
-        step is never sent again. Once the servers agree (Job.reconcile: a
-        restarted server's job opened anew), the job goes back to the newest
-        step at or before theirs whose checkpoint this optimizer made whole
-        (state_dict(reference=True) or checkpoint() stored the kept state
-        into the servers' arrays before they wrote it: opt._whole_steps),
-        the kept state is read back from the servers, and RolledBackError
-        names that step, as any rollback does. Without such a step, or when
-        its checkpoint is gone, raises `error` naming the remedy."""
-        self._drain_in_flight()
-        at = self._reconcile(error)
+    def _back_to_whole_checkpoint(self, at, error):
+        """One local rank with parameters kept on the device, the servers
+        agreeing on step `at` after a failed step (`error`): takes the job
+        back to the newest step at or before `at` whose checkpoint this
+        optimizer made whole (state_dict(reference=True) or checkpoint()
+        stored the kept state into the servers' arrays before they wrote
+        it: opt._whole_steps), reads the kept state back from the servers
+        and returns the step. Without such a step, or when its checkpoint
+        is gone, raises `error` naming the remedy."""
         whole = [s for s in self.opt._whole_steps if s <= at]
-        if whole:
-            target = max(whole)
-            try:
-                self.job.roll_back(target)
-                self.engine.restore_device_state()
-            except depot.DepotError as failed:
-                self._refuse_recovery_with_kept_state(
-                    error, f"; going back to step {target}, whose checkpoint "
-                           f"holds it, failed: {failed}")
-            self.kept_state_missing = False
-            self._roll_back(
-                target, f"step {step} failed: {error.message}; the optimizer "
-                        f"state kept on the device went back with the "
-                        f"servers to their checkpoint of step {target}, which "
-                        f"a reference or checkpoint() made whole")
-        self._refuse_recovery_with_kept_state(error)
+        if not whole:
+            self._refuse_recovery_with_kept_state(error)
+        target = max(whole)
+        try:
+            self.job.roll_back(target)
+            self.engine.restore_device_state()
+        except depot.DepotError as failed:
+            self._refuse_recovery_with_kept_state(
+                error, f"; going back to step {target}, whose checkpoint "
+                       f"holds it, failed: {failed}")
+        self.kept_state_missing = False
+        return target
 
     def _refuse_recovery_with_kept_state(self, error, why=""):
         """Raises `error` naming the remedy for a step that failed with

@@ -332,7 +332,7 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         # offload_fraction < 1: the steps whose checkpoint on the servers
         # holds the kept state too (a reference or checkpoint() stored it
         # first), in this run's history: a failed step goes back to the
-        # newest (_torch_engine's _recover_kept_state).
+        # newest (_torch_engine's _back_to_whole_checkpoint).
         self._whole_steps = set()
         self.state = ServerState(self)
         self.last_result = None  # the depot.StepResult of the last step
