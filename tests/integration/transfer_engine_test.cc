@@ -83,6 +83,19 @@ struct RankRun {
   FlatState state;
 };
 
+// The engine's view of `state`'s arrays.
+gpu::StateArrays ArraysOf(FlatState& state) {
+  gpu::StateArrays arrays;
+  arrays.master = state.master.data();
+  for (size_t k = 0; k < state.slots.size(); ++k) {
+    arrays.slots[k] = state.slots[k].data();
+  }
+  arrays.num_slots = state.slots.size();
+  arrays.tensor_steps = state.tensor_steps.data();
+  arrays.applied_step = state.applied_step;
+  return arrays;
+}
+
 class TransferEngineTest : public TwoServers {
  protected:
   // Every step's options, for both runs (none by default).
@@ -296,14 +309,10 @@ class TransferEngineTest : public TwoServers {
     run.compute_waits = device.waits_queued(**compute);
     if (engine_options.offload_fraction == 1.0) return absl::OkStatus();
     if (absl::Status s = ReadState(**job, run.state); !s.ok()) return s;
-    gpu::StateArrays arrays;
-    arrays.master = run.state.master.data();
-    for (size_t k = 0; k < run.state.slots.size(); ++k) {
-      arrays.slots[k] = run.state.slots[k].data();
+    if (absl::Status s = (*engine)->ReadGpuState(ArraysOf(run.state));
+        !s.ok()) {
+      return s;
     }
-    arrays.num_slots = run.state.slots.size();
-    arrays.tensor_steps = run.state.tensor_steps.data();
-    if (absl::Status s = (*engine)->ReadGpuState(arrays); !s.ok()) return s;
     // And into the servers' own arrays (each rank its part): the test reads
     // the servers' state alone once every rank is done.
     return (*engine)->StoreGpuState();
@@ -417,6 +426,20 @@ TEST_F(TransferEngineTest, TwoPhaseClippedStepsEqualTheOneProcessRunBitForBit) {
 // servers. A static loss scale, and also clipped by the global norm
 // (two-phase steps: the servers' norm covers the kept tensors, whose sums
 // come back unscaled, with the decision), where every step must clip.
+// Bit for bit: master weights, every slot and every tensor's step count.
+void ExpectSameState(const FlatState& got, const FlatState& want,
+                     const char* what) {
+  SCOPED_TRACE(what);
+  EXPECT_EQ(got.tensor_steps, want.tensor_steps);
+  EXPECT_EQ(FirstDifference(Bytes(got.master), Bytes(want.master)), "")
+      << "master weights";
+  ASSERT_EQ(got.slots.size(), want.slots.size());
+  for (size_t k = 0; k < got.slots.size(); ++k) {
+    EXPECT_EQ(FirstDifference(Bytes(got.slots[k]), Bytes(want.slots[k])), "")
+        << "slot " << k;
+  }
+}
+
 // StoreGpuState (every rank of every node stored its part after the last
 // step, RunRank): the servers' state alone is now the whole job's, bit for bit
 // the fully offloaded run's, so that the servers' checkpoints hold it. Then,
@@ -427,24 +450,13 @@ TEST_F(TransferEngineTest, TwoPhaseClippedStepsEqualTheOneProcessRunBitForBit) {
 void ExpectStoredStateIsWhole(TransferEngineTest& test, const JobConfig& config,
                               TransferEngineOptions options,
                               uint32_t local_ranks, const FlatState& want) {
-  const auto expect_equal = [&](const FlatState& got, const char* what) {
-    SCOPED_TRACE(what);
-    EXPECT_EQ(got.tensor_steps, want.tensor_steps);
-    EXPECT_EQ(FirstDifference(Bytes(got.master), Bytes(want.master)), "")
-        << "master weights";
-    ASSERT_EQ(got.slots.size(), want.slots.size());
-    for (size_t k = 0; k < got.slots.size(); ++k) {
-      EXPECT_EQ(FirstDifference(Bytes(got.slots[k]), Bytes(want.slots[k])), "")
-          << "slot " << k;
-    }
-  };
   absl::StatusOr<std::unique_ptr<Job>> job = test.OpenEngineJob(config);
   ASSERT_TRUE(job.ok()) << job.status();
   absl::StatusOr<std::string> blob = (*job)->SaveState();
   ASSERT_TRUE(blob.ok()) << blob.status();
   absl::StatusOr<FlatState> decoded = (*job)->DecodeState(*blob);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
-  expect_equal(*decoded, "the servers' state after StoreGpuState");
+  ExpectSameState(*decoded, want, "the servers' state after StoreGpuState");
   if (local_ranks != 1) return;
   HostDevice device;
   auto optimizer = gpu::MakeHostDeviceOptimizer(config, device);
@@ -456,13 +468,6 @@ void ExpectStoredStateIsWhole(TransferEngineTest& test, const JobConfig& config,
             absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE((*engine)->RestoreGpuState().ok());
   FlatState overlay = *decoded;
-  gpu::StateArrays arrays;
-  arrays.master = overlay.master.data();
-  for (size_t k = 0; k < overlay.slots.size(); ++k) {
-    arrays.slots[k] = overlay.slots[k].data();
-  }
-  arrays.num_slots = overlay.slots.size();
-  arrays.tensor_steps = overlay.tensor_steps.data();
   // The servers' values everywhere but the kept elements, which the engine
   // writes: poison those first.
   for (const uint32_t t : (*engine)->gpu_tensors()) {
@@ -475,8 +480,8 @@ void ExpectStoredStateIsWhole(TransferEngineTest& test, const JobConfig& config,
     }
     overlay.tensor_steps[t] = 0;
   }
-  ASSERT_TRUE((*engine)->ReadGpuState(arrays).ok());
-  expect_equal(overlay, "restored by a new engine");
+  ASSERT_TRUE((*engine)->ReadGpuState(ArraysOf(overlay)).ok());
+  ExpectSameState(overlay, want, "restored by a new engine");
 }
 
 TEST_F(TransferEngineTest, OffloadFractionEqualsTheFullyOffloadedRunBitForBit) {
@@ -531,17 +536,7 @@ TEST_F(TransferEngineTest, OffloadFractionEqualsTheFullyOffloadedRunBitForBit) {
       }
       // The state read is the whole job's on every rank (gathered over the
       // node's ranks), bit for bit the fully offloaded run's.
-      const FlatState& got = runs[r].state;
-      const FlatState& want = reference_state_;
-      EXPECT_EQ(got.tensor_steps, want.tensor_steps);
-      EXPECT_EQ(FirstDifference(Bytes(got.master), Bytes(want.master)), "")
-          << "master weights";
-      ASSERT_EQ(got.slots.size(), want.slots.size());
-      for (size_t k = 0; k < got.slots.size(); ++k) {
-        EXPECT_EQ(FirstDifference(Bytes(got.slots[k]), Bytes(want.slots[k])),
-                  "")
-            << "slot " << k;
-      }
+      ExpectSameState(runs[r].state, reference_state_, "the state read");
     }
     ExpectStoredStateIsWhole(*this, config, options, local_ranks,
                              reference_state_);
