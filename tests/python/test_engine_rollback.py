@@ -9,7 +9,9 @@ A step that fails while every server is still at the step before is sent
 again from the engine's gradient buffer and the run goes on without an
 error."""
 
+import contextlib
 import time
+import types
 
 import pytest
 import torch
@@ -48,9 +50,14 @@ def holds_weights_of(model, at_step):
     return check
 
 
-def test_engine_step_raises_rolled_back_error_and_ends_bitwise(
-        tmp_path, job_name):
-    data = batches(10)
+@contextlib.contextmanager
+def beside_an_uninterrupted_run(tmp_path, job_name, steps):
+    """Two checkpointing servers and a client on them, after the
+    uninterrupted run of `steps` batches from a Linear(32, 8)
+    (train_reference, job "<job_name>-ref"). Yields a namespace: servers,
+    dirs, addresses, client, data, initial (the weights), at_step and final
+    (the run's weights)."""
+    data = batches(steps)
     torch.manual_seed(0)
     initial = torch.nn.Linear(32, 8).state_dict()
     with checkpointing_servers(tmp_path) as (servers, dirs):
@@ -58,27 +65,46 @@ def test_engine_step_raises_rolled_back_error_and_ends_bitwise(
         with depot.Client(addresses, unavailable_retry=20) as c:
             at_step, final = train_reference(c, f"{job_name}-ref", initial,
                                              data, delayed=False)
-            model = torch.nn.Linear(32, 8)
-            model.load_state_dict(initial)
-            opt = DepotOptimizer(model.parameters(), client=c,
-                                 job_name=job_name, engine="host", lr=1e-2,
-                                 chunk_elems=64)
-            for step in range(1, 7):
-                one_step(model, opt, data[step - 1])
-            for d in dirs:
-                wait_for_manifest(d, job_name, EVERY)
-            # Server 0 restarts at step 4; server 1 is at step 6.
-            restart(servers, dirs, addresses, 0)
+            yield types.SimpleNamespace(
+                servers=servers, dirs=dirs, addresses=addresses, client=c,
+                data=data, initial=initial, at_step=at_step, final=final)
 
-            rolled = train_through_rollbacks(
-                lambda batch: one_step(model, opt, batch), data, 6,
-                holds_weights_of(model, at_step))
-            assert rolled == [EVERY]
-            opt.synchronize()
-            for p, q in zip(model.parameters(), final):
-                assert torch.equal(p.detach(), q)
-            assert opt.job.reconcile() == (len(data), False)
-            opt.close()
+
+def engine_model(run, name, **options):
+    """A Linear(32, 8) from run.initial and its DepotOptimizer on a host
+    engine (lr 1e-2, chunks of 64, `options`): (model, opt)."""
+    model = torch.nn.Linear(32, 8)
+    model.load_state_dict(run.initial)
+    opt = DepotOptimizer(model.parameters(), client=run.client,
+                         job_name=name, engine="host", lr=1e-2,
+                         chunk_elems=64, **options)
+    return model, opt
+
+
+def assert_ends_as(model, final):
+    for p, q in zip(model.parameters(), final):
+        assert torch.equal(p.detach(), q)
+
+
+def test_engine_step_raises_rolled_back_error_and_ends_bitwise(
+        tmp_path, job_name):
+    with beside_an_uninterrupted_run(tmp_path, job_name, 10) as run:
+        model, opt = engine_model(run, job_name)
+        for step in range(1, 7):
+            one_step(model, opt, run.data[step - 1])
+        for d in run.dirs:
+            wait_for_manifest(d, job_name, EVERY)
+        # Server 0 restarts at step 4; server 1 is at step 6.
+        restart(run.servers, run.dirs, run.addresses, 0)
+
+        rolled = train_through_rollbacks(
+            lambda batch: one_step(model, opt, batch), run.data, 6,
+            holds_weights_of(model, run.at_step))
+        assert rolled == [EVERY]
+        opt.synchronize()
+        assert_ends_as(model, run.final)
+        assert opt.job.reconcile() == (len(run.data), False)
+        opt.close()
 
 
 def test_engine_step_sent_again_when_no_server_went_back(tmp_path,
@@ -87,31 +113,19 @@ def test_engine_step_sent_again_when_no_server_went_back(tmp_path,
     is complete on both): the next step fails on the dead connections,
     reconcile finds every server at the step before, and the engine sends
     the step again: no error, and the run ends bitwise."""
-    data = batches(8)
-    torch.manual_seed(0)
-    initial = torch.nn.Linear(32, 8).state_dict()
-    with checkpointing_servers(tmp_path) as (servers, dirs):
-        addresses = [s.address for s in servers]
-        with depot.Client(addresses, unavailable_retry=20) as c:
-            _, final = train_reference(c, f"{job_name}-ref", initial, data,
-                                       delayed=False)
-            model = torch.nn.Linear(32, 8)
-            model.load_state_dict(initial)
-            opt = DepotOptimizer(model.parameters(), client=c,
-                                 job_name=job_name, engine="host", lr=1e-2,
-                                 chunk_elems=64)
-            for step in range(1, EVERY + 1):
-                one_step(model, opt, data[step - 1])
-            for d in dirs:
-                wait_for_manifest(d, job_name, EVERY)
-            for s in range(2):
-                restart(servers, dirs, addresses, s)
-            for step in range(EVERY + 1, len(data) + 1):
-                one_step(model, opt, data[step - 1])  # no error
-            opt.synchronize()
-            for p, q in zip(model.parameters(), final):
-                assert torch.equal(p.detach(), q)
-            opt.close()
+    with beside_an_uninterrupted_run(tmp_path, job_name, 8) as run:
+        model, opt = engine_model(run, job_name)
+        for step in range(1, EVERY + 1):
+            one_step(model, opt, run.data[step - 1])
+        for d in run.dirs:
+            wait_for_manifest(d, job_name, EVERY)
+        for s in range(2):
+            restart(run.servers, run.dirs, run.addresses, s)
+        for step in range(EVERY + 1, len(run.data) + 1):
+            one_step(model, opt, run.data[step - 1])  # no error
+        opt.synchronize()
+        assert_ends_as(model, run.final)
+        opt.close()
 
 
 def test_engine_with_an_offload_fraction_rolls_back_to_a_whole_checkpoint(
@@ -124,45 +138,33 @@ def test_engine_with_an_offload_fraction_rolls_back_to_a_whole_checkpoint(
     the job back to 2, below the servers' 4, with the kept state read back:
     RolledBackError(2), and a trainer that reloads its data position there
     ends bitwise like an uninterrupted run."""
-    data = batches(8)
-    torch.manual_seed(0)
-    initial = torch.nn.Linear(32, 8).state_dict()
-    with checkpointing_servers(tmp_path) as (servers, dirs):
-        addresses = [s.address for s in servers]
-        with depot.Client(addresses, unavailable_retry=20) as c:
-            at_step, final = train_reference(c, f"{job_name}-ref", initial,
-                                             data, delayed=False)
-            for referenced in (False, True):
-                name = f"{job_name}-{referenced}"
-                model = torch.nn.Linear(32, 8)
-                model.load_state_dict(initial)
-                opt = DepotOptimizer(model.parameters(), client=c,
-                                     job_name=name, engine="host", lr=1e-2,
-                                     chunk_elems=64, offload_fraction=0.5)
-                assert opt.engine.device_tensors == [1]
-                for step in range(1, 6):
-                    one_step(model, opt, data[step - 1])
-                    if referenced and step == 2:
-                        opt.state_dict(reference=True)
-                for d in dirs:
-                    wait_for_manifest(d, name, EVERY)
-                for s in range(2):
-                    restart(servers, dirs, addresses, s)
-                if not referenced:
-                    with pytest.raises(depot.DepotError,
-                                       match="does not recover by itself"):
-                        one_step(model, opt, data[5])
-                    opt.close()
-                    continue
-
-                rolled = train_through_rollbacks(
-                    lambda batch: one_step(model, opt, batch), data, 5,
-                    holds_weights_of(model, at_step))
-                assert rolled == [2]
-                opt.synchronize()
-                for p, q in zip(model.parameters(), final):
-                    assert torch.equal(p.detach(), q)
+    with beside_an_uninterrupted_run(tmp_path, job_name, 8) as run:
+        for referenced in (False, True):
+            name = f"{job_name}-{referenced}"
+            model, opt = engine_model(run, name, offload_fraction=0.5)
+            assert opt.engine.device_tensors == [1]
+            for step in range(1, 6):
+                one_step(model, opt, run.data[step - 1])
+                if referenced and step == 2:
+                    opt.state_dict(reference=True)
+            for d in run.dirs:
+                wait_for_manifest(d, name, EVERY)
+            for s in range(2):
+                restart(run.servers, run.dirs, run.addresses, s)
+            if not referenced:
+                with pytest.raises(depot.DepotError,
+                                   match="does not recover by itself"):
+                    one_step(model, opt, run.data[5])
                 opt.close()
+                continue
+
+            rolled = train_through_rollbacks(
+                lambda batch: one_step(model, opt, batch), run.data, 5,
+                holds_weights_of(model, run.at_step))
+            assert rolled == [2]
+            opt.synchronize()
+            assert_ends_as(model, run.final)
+            opt.close()
 
 
 class _SlowBackward(torch.autograd.Function):
