@@ -171,6 +171,7 @@ absl::StatusOr<uint64_t> CheckpointDirectory::Write(
   manifest.num_servers = servers;
   manifest.step = checkpoint.step;
   manifest.shard_file = ShardFileName(checkpoint.server_index, servers);
+  manifest.lacks_worker_state = checkpoint.LacksWorkerState();
   const std::string shard_path =
       absl::StrCat(step_dir, "/", manifest.shard_file);
   const std::string manifest_path = absl::StrCat(
@@ -244,6 +245,20 @@ std::vector<uint64_t> CheckpointDirectory::CompleteSteps(
     if (!manifest.ok() || !manifest->empty()) complete.push_back(step);
   }
   return complete;
+}
+
+std::vector<uint64_t> CheckpointDirectory::StepsLackingWorkerState(
+    const JobKey& job, const std::vector<uint64_t>& steps) const {
+  std::vector<uint64_t> lacking;
+  for (const uint64_t step : steps) {
+    const std::string step_dir = StepDirectory(job, step);
+    absl::StatusOr<std::string> name = ManifestIn(step_dir);
+    if (!name.ok() || name->empty()) continue;
+    absl::StatusOr<CheckpointManifest> manifest =
+        LoadManifest(step_dir, *name, job.name, step);
+    if (manifest.ok() && manifest->lacks_worker_state) lacking.push_back(step);
+  }
+  return lacking;
 }
 
 absl::StatusOr<ShardCheckpoint> CheckpointDirectory::Load(const JobKey& job,

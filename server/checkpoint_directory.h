@@ -62,6 +62,11 @@ class CheckpointDirectory {
 
   // The job's steps that have a manifest, newest first.
   std::vector<uint64_t> CompleteSteps(const JobKey& job) const;
+  // Of `steps`, those whose manifest says that some chunk lacks the
+  // workers' state (CheckpointManifest::lacks_worker_state), in the same
+  // order. A manifest that does not read is left out: verifying is Load's.
+  std::vector<uint64_t> StepsLackingWorkerState(
+      const JobKey& job, const std::vector<uint64_t>& steps) const;
 
   // Reads and verifies step `step` of the job: its manifest, then the shard
   // file it names, which must agree with it (job, step, fingerprint, server,

@@ -27,6 +27,10 @@ constexpr size_t kSectionHeaderBytes = 32;
 constexpr uint64_t kMaxSmallSectionBytes = uint64_t{256} << 20;
 
 enum class FileKind : uint32_t { kShard = 1, kManifest = 2 };
+// Section flags (version 2): of a chunk section, the chunk lacks the
+// workers' state (ChunkSnapshot::lacks_worker_state); of a manifest, some
+// chunk of its shard file does.
+constexpr uint32_t kSectionFlagLacksWorkerState = 1;
 enum class SectionKind : uint32_t {
   kJob = 1,
   kTensorSteps = 2,
@@ -73,9 +77,11 @@ uint64_t PiecesBytes(const Pieces& pieces) {
 
 // `payload_crc`, when set, is the payload's CRC-32C taken already (a
 // capture's, ChunkSnapshot::payload_crc); else it is computed here.
+// `flags` go in the header's second word (version 2; kSectionFlag*).
 absl::Status WriteSection(const ByteSink& sink, SectionKind kind,
                           uint64_t index, const Pieces& payload,
-                          std::optional<uint32_t> payload_crc = std::nullopt) {
+                          std::optional<uint32_t> payload_crc = std::nullopt,
+                          uint32_t flags = 0) {
   uint32_t crc = 0;
   if (payload_crc.has_value()) {
     crc = *payload_crc;
@@ -86,7 +92,7 @@ absl::Status WriteSection(const ByteSink& sink, SectionKind kind,
   }
   std::string header;
   PutU32(header, static_cast<uint32_t>(kind));
-  PutU32(header, 0);
+  PutU32(header, flags);
   PutU64(header, index);
   PutU64(header, PiecesBytes(payload));
   PutU32(header, crc);
@@ -163,8 +169,10 @@ absl::Status EncodeShardSections(const ShardCheckpoint& checkpoint,
     return s;
   }
   for (const ChunkSnapshot& chunk : checkpoint.chunks) {
-    if (absl::Status s = WriteSection(*sink, SectionKind::kChunk, chunk.index,
-                                      ChunkPieces(chunk), chunk.payload_crc);
+    if (absl::Status s = WriteSection(
+            *sink, SectionKind::kChunk, chunk.index, ChunkPieces(chunk),
+            chunk.payload_crc,
+            chunk.lacks_worker_state ? kSectionFlagLacksWorkerState : 0);
         !s.ok()) {
       return s;
     }
@@ -203,11 +211,12 @@ class SectionReader {
     const uint32_t crc = Crc32c(header, kFileHeaderBytes - 4);
     if (crc != GetU32(header + 28))
       return CrcMismatch(GetU32(header + 28), crc);
-    const uint32_t version = GetU32(header + 8);
-    if (version != kCheckpointFormatVersion) {
-      return Corrupt(absl::StrCat("format version ", version,
-                                  ", this server reads version ",
-                                  kCheckpointFormatVersion));
+    version_ = GetU32(header + 8);
+    if (version_ < kOldestCheckpointFormatVersion ||
+        version_ > kCheckpointFormatVersion) {
+      return Corrupt(absl::StrCat(
+          "format version ", version_, ", this server reads versions ",
+          kOldestCheckpointFormatVersion, " to ", kCheckpointFormatVersion));
     }
     if (GetU32(header + 12) != static_cast<uint32_t>(kind)) {
       return Corrupt(absl::StrCat("file kind ", GetU32(header + 12),
@@ -219,6 +228,8 @@ class SectionReader {
   }
 
   uint32_t sections() const { return sections_; }
+  // The flags of the section begun last (BeginSection).
+  uint32_t flags() const { return flags_; }
 
   // Bytes of the file after those read so far (by its size when opened):
   // what the sizes a file declares are checked against before anything of
@@ -237,10 +248,13 @@ class SectionReader {
 
   // Reads the next section's header, which must be of `kind` and, for a
   // chunk, of `index`, with a payload of `expected_bytes` (any size up to
-  // kMaxSmallSectionBytes when 0). `name` names the section in errors.
+  // kMaxSmallSectionBytes when 0), and no flags but `allowed_flags` (none
+  // in version 1), which flags() then returns. `name` names the section in
+  // errors.
   absl::StatusOr<uint64_t> BeginSection(SectionKind kind, uint64_t index,
                                         uint64_t expected_bytes,
-                                        std::string name) {
+                                        std::string name,
+                                        uint32_t allowed_flags = 0) {
     section_ = std::move(name);
     char header[kSectionHeaderBytes];
     if (absl::Status s = ReadExact(header, sizeof(header)); !s.ok()) return s;
@@ -252,6 +266,11 @@ class SectionReader {
         GetU64(header + 8) != index) {
       return Corrupt(absl::StrCat("found section kind ", GetU32(header),
                                   " index ", GetU64(header + 8)));
+    }
+    flags_ = GetU32(header + 4);
+    if ((flags_ & ~(version_ >= 2 ? allowed_flags : 0)) != 0) {
+      return Corrupt(absl::StrCat("unknown section flags ", flags_,
+                                  " in format version ", version_));
     }
     const uint64_t bytes = GetU64(header + 16);
     if (expected_bytes != 0 ? bytes != expected_bytes
@@ -334,6 +353,8 @@ class SectionReader {
   uint64_t actual_bytes_ = 0;  // the file's size when opened
   uint64_t file_bytes_ = 0;
   uint32_t sections_ = 0;
+  uint32_t version_ = 0;
+  uint32_t flags_ = 0;
   uint32_t payload_crc_ = 0;
   uint32_t running_crc_ = 0;
 };
@@ -342,9 +363,10 @@ class SectionReader {
 absl::StatusOr<std::string> ReadSmallSection(SectionReader& reader,
                                              SectionKind kind,
                                              uint64_t expected_bytes,
-                                             std::string name) {
-  absl::StatusOr<uint64_t> bytes =
-      reader.BeginSection(kind, 0, expected_bytes, std::move(name));
+                                             std::string name,
+                                             uint32_t allowed_flags = 0) {
+  absl::StatusOr<uint64_t> bytes = reader.BeginSection(
+      kind, 0, expected_bytes, std::move(name), allowed_flags);
   if (!bytes.ok()) return bytes.status();
   std::string payload(*bytes, '\0');
   if (absl::Status s = reader.ReadPayload(payload.data(), payload.size());
@@ -390,19 +412,24 @@ absl::Status EncodeManifest(const CheckpointManifest& manifest,
       !s.ok()) {
     return s;
   }
-  return WriteSection(sink, SectionKind::kManifest, 0, {payload});
+  return WriteSection(
+      sink, SectionKind::kManifest, 0, {payload}, std::nullopt,
+      manifest.lacks_worker_state ? kSectionFlagLacksWorkerState : 0);
 }
 
 absl::StatusOr<CheckpointManifest> ReadManifest(const std::string& path) {
   SectionReader reader(path);
   if (absl::Status s = reader.Open(FileKind::kManifest); !s.ok()) return s;
   absl::StatusOr<std::string> payload =
-      ReadSmallSection(reader, SectionKind::kManifest, 0, "manifest");
+      ReadSmallSection(reader, SectionKind::kManifest, 0, "manifest",
+                       kSectionFlagLacksWorkerState);
   if (!payload.ok()) return payload.status();
   constexpr size_t kFixed = 40;
   if (payload->size() < kFixed) return reader.Corrupt("payload too short");
   const char* p = payload->data();
   CheckpointManifest manifest;
+  manifest.lacks_worker_state =
+      (reader.flags() & kSectionFlagLacksWorkerState) != 0;
   manifest.fingerprint = GetU64(p);
   manifest.step = GetU64(p + 8);
   manifest.server_index = GetU32(p + 16);
@@ -517,10 +544,13 @@ absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path) {
                DTypeSize(OptimizerSlotDType(shape->slot_config(), k));
     }
     if (absl::StatusOr<uint64_t> s = reader.BeginSection(
-            SectionKind::kChunk, index, bytes, absl::StrCat("chunk ", index));
+            SectionKind::kChunk, index, bytes, absl::StrCat("chunk ", index),
+            kSectionFlagLacksWorkerState);
         !s.ok()) {
       return s.status();
     }
+    chunk.lacks_worker_state =
+        (reader.flags() & kSectionFlagLacksWorkerState) != 0;
     chunk.master.resize(range.size() * sizeof(float));
     for (int k = 0; k < shape->slots(); ++k) {
       chunk.slots.emplace_back(

@@ -25,9 +25,12 @@
 
 namespace depot {
 
-// The version this code writes; readers accept only it (a reader of a later
-// version keeps reading this one).
-inline constexpr uint32_t kCheckpointFormatVersion = 1;
+// The version this code writes, and the oldest it reads (a reader of a later
+// version keeps reading the earlier ones). Version 2 adds section flags:
+// whether a chunk, or some chunk of a manifest's shard file, lacks the
+// workers' state (ChunkSnapshot::lacks_worker_state); version 1 has none.
+inline constexpr uint32_t kCheckpointFormatVersion = 2;
+inline constexpr uint32_t kOldestCheckpointFormatVersion = 1;
 
 // What a manifest says: the step is complete on this server, in that file.
 struct CheckpointManifest {
@@ -38,6 +41,8 @@ struct CheckpointManifest {
   uint64_t step = 0;
   std::string shard_file;  // its name, in the manifest's directory
   uint64_t shard_file_bytes = 0;
+  // Some chunk of the shard file lacks the workers' state.
+  bool lacks_worker_state = false;
 };
 
 // Receives the encoded bytes in order; an error stops the encoding.

@@ -117,6 +117,19 @@ absl::StatusOr<std::vector<uint64_t>> Checkpointer::CompleteSteps(
   return steps;
 }
 
+absl::StatusOr<Checkpointer::Steps> Checkpointer::ListSteps(const JobKey& key) {
+  Steps steps;
+  if (absl::Status s = RunOnWriter([this, &key, &steps] {
+        steps.complete = directory_->CompleteSteps(key);
+        steps.lacking_worker_state =
+            directory_->StepsLackingWorkerState(key, steps.complete);
+      });
+      !s.ok()) {
+    return s;
+  }
+  return steps;
+}
+
 absl::StatusOr<ShardCheckpoint> Checkpointer::Load(const JobKey& key,
                                                    uint64_t step) {
   absl::StatusOr<ShardCheckpoint> loaded =
@@ -285,11 +298,19 @@ absl::Status Checkpointer::Write(const std::weak_ptr<ShardState>& job,
     metrics_->checkpoint_bytes.Increment(static_cast<double>(*bytes));
     metrics_->checkpoint_write_seconds.Observe(seconds);
     metrics_->checkpoint_last_success.Set(absl::ToUnixSeconds(absl::Now()));
-    log_(
-        absl::StrFormat("checkpoint of %s at step %d written to %s "
-                        "(%d bytes, %.3f s)",
-                        Describe(key), step,
-                        directory_->StepDirectory(key, step), *bytes, seconds));
+    uint64_t lacking = 0;
+    for (const ChunkSnapshot& chunk : capture->chunks) {
+      lacking += chunk.lacks_worker_state ? 1 : 0;
+    }
+    log_(absl::StrFormat(
+        "checkpoint of %s at step %d written to %s (%d bytes, %.3f s)%s",
+        Describe(key), step, directory_->StepDirectory(key, step), *bytes,
+        seconds,
+        lacking == 0
+            ? ""
+            : absl::StrFormat("; %d chunks lack the state of the tensors "
+                              "the workers keep",
+                              lacking)));
     if (absl::Status s = directory_->Prune(key, policy_.keep); !s.ok()) {
       log_(absl::StrFormat("cannot prune old checkpoints of %s: %s",
                            Describe(key), s.ToString()));

@@ -82,6 +82,13 @@ class Checkpointer : public JobListener {
   // Rolling back (the RollBack RPC), on the writer thread after everything
   // queued so far. The job's complete steps, newest first.
   absl::StatusOr<std::vector<uint64_t>> CompleteSteps(const JobKey& key);
+  // The same, and of them those that lack the workers' state
+  // (CheckpointDirectory::StepsLackingWorkerState).
+  struct Steps {
+    std::vector<uint64_t> complete;
+    std::vector<uint64_t> lacking_worker_state;
+  };
+  absl::StatusOr<Steps> ListSteps(const JobKey& key);
   // Reads and verifies the job's checkpoint of `step` on this server
   // (CheckpointDirectory::Load: NOT_FOUND, DATA_LOSS naming the file).
   absl::StatusOr<ShardCheckpoint> Load(const JobKey& key, uint64_t step);

@@ -137,6 +137,10 @@ struct ShardState::ChunkState {
   // the history it replaced is dropped); none kept with noop_update.
   KeptWeights last ABSL_GUARDED_BY(mu);
   KeptWeights before ABSL_GUARDED_BY(mu);
+  // ChunkSnapshot::lacks_worker_state: set by an update of a step with
+  // sum-only tensors in the chunk, cleared by a patch, taken from what an
+  // import or a restore brings.
+  bool lacks_worker_state ABSL_GUARDED_BY(mu) = false;
 
  private:
   ChunkPhase phase_ ABSL_GUARDED_BY(mu) = ChunkPhase::kIdle;

@@ -59,11 +59,18 @@ absl::Status DepotService::DoListCheckpoints(
   response->set_newest_step((*shard)->newest_step());
   // Without a --checkpoint_dir there are none: the list is empty.
   if (checkpointer_ == nullptr) return absl::OkStatus();
-  absl::StatusOr<std::vector<uint64_t>> steps =
-      checkpointer_->CompleteSteps((*shard)->shape().key());
+  absl::StatusOr<Checkpointer::Steps> steps =
+      checkpointer_->ListSteps((*shard)->shape().key());
   if (!steps.ok()) return steps.status();
-  for (const uint64_t step : *steps) response->add_steps(step);
-  if (request.verify()) return VerifyCheckpoints(**shard, *steps, response);
+  for (const uint64_t step : steps->complete) response->add_steps(step);
+  // Ascending, as the field says.
+  for (auto it = steps->lacking_worker_state.rbegin();
+       it != steps->lacking_worker_state.rend(); ++it) {
+    response->add_steps_lacking_worker_state(*it);
+  }
+  if (request.verify()) {
+    return VerifyCheckpoints(**shard, steps->complete, response);
+  }
   return absl::OkStatus();
 }
 

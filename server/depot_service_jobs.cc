@@ -255,6 +255,7 @@ absl::Status DepotService::DoExportState(
         for (std::string& slot : snapshot.slots) {
           *message.add_slots() = std::move(slot);
         }
+        message.set_lacks_worker_state(snapshot.lacks_worker_state);
         return writer->Write(message);
       });
   return ended() && !status.ok() ? absl::UnavailableError(kShuttingDown)
@@ -276,6 +277,11 @@ absl::Status DepotService::DoImportState(
       caller, request.header().job_id(), request.header().fingerprint());
   if (!shard.ok()) return shard.status();
   const bool patch = request.header().patch();
+  const uint64_t capture_step = request.header().capture_step();
+  if (capture_step != 0 && !patch) {
+    return absl::InvalidArgumentError(
+        "capture_step needs patch: only a part of a capture is sent");
+  }
   // Staged whole: ImportChunks (PatchChunks) checks everything before it
   // replaces anything.
   // The staged chunks are charged to the memory budget while they are held:
@@ -307,12 +313,17 @@ absl::Status DepotService::DoImportState(
     for (std::string& slot : *chunk->mutable_slots()) {
       snapshot.slots.push_back(std::move(slot));
     }
+    snapshot.lacks_worker_state = chunk->lacks_worker_state();
   }
   if (!reader->status().ok()) return reader->status();
   if (patch) {
     // The same history: the job's checkpoints stay.
     const uint64_t patched = chunks.size();
-    if (absl::Status s = (*shard)->PatchChunks(std::move(chunks)); !s.ok()) {
+    if (absl::Status s =
+            capture_step != 0
+                ? (*shard)->PatchCapture(capture_step, std::move(chunks))
+                : (*shard)->PatchChunks(std::move(chunks));
+        !s.ok()) {
       return s;
     }
     response->set_chunks(patched);

@@ -1,11 +1,12 @@
 // ShardState's checkpoint captures: the shard's state copied at a step
 // boundary, chunk by chunk as each chunk applies the step (EnableCaptures).
+#include <algorithm>
+#include <cstring>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/chunk_state.h"
-
 #include "server/shard_state.h"
 
 namespace depot {
@@ -43,6 +44,13 @@ absl::StatusOr<std::unique_ptr<ShardCheckpoint>> ShardState::CaptureNow() {
   std::unique_ptr<ShardCheckpoint> capture;
   {
     absl::MutexLock lock(&capture_mu_);
+    if (capture_ != nullptr && capture_waiting_ > 0 &&
+        captured_chunks_ == shape_.shard().num_chunks()) {
+      // Whole but for the workers' state: this capture, of the shard's
+      // step now, takes its place.
+      capture_spare_ = std::move(capture_);
+      capture_waiting_ = 0;
+    }
     if (capture_ != nullptr || capture_out_) {
       return absl::UnavailableError(
           "a checkpoint of this job is being taken or written; try again "
@@ -80,8 +88,9 @@ absl::StatusOr<std::unique_ptr<ShardCheckpoint>> ShardState::CaptureNow() {
       break;
     }
     step = chunk.applied_step;
-    CopyChunk(index, chunk.applied_step, chunk.tensor_steps,
-              capture->chunks[index - shard.first_chunk]);
+    ChunkSnapshot& copy = capture->chunks[index - shard.first_chunk];
+    CopyChunk(index, chunk.applied_step, chunk.tensor_steps, copy);
+    copy.lacks_worker_state = chunk.lacks_worker_state;
   }
   if (status.ok() && !step.has_value()) {
     status = absl::FailedPreconditionError(
@@ -99,15 +108,19 @@ void ShardState::DropCapture(uint64_t imported_step) {
   absl::MutexLock lock(&capture_mu_);
   if (capture_ != nullptr) capture_spare_ = std::move(capture_);
   captured_chunks_ = 0;
+  capture_waiting_ = 0;
   // Steps up to the imported one are over; the next capture step is later.
   capture_decided_step_ = imported_step;
 }
 
-void ShardState::CaptureChunk(uint64_t chunk_index, uint64_t step,
-                              const std::vector<uint64_t>& tensor_steps) {
+bool ShardState::CaptureChunk(uint64_t chunk_index, uint64_t step,
+                              const std::vector<uint64_t>& tensor_steps,
+                              bool lacks_worker_state,
+                              const StepProgress& settings) {
   const ShardRange& shard = shape_.shard();
   ChunkSnapshot* target = nullptr;
   std::function<void(uint64_t)> on_skipped;
+  std::function<void()> hand_on;
   {
     absl::MutexLock lock(&capture_mu_);
     if (capture_ != nullptr && capture_->step == step) {
@@ -115,6 +128,13 @@ void ShardState::CaptureChunk(uint64_t chunk_index, uint64_t step,
     } else if (step > capture_decided_step_) {
       // The first chunk of the step decides for the whole shard.
       capture_decided_step_ = step;
+      if (capture_ != nullptr && capture_waiting_ > 0 &&
+          captured_chunks_ == shard.num_chunks()) {
+        // The workers' state of the last capture never came: it goes as
+        // it is, its waiting chunks marked as lacking it (they are).
+        capture_waiting_ = 0;
+        hand_on = HandOnIfWhole();
+      }
       if (capture_ != nullptr || capture_out_) {
         on_skipped = capture_hooks_.on_skipped;
       } else {
@@ -128,26 +148,118 @@ void ShardState::CaptureChunk(uint64_t chunk_index, uint64_t step,
         capture_->step = step;
         capture_->chunks.resize(shard.num_chunks());
         captured_chunks_ = 0;
+        capture_waits_.assign(shard.num_chunks(), false);
+        capture_waiting_ = 0;
+        capture_sum_only_ = settings.sum_only;
         target = &capture_->chunks[chunk_index - shard.first_chunk];
       }
     }
   }
+  if (hand_on) hand_on();
   if (on_skipped) on_skipped(step);
-  if (target == nullptr) return;
+  if (target == nullptr) return false;
   // Outside the lock: chunks are copied in parallel, each into its own
   // entry, and the capture is not handed on before every copy is counted.
   CopyChunk(chunk_index, step, tensor_steps, *target);
-  std::unique_ptr<ShardCheckpoint> complete;
-  std::function<void(std::unique_ptr<ShardCheckpoint>)> on_captured;
+  target->lacks_worker_state = lacks_worker_state;
+  // Only a chunk whose sum-only tensors this step updated on the workers
+  // waits: one that holds none never lacks their state.
+  const bool waits = settings.fills_captures && lacks_worker_state;
   {
     absl::MutexLock lock(&capture_mu_);
-    if (++captured_chunks_ < shard.num_chunks()) return;
-    complete = std::move(capture_);
-    capture_out_ = true;
-    if (capture_hooks_.max_lag_steps.has_value()) gate_step_ = step;
-    on_captured = capture_hooks_.on_captured;
+    if (waits) {
+      capture_waits_[chunk_index - shard.first_chunk] = true;
+      ++capture_waiting_;
+    }
+    ++captured_chunks_;
+    hand_on = HandOnIfWhole();
   }
-  on_captured(std::move(complete));
+  if (hand_on) hand_on();
+  return waits;
+}
+
+std::function<void()> ShardState::HandOnIfWhole() {
+  if (capture_ == nullptr || capture_waiting_ > 0 ||
+      captured_chunks_ < shape_.shard().num_chunks()) {
+    return nullptr;
+  }
+  const uint64_t step = capture_->step;
+  capture_out_ = true;
+  if (capture_hooks_.max_lag_steps.has_value()) gate_step_ = step;
+  auto complete =
+      std::make_shared<std::unique_ptr<ShardCheckpoint>>(std::move(capture_));
+  return [on_captured = capture_hooks_.on_captured, complete] {
+    on_captured(std::move(*complete));
+  };
+}
+
+absl::Status ShardState::PatchCapture(uint64_t step,
+                                      std::vector<ChunkSnapshot> chunks) {
+  if (absl::Status s = CheckNotDeleted(); !s.ok()) return s;
+  const ShardRange& shard = shape_.shard();
+  std::vector<ChunkSnapshot*> staged;
+  if (absl::Status s = StageSnapshots(chunks, staged); !s.ok()) return s;
+  std::function<void()> hand_on;
+  {
+    absl::MutexLock lock(&capture_mu_);
+    if (capture_ == nullptr || capture_->step != step ||
+        (capture_waiting_ == 0 && !chunks.empty())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no checkpoint capture of step ", step,
+          " waits for the workers' state on this server (it was written "
+          "without it, dropped, or never taken)"));
+    }
+    for (const ChunkSnapshot& snapshot : chunks) {
+      if (!capture_waits_[snapshot.index - shard.first_chunk]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the capture of step ", step, " does not wait for chunk ",
+            snapshot.index,
+            ": it holds none of the step's sum-only tensors, or was sent "
+            "already"));
+      }
+      if (snapshot.applied_step != step) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "chunk ", snapshot.index, " of the capture's patch is of step ",
+            snapshot.applied_step, ", the capture of step ", step));
+      }
+    }
+    // Checked whole: now the elements of the sum-only tensors, and their
+    // counts, into the capture's copies.
+    for (const ChunkSnapshot& snapshot : chunks) {
+      const ChunkRange range = shape_.plan().chunk(snapshot.index);
+      ChunkSnapshot& copy =
+          capture_->chunks[snapshot.index - shard.first_chunk];
+      const std::vector<Segment> segments =
+          shape_.layout().SegmentsIn(range.begin, range.end);
+      for (size_t i = 0; i < segments.size(); ++i) {
+        if (!LacksGradient(capture_sum_only_, segments[i].tensor_index)) {
+          continue;
+        }
+        const uint64_t at = segments[i].begin - range.begin;
+        const uint64_t n = segments[i].end - segments[i].begin;
+        std::memcpy(copy.master.data() + at * sizeof(float),
+                    snapshot.master.data() + at * sizeof(float),
+                    n * sizeof(float));
+        for (int k = 0; k < shape_.slots(); ++k) {
+          std::memcpy(copy.slots[k].data() + at * slot_elem_bytes_[k],
+                      snapshot.slots[k].data() + at * slot_elem_bytes_[k],
+                      n * slot_elem_bytes_[k]);
+        }
+        copy.tensor_steps[i] = snapshot.tensor_steps[i];
+      }
+      copy.optimizer_step = 0;
+      for (const uint64_t count : copy.tensor_steps) {
+        copy.optimizer_step = std::max(copy.optimizer_step, count);
+      }
+      copy.payload_crc.reset();  // the bytes changed: the writer sums them
+      copy.lacks_worker_state = false;
+      capture_waits_[snapshot.index - shard.first_chunk] = false;
+      --capture_waiting_;
+    }
+    hand_on = HandOnIfWhole();
+  }
+  if (hand_on) hand_on();
+  return absl::OkStatus();
 }
 
 }  // namespace depot

@@ -60,6 +60,11 @@ absl::Status ShardState::BeginStep(
         workers,
         sum_only_tensors.empty() ? " and the header no sum_only_tensors" : ""));
   }
+  if (sum_only.fills_captures && sum_only_tensors.empty()) {
+    return absl::InvalidArgumentError(
+        "fills_captures needs sum_only_tensors: only the state of tensors "
+        "the workers keep can fill a capture");
+  }
   if (numerics.two_phase && stats_sink == nullptr) {
     return absl::InvalidArgumentError(
         "a two-phase step needs a stream to send its GradStats to");
@@ -98,6 +103,7 @@ absl::Status ShardState::BeginStep(
       fresh.numerics = numerics;
       fresh.sum_only = sum_only_tensors;
       fresh.omit_sums = sum_only.omit_sums;
+      fresh.fills_captures = sum_only.fills_captures;
       fresh.no_grad.resize(workers);
       fresh.node_shapes.resize(workers);
       fresh.header_seen.resize(workers, false);
@@ -121,9 +127,10 @@ absl::Status ShardState::BeginStep(
           "every worker must send the same"));
     }
     if (!inserted && (progress.sum_only != sum_only_tensors ||
-                      progress.omit_sums != sum_only.omit_sums)) {
+                      progress.omit_sums != sum_only.omit_sums ||
+                      progress.fills_captures != sum_only.fills_captures)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "sum_only_tensors or omit_sums of step ", step,
+          "sum_only_tensors, omit_sums or fills_captures of step ", step,
           " differ from those of the step's first header on this server: "
           "every stream of every worker must send the same"));
     }

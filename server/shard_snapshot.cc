@@ -47,6 +47,7 @@ absl::Status ShardState::ExportChunks(
       absl::MutexLock lock(&chunk.mu);
       chunk.mu.Await(absl::Condition(&chunk, &ChunkState::ArraysFree));
       CopyChunk(index, chunk.applied_step, chunk.tensor_steps, snapshot);
+      snapshot.lacks_worker_state = chunk.lacks_worker_state;
     }
     if (!emit(std::move(snapshot))) {
       return absl::CancelledError("the client stopped reading the state");
@@ -257,6 +258,7 @@ void ShardState::WriteChunk(const ChunkSnapshot& snapshot) {
                 snapshot.slots[k].size());
   }
   chunk_state(snapshot.index).tensor_steps = snapshot.tensor_steps;
+  chunk_state(snapshot.index).lacks_worker_state = snapshot.lacks_worker_state;
 }
 
 }  // namespace depot

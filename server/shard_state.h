@@ -124,6 +124,11 @@ struct ChunkSnapshot {
   // does not read the chunk a second time. Unset, the writer computes it.
   // Whoever changes the bytes must reset it.
   std::optional<uint32_t> payload_crc;
+  // The state of the chunk's sum-only tensors (those a worker keeps and
+  // updates itself) is older than applied_step (depot.proto
+  // StateChunk.lacks_worker_state): the chunk applied a step with sum-only
+  // tensors since that state was last written into it.
+  bool lacks_worker_state = false;
 };
 
 // One server's shard of a job at a step boundary: what a checkpoint holds
@@ -140,6 +145,13 @@ struct ShardCheckpoint {
   uint64_t step = 0;
   // Every chunk of the shard, in index order, each at applied step `step`.
   std::vector<ChunkSnapshot> chunks;
+  // Whether some chunk lacks the workers' state (ChunkSnapshot).
+  bool LacksWorkerState() const {
+    for (const ChunkSnapshot& chunk : chunks) {
+      if (chunk.lacks_worker_state) return true;
+    }
+    return false;
+  }
 };
 
 // What a shard does at the steps a checkpoint is taken (EnableCaptures).
@@ -177,11 +189,17 @@ struct PendingStepReport {
 struct SumOnlyTensors {
   SumOnlyTensors() = default;
   // Implicit: a bitmap alone is the common case.
-  SumOnlyTensors(std::string bitmap, bool omit_sums = false)  // NOLINT
-      : bitmap(std::move(bitmap)), omit_sums(omit_sums) {}
+  SumOnlyTensors(std::string bitmap, bool omit_sums = false,  // NOLINT
+                 bool fills_captures = false)
+      : bitmap(std::move(bitmap)),
+        omit_sums(omit_sums),
+        fills_captures(fills_captures) {}
   std::string bitmap;  // empty: none
   // GradSums without the sums (a job of one worker, which holds them).
   bool omit_sums = false;
+  // The workers fill the checkpoint captures with those tensors' state
+  // (StepHeader.fills_captures; PatchCapture).
+  bool fills_captures = false;
 };
 
 class ShardState : public std::enable_shared_from_this<ShardState> {
@@ -281,10 +299,11 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // stream of the same worker and step declared another shape (docs/
   // protocol.md, "Node workers").
   //
-  // `sum_only` (depot.proto StepHeader.sum_only_tensors, omit_sums; empty:
-  // none): the bitmap is validated as no_grad_tensors; omit_sums needs the
-  // bitmap and a job of one worker (INVALID_ARGUMENT); FAILED_PRECONDITION
-  // when either differs from the step's first header's.
+  // `sum_only` (depot.proto StepHeader.sum_only_tensors, omit_sums,
+  // fills_captures; empty: none): the bitmap is validated as
+  // no_grad_tensors; omit_sums needs the bitmap and a job of one worker,
+  // fills_captures the bitmap (INVALID_ARGUMENT); FAILED_PRECONDITION when
+  // any differs from the step's first header's.
   absl::Status BeginStep(uint64_t step, uint32_t worker_rank,
                          std::vector<GroupHyperParams> group_hparams,
                          const StepNumerics& numerics = {},
@@ -433,6 +452,19 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // missing chunk; FAILED_PRECONDITION also: a chunk of the patch at another
   // step than the shard's, or the shard's chunks at different steps.
   absl::Status PatchChunks(std::vector<ChunkSnapshot> chunks);
+  // The workers' state of the sum-only tensors at step `step`, into the
+  // periodic capture of that step, which waits for it (the ImportState
+  // patch with capture_step; docs/checkpoints.md, "The state the workers
+  // keep"): of each chunk sent, only the elements of the step's sum-only
+  // tensors and their step counts are taken. The capture goes to
+  // on_captured once every chunk it waits for has come. All is checked
+  // before anything changes. FAILED_PRECONDITION: no capture of `step`
+  // waits (written without it, dropped, or never taken). INVALID_ARGUMENT:
+  // a chunk the capture does not wait for (none of the step's sum-only
+  // tensors in it, or sent already), at another step, or sent twice; the
+  // sizes and counts as ImportChunks. OUT_OF_RANGE: a chunk outside the
+  // shard. ABORTED: the job was deleted.
+  absl::Status PatchCapture(uint64_t step, std::vector<ChunkSnapshot> chunks);
 
   // Checkpoint captures (server/shard_capture.cc). From now on, at every
   // step t that is a multiple of hooks.every_steps, each chunk is copied as
@@ -443,6 +475,11 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // one copy (the state's size in bytes, reused from one capture to the
   // next): while the last one has not come back through ReleaseCapture, or
   // an earlier step is still being copied, a capture step is skipped.
+  // A step whose workers fill the captures (SumOnlyTensors::fills_captures)
+  // is handed on only once PatchCapture has brought the state of every
+  // chunk that holds sum-only tensors; if the next capture step comes
+  // first, it is handed on without that state (its chunks marked
+  // lacks_worker_state) and the new step is skipped.
   // REQUIRES: called before any step runs (the job is not yet visible).
   void EnableCaptures(CaptureHooks hooks);
   // Gives a capture back once written; its buffers serve the next one.
@@ -461,7 +498,9 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // ReleaseCapture. FAILED_PRECONDITION: a step is in flight (a chunk holds
   // contributions, or the chunks are at different steps); UNAVAILABLE
   // (retryable): a capture of this job is being taken or written; ABORTED:
-  // the job was deleted.
+  // the job was deleted. A periodic capture that only waits for the
+  // workers' state (PatchCapture) is dropped: this one, of a later or the
+  // same step, takes its place.
   absl::StatusOr<std::unique_ptr<ShardCheckpoint>> CaptureNow();
 
   // Marks the job deleted: later InitChunk, BeginStep and Contribute calls fail
@@ -480,10 +519,12 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
     // Each worker's no_grad_tensors bitmap, from its first header (empty:
     // every tensor has a gradient, or no header yet).
     std::vector<std::string> no_grad;
-    // The step's sum_only_tensors bitmap (empty: none), and whether its
-    // GradSums leave out the sums (StepHeader.omit_sums).
+    // The step's sum_only_tensors bitmap (empty: none), whether its
+    // GradSums leave out the sums (StepHeader.omit_sums), and whether its
+    // workers fill the captures (StepHeader.fills_captures).
     std::string sum_only;
     bool omit_sums = false;
+    bool fills_captures = false;
     // Each worker's NodeShape, from its first header.
     std::vector<NodeShape> node_shapes;
     std::vector<bool> header_seen;
@@ -593,9 +634,19 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
                                               uint64_t at) const;
   // Copies chunk `chunk_index`, which has just applied `step` with the
   // optimizer counts `tensor_steps`, into the step's capture if it is a
-  // capture step. REQUIRES: the caller owns the chunk's arrays (updating).
-  void CaptureChunk(uint64_t chunk_index, uint64_t step,
-                    const std::vector<uint64_t>& tensor_steps);
+  // capture step; `lacks_worker_state` is the chunk's flag after the step.
+  // With `settings.fills_captures` a chunk that lacks the workers' state
+  // makes the capture wait for it (PatchCapture). Returns whether it does:
+  // the chunk's answer to worker 0 then asks for it (GradSum.
+  // capture_wanted). REQUIRES: the caller owns the chunk's arrays.
+  bool CaptureChunk(uint64_t chunk_index, uint64_t step,
+                    const std::vector<uint64_t>& tensor_steps,
+                    bool lacks_worker_state, const StepProgress& settings);
+  // Hands the capture being filled on (on_captured) once every chunk is
+  // copied and none waits for the workers' state; returns the hook to call
+  // with it, with no lock held (null: not yet).
+  std::function<void()> HandOnIfWhole()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(capture_mu_);
   // Drops a capture still being filled (the state was replaced by an import).
   void DropCapture(uint64_t imported_step);
   // ImportChunks' and PatchChunks' checks of each chunk sent (sizes, slot
@@ -651,6 +702,11 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // The capture being filled (null when none) and how many chunks it holds.
   std::unique_ptr<ShardCheckpoint> capture_ ABSL_GUARDED_BY(capture_mu_);
   uint64_t captured_chunks_ ABSL_GUARDED_BY(capture_mu_) = 0;
+  // The capture's chunks (by shard position) that wait for the workers'
+  // state, how many do, and the capture step's sum_only_tensors bitmap.
+  std::vector<bool> capture_waits_ ABSL_GUARDED_BY(capture_mu_);
+  uint64_t capture_waiting_ ABSL_GUARDED_BY(capture_mu_) = 0;
+  std::string capture_sum_only_ ABSL_GUARDED_BY(capture_mu_);
   // The last capture step decided on (captured or skipped).
   uint64_t capture_decided_step_ ABSL_GUARDED_BY(capture_mu_) = 0;
   // A complete capture is out (on_captured) and not yet released.

@@ -153,9 +153,11 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   uint64_t held = 0;  // what the payloads and the sum were charged
   uint64_t apart = 0;  // of that, the sum and the overrides
   bool history_missing = false;
+  bool lacks_worker_state = false;
   {
     absl::MutexLock lock(&chunk.mu);
     tensor_steps = chunk.tensor_steps;
+    lacks_worker_state = chunk.lacks_worker_state;
     PendingStep& pending = *chunk.pending();
     payloads = std::move(pending.payloads);
     summed = std::move(pending.summed);
@@ -252,20 +254,29 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   payload_bytes_.fetch_sub(held - apart, std::memory_order_relaxed);
   if (!summed.empty()) payloads_->Give(std::move(summed));
   Unhold(held);
+  // The workers applied this step to the chunk's sum-only tensors on their
+  // own: the state here is theirs no longer.
+  if (grad_sum != nullptr) lacks_worker_state = true;
   // Still the only owner of the chunk's arrays: its next step cannot start.
+  bool capture_wanted = false;
   if (const uint64_t every = capture_every_.load(std::memory_order_relaxed);
       every != 0 && step % every == 0) {
-    CaptureChunk(chunk_index, step, tensor_steps);
+    capture_wanted = CaptureChunk(chunk_index, step, tensor_steps,
+                                  lacks_worker_state, settings);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
 
   std::vector<std::shared_ptr<StepReplySink>> sinks;
+  std::shared_ptr<StepReplySink> worker0;
   {
     absl::MutexLock lock(&chunk.mu);
     chunk.tensor_steps = std::move(tensor_steps);
-    sinks = LiveSinks(chunk.FinishUpdate(step)->sinks);
+    chunk.lacks_worker_state = lacks_worker_state;
+    const std::unique_ptr<PendingStep> done = chunk.FinishUpdate(step);
+    sinks = LiveSinks(done->sinks);
+    if (capture_wanted) worker0 = done->sinks[0].lock();
     if (!noop_update_) {
       // The buffer of two updates ago goes back to the pool once its last
       // reader (a stream still sending it) lets go.
@@ -281,7 +292,8 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   // completed in GetJob.
   NoteChunkApplied(step);
   for (const std::shared_ptr<StepReplySink>& sink : sinks) {
-    sink->Deliver({chunk_index, weights, seconds, false, grad_sum});
+    sink->Deliver({chunk_index, weights, seconds, false, grad_sum,
+                   worker0 != nullptr && sink == worker0});
   }
 }
 

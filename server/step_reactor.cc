@@ -217,7 +217,8 @@ class DepotService::StepReactor final
             header_.step(), header_.worker_rank(),
             GroupHyperParamsFromProto(header_), numerics_, stream_,
             header_.no_grad_tensors(), sender->shape(),
-            SumOnlyTensors(header_.sum_only_tensors(), header_.omit_sums()));
+            SumOnlyTensors(header_.sum_only_tensors(), header_.omit_sums(),
+                           header_.fills_captures()));
         !s.ok()) {
       return s;
     }

@@ -38,6 +38,10 @@ struct ChunkWeights {
   // A step with sum-only tensors: the chunk's GradSum.sums (depot.proto),
   // sent before the weights; null when the chunk holds none of them.
   std::shared_ptr<const GradSumReply> grad_sum;
+  // With grad_sum, to worker 0 only: the chunk's copy in a checkpoint
+  // capture waits for the workers' state of its sum-only tensors
+  // (GradSum.capture_wanted).
+  bool capture_wanted = false;
 };
 
 class StepReplySink {

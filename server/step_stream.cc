@@ -93,6 +93,7 @@ void StepStream::Deliver(ChunkWeights weights) {
   if (weights.grad_sum != nullptr) {
     messages[count].kind = Outgoing::kGradSum;
     messages[count].weights.chunk_index = weights.chunk_index;
+    messages[count].weights.capture_wanted = weights.capture_wanted;
     messages[count++].weights.grad_sum = weights.grad_sum;
   }
   messages[count].kind = Outgoing::kWeights;
@@ -245,6 +246,7 @@ StepStream::Action StepStream::NextActionLocked() {
             in_flight_.weights.grad_sum->commit.clip_coef);
         sum->mutable_commit()->set_skip(
             in_flight_.weights.grad_sum->commit.skip);
+        sum->set_capture_wanted(in_flight_.weights.capture_wanted);
         wire::SerializeToBuffer(response, &response_);
         break;
       }

@@ -27,10 +27,12 @@ using ::testing::HasSubstr;
 
 class CheckpointFormatTest : public ::testing::Test {
  protected:
-  // Server 1's shard (chunks 1 and 2) at step 9.
+  // Server 1's shard (chunks 1 and 2) at step 9; chunk 2 lacks the
+  // workers' state.
   CheckpointFormatTest()
       : checkpoint_(RandomCheckpoint(CheckpointTestConfig(), 1, 9, 5)),
         path_(dir_.path() + "/shard.ckpt") {
+    checkpoint_.chunks.back().lacks_worker_state = true;
     absl::Status written = WriteFileDurably(
         path_,
         [&](const ByteSink& sink) {
@@ -102,6 +104,28 @@ TEST_F(CheckpointFormatTest, WrongChecksumFromTheCaptureIsDataLoss) {
   wrong.chunks.back().payload_crc = 0x12345678u;
   EXPECT_THAT(ExpectDataLoss(Encoded(wrong), "a capture's wrong checksum"),
               HasSubstr("CRC-32C mismatch"));
+}
+
+// `bytes` with the file header's version set to 1 (its CRC made anew).
+std::string AsVersion1(std::string bytes) {
+  bytes[8] = 1;
+  const uint32_t crc = Crc32c(bytes.data(), 28);
+  for (int i = 0; i < 4; ++i) bytes[28 + i] = static_cast<char>(crc >> (8 * i));
+  return bytes;
+}
+
+// Version 2 adds the chunks' flag; version 1 files, which have none, still
+// read (every chunk holding the workers' state), and a flag in one is
+// DATA_LOSS.
+TEST_F(CheckpointFormatTest, VersionOneFilesReadWithoutFlags) {
+  ShardCheckpoint unflagged = checkpoint_;
+  unflagged.chunks.back().lacks_worker_state = false;
+  WriteFileBytes(path_, AsVersion1(Encoded(unflagged)));
+  absl::StatusOr<ShardCheckpoint> read = ReadShardCheckpoint(path_);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectSameCheckpoint(*read, unflagged);
+  EXPECT_THAT(ExpectDataLoss(AsVersion1(bytes_), "a flag in version 1"),
+              HasSubstr("unknown section flags 1 in format version 1"));
 }
 
 TEST_F(CheckpointFormatTest, FileStartsWithMagicAndVersion) {
@@ -242,6 +266,7 @@ TEST_F(CheckpointFormatTest, ManifestRoundTripsAndDetectsDamage) {
   manifest.step = 9;
   manifest.shard_file = "shard-1-of-2.ckpt";
   manifest.shard_file_bytes = encoded_bytes_;
+  manifest.lacks_worker_state = true;
   const std::string path = dir_.path() + "/manifest";
   ASSERT_TRUE(
       WriteFileDurably(
@@ -258,6 +283,7 @@ TEST_F(CheckpointFormatTest, ManifestRoundTripsAndDetectsDamage) {
   EXPECT_EQ(read->step, 9u);
   EXPECT_EQ(read->shard_file, manifest.shard_file);
   EXPECT_EQ(read->shard_file_bytes, encoded_bytes_);
+  EXPECT_TRUE(read->lacks_worker_state);
 
   const std::string bytes = ReadFileBytes(path);
   for (size_t byte = 0; byte < bytes.size(); ++byte) {

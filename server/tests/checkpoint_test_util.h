@@ -117,6 +117,8 @@ inline void ExpectSameCheckpoint(const ShardCheckpoint& a,
     EXPECT_EQ(a.chunks[i].optimizer_step, b.chunks[i].optimizer_step);
     EXPECT_EQ(a.chunks[i].master, b.chunks[i].master) << "chunk " << i;
     EXPECT_EQ(a.chunks[i].slots, b.chunks[i].slots) << "chunk " << i;
+    EXPECT_EQ(a.chunks[i].lacks_worker_state, b.chunks[i].lacks_worker_state)
+        << "chunk " << i;
   }
 }
 

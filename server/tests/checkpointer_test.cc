@@ -3,6 +3,7 @@
 // directory.
 #include "server/checkpointer.h"
 
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -213,6 +214,157 @@ TEST_F(CaptureTest, NoCapturesWithoutEnableCaptures) {
   for (uint64_t step = 1; step <= 3; ++step) RunStep(*shard, step, 0.5f);
   EXPECT_EQ(recorder.captures(), 0u);
   EXPECT_THAT(recorder.skipped(), IsEmpty());
+}
+
+// Runs step `step` as RunStep, with tensor "a" (chunk 0's) sum-only, the
+// worker filling captures when `fills`. Returns what the worker received.
+std::vector<ChunkWeights> RunSumOnlyStep(ShardState& shard, uint64_t step,
+                                         float value, bool fills) {
+  auto sink = std::make_shared<RecordingSink>();
+  EXPECT_TRUE(shard
+                  .BeginStep(step, 0, {}, {}, {}, {}, {},
+                             SumOnlyTensors(std::string(1, '\x01'),
+                                            /*omit_sums=*/true, fills))
+                  .ok());
+  for (uint64_t chunk = 0; chunk < 2; ++chunk) {
+    Contribution c;
+    c.step = step;
+    c.chunk_index = chunk;
+    c.payload = Fp32Payload(std::vector<float>(8, value * (chunk + 1)));
+    c.sink = sink;
+    EXPECT_TRUE(shard.Contribute(std::move(c)).ok());
+  }
+  sink->WaitFor(2);
+  return sink->received();
+}
+
+// Chunk 0 of `shard` at `step` as a worker sends its state: `value` in
+// every element and slot, count `count` for its one segment.
+ChunkSnapshot WorkerStateOfChunk0(const ShardState& shard, uint64_t step,
+                                  float value, uint64_t count) {
+  ChunkSnapshot snapshot;
+  snapshot.index = 0;
+  snapshot.applied_step = step;
+  snapshot.tensor_steps = {count};
+  snapshot.master = Fp32Payload(std::vector<float>(8, value));
+  for (int k = 0; k < shard.shape().slots(); ++k) {
+    snapshot.slots.push_back(Fp32Payload(std::vector<float>(8, value)));
+  }
+  return snapshot;
+}
+
+// A step whose workers fill captures: the capture of step 2 waits for the
+// state of chunk 0 (tensor "a" is sum-only), which only worker 0's answer
+// asks for; the patch brings only a's elements and count, and the capture
+// goes on whole. Nothing else of the capture, nor the shard, changes.
+TEST_F(CaptureTest, ACaptureWaitsForTheWorkersStateOfItsSumOnlyTensors) {
+  auto shard = MakeShard();
+  CaptureRecorder recorder;
+  shard->EnableCaptures(recorder.Hooks(2));
+  RunSumOnlyStep(*shard, 1, 0.25f, true);
+  const std::vector<ChunkWeights> answers =
+      RunSumOnlyStep(*shard, 2, 0.5f, true);
+  ASSERT_EQ(answers.size(), 2u);
+  for (const ChunkWeights& w : answers) {
+    EXPECT_EQ(w.capture_wanted, w.chunk_index == 0) << w.chunk_index;
+  }
+  EXPECT_EQ(recorder.captures(), 0u);  // waits
+  const ShardCheckpoint live = ExportAt(*shard, 2);
+  EXPECT_TRUE(live.chunks[0].lacks_worker_state);
+  EXPECT_FALSE(live.chunks[1].lacks_worker_state);
+
+  // Refused, with nothing changed: a chunk it does not wait for, another
+  // step, a chunk of another step than the capture's.
+  std::vector<ChunkSnapshot> chunk1 = {ExportAt(*shard, 2).chunks[1]};
+  EXPECT_EQ(shard->PatchCapture(2, chunk1).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      shard->PatchCapture(3, {WorkerStateOfChunk0(*shard, 3, 1, 1)}).code(),
+      absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      shard->PatchCapture(2, {WorkerStateOfChunk0(*shard, 1, 1, 1)}).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(recorder.captures(), 0u);
+
+  ASSERT_TRUE(
+      shard->PatchCapture(2, {WorkerStateOfChunk0(*shard, 2, 7.0f, 2)}).ok());
+  ASSERT_EQ(recorder.captures(), 1u);
+  std::unique_ptr<ShardCheckpoint> capture = recorder.Take(0);
+  EXPECT_EQ(capture->step, 2u);
+  EXPECT_FALSE(capture->LacksWorkerState());
+  ShardCheckpoint expected = ExportAt(*shard, 2);  // the shard is unchanged
+  expected.chunks[0].lacks_worker_state = false;
+  expected.chunks[0].tensor_steps = {2};
+  expected.chunks[0].optimizer_step = 2;
+  for (int i = 0; i < 5; ++i) {  // a's elements; padding [5, 8) stays
+    std::memcpy(expected.chunks[0].master.data() + 4 * i, "\0\0\xe0\x40", 4);
+    for (std::string& slot : expected.chunks[0].slots) {
+      std::memcpy(slot.data() + 4 * i, "\0\0\xe0\x40", 4);  // 7.0f
+    }
+  }
+  ExpectSameCheckpoint(*capture, expected);
+  EXPECT_TRUE(ExportAt(*shard, 2).chunks[0].lacks_worker_state);
+  // Handed on: a second patch finds no capture waiting.
+  EXPECT_EQ(
+      shard->PatchCapture(2, {WorkerStateOfChunk0(*shard, 2, 1, 1)}).code(),
+      absl::StatusCode::kFailedPrecondition);
+}
+
+// The workers' state of step 1 never comes: at the next capture step the
+// capture goes as it is, chunk 0 marked as lacking it, and step 2 is
+// skipped. Without fills_captures a capture goes at once, also marked.
+TEST_F(CaptureTest, ACaptureWhoseWorkersStateNeverComesGoesWithoutIt) {
+  auto shard = MakeShard();
+  CaptureRecorder recorder;
+  shard->EnableCaptures(recorder.Hooks(1));
+  RunSumOnlyStep(*shard, 1, 0.25f, true);
+  EXPECT_EQ(recorder.captures(), 0u);
+  RunSumOnlyStep(*shard, 2, 0.5f, true);
+  ASSERT_EQ(recorder.captures(), 1u);
+  EXPECT_THAT(recorder.skipped(), ElementsAre(2u));
+  std::unique_ptr<ShardCheckpoint> capture = recorder.Take(0);
+  EXPECT_EQ(capture->step, 1u);
+  EXPECT_TRUE(capture->chunks[0].lacks_worker_state);
+  EXPECT_FALSE(capture->chunks[1].lacks_worker_state);
+  shard->ReleaseCapture(std::move(capture));
+
+  const std::vector<ChunkWeights> answers =
+      RunSumOnlyStep(*shard, 3, 0.75f, false);
+  for (const ChunkWeights& w : answers) EXPECT_FALSE(w.capture_wanted);
+  ASSERT_EQ(recorder.captures(), 2u);
+  capture = recorder.Take(1);
+  EXPECT_EQ(capture->step, 3u);
+  EXPECT_TRUE(capture->chunks[0].lacks_worker_state);
+  EXPECT_FALSE(capture->chunks[1].lacks_worker_state);
+}
+
+// A patch of the shard's own state (the workers' state written between
+// steps) clears the flag; an on-demand capture then holds the whole state,
+// and it takes the place of a periodic capture that only waits.
+TEST_F(CaptureTest,
+       APatchClearsTheFlagAndAnOnDemandCaptureReplacesAWaitingOne) {
+  auto shard = MakeShard();
+  CaptureRecorder recorder;
+  shard->EnableCaptures(recorder.Hooks(2));
+  RunSumOnlyStep(*shard, 1, 0.25f, true);
+  RunSumOnlyStep(*shard, 2, 0.5f, true);
+  EXPECT_EQ(recorder.captures(), 0u);  // waits
+  absl::StatusOr<std::unique_ptr<ShardCheckpoint>> now = shard->CaptureNow();
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_TRUE((*now)->chunks[0].lacks_worker_state);
+  shard->ReleaseCapture(*std::move(now));
+
+  ASSERT_TRUE(
+      shard->PatchChunks({WorkerStateOfChunk0(*shard, 2, 3.0f, 2)}).ok());
+  EXPECT_FALSE(ExportAt(*shard, 2).chunks[0].lacks_worker_state);
+  now = shard->CaptureNow();
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_FALSE((*now)->LacksWorkerState());
+  // The waiting capture was dropped: its patch is refused, nothing handed on.
+  EXPECT_EQ(
+      shard->PatchCapture(2, {WorkerStateOfChunk0(*shard, 2, 1, 1)}).code(),
+      absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(recorder.captures(), 0u);
 }
 
 // A store with a checkpointer on a real directory, as the daemon wires them.
