@@ -263,6 +263,21 @@ int depot_job_roll_back(depot_job_t* job, uint64_t step) {
   });
 }
 
+int depot_job_newest_checkpoint_with_worker_state(depot_job_t* job, uint64_t at,
+                                                  uint64_t* step) {
+  constexpr const char* kFunction =
+      "depot_job_newest_checkpoint_with_worker_state";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (job == nullptr) return depot::c_api::NullArgument(kFunction, "job");
+    if (step == nullptr) return depot::c_api::NullArgument(kFunction, "step");
+    absl::StatusOr<uint64_t> found =
+        job->job->NewestCheckpointWithWorkerState(at);
+    if (!found.ok()) return found.status();
+    *step = *found;
+    return absl::OkStatus();
+  });
+}
+
 int depot_job_import_checkpoint(depot_job_t* job, uint64_t step,
                                 const char* const* checkpoint_dirs,
                                 size_t num_dirs) {

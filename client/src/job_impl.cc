@@ -337,6 +337,7 @@ absl::Status JobImpl::StepStreamed(const StreamedStep& step,
     sum_only = *std::move(bitmap);
     params.sum_only_tensors = &sum_only;
     params.omit_sums = step.omit_sums;
+    params.fills_captures = step.fills_captures;
   }
   params.barrier = barrier.has_value() ? &*barrier : nullptr;
   params.local_ranks = step.local_ranks;

@@ -53,6 +53,10 @@ class JobImpl : public Job {
       const FlatState& state) const override;
   absl::StatusOr<FlatState> ReadStatePart(uint64_t begin,
                                           uint64_t end) override;
+  absl::Status PatchCapturePart(uint64_t step, uint64_t begin, uint64_t end,
+                                const FlatState& part) override;
+  absl::StatusOr<uint64_t> NewestCheckpointWithWorkerState(
+      uint64_t at) override;
   absl::Status PatchStatePart(uint64_t begin, uint64_t end,
                               const FlatState& part) override;
 
@@ -123,9 +127,10 @@ class JobImpl : public Job {
   // ImportState of chunks[server] on each of `servers` at once (`patch`: only
   // those chunks, docs/protocol.md "Patching a part of the state"); the
   // chunks are moved out.
+  // `capture_step` (with patch): into the servers' captures of that step.
   absl::Status ImportOnServers(const std::vector<uint32_t>& servers,
                                std::vector<std::vector<v1::StateChunk>>& chunks,
-                               bool patch);
+                               bool patch, uint64_t capture_step = 0);
   // EncodeState's and PatchStatePart's checks of `state`'s arrays: `n`
   // master weights and as many per slot the job keeps, one count per tensor.
   // INVALID_ARGUMENT naming `what`.

@@ -151,6 +151,9 @@ absl::StatusOr<std::vector<ServerCheckpoints>> JobImpl::QueryCheckpoints(
         out.steps.assign(response.steps().begin(), response.steps().end());
         out.step = response.step();
         out.newest_step = response.newest_step();
+        out.steps_lacking_worker_state.assign(
+            response.steps_lacking_worker_state().begin(),
+            response.steps_lacking_worker_state().end());
         return absl::OkStatus();
       });
   if (!status.ok()) return status;
@@ -182,6 +185,46 @@ absl::StatusOr<std::vector<ServerCheckpoints>> JobImpl::ListCheckpoints() {
     (*each)[s].server = (*connections_)[s]->address;
   }
   return each;
+}
+
+absl::StatusOr<uint64_t> JobImpl::NewestCheckpointWithWorkerState(uint64_t at) {
+  const std::vector<uint32_t> servers = ServersWithChunks();
+  absl::StatusOr<std::vector<ServerCheckpoints>> each =
+      QueryCheckpoints(servers);
+  if (!each.ok()) return each.status();
+  std::optional<uint64_t> newest;
+  std::vector<std::string> where;
+  for (const uint32_t s : servers) {
+    const ServerCheckpoints& on = (*each)[s];
+    where.push_back(
+        absl::StrCat((*connections_)[s]->address, ": [",
+                     absl::StrJoin(on.steps, ", "), "], lacking it [",
+                     absl::StrJoin(on.steps_lacking_worker_state, ", "), "]"));
+  }
+  // Newest first, as each server lists them: the first held whole by all.
+  for (const uint64_t t : servers.empty() ? std::vector<uint64_t>()
+                                          : (*each)[servers.front()].steps) {
+    if (t > at) continue;
+    bool whole = true;
+    for (const uint32_t s : servers) {
+      const ServerCheckpoints& on = (*each)[s];
+      whole &=
+          std::find(on.steps.begin(), on.steps.end(), t) != on.steps.end() &&
+          std::find(on.steps_lacking_worker_state.begin(),
+                    on.steps_lacking_worker_state.end(),
+                    t) == on.steps_lacking_worker_state.end();
+    }
+    if (whole) {
+      newest = t;
+      break;
+    }
+  }
+  if (newest.has_value()) return *newest;
+  return absl::NotFoundError(absl::StrCat(
+      "no step at or before ", at,
+      " has a checkpoint on every server that holds the state of the "
+      "tensors the workers keep (",
+      absl::StrJoin(where, "; "), ")"));
 }
 
 absl::Status JobImpl::RollBack(uint64_t step) {

@@ -159,7 +159,8 @@ absl::Status JobImpl::ExportFromServers(
 
 absl::Status JobImpl::ImportOnServers(
     const std::vector<uint32_t>& servers,
-    std::vector<std::vector<v1::StateChunk>>& chunks, bool patch) {
+    std::vector<std::vector<v1::StateChunk>>& chunks, bool patch,
+    uint64_t capture_step) {
   const absl::Time deadline = absl::Now() + options_.step_timeout;
   return RunOnServers(
       *connections_, servers,
@@ -173,6 +174,7 @@ absl::Status JobImpl::ImportOnServers(
         request.mutable_header()->set_job_id(job_ids_[server]);
         request.mutable_header()->set_fingerprint(fingerprint());
         request.mutable_header()->set_patch(patch);
+        request.mutable_header()->set_capture_step(capture_step);
         bool writing = writer->Write(request);
         for (v1::StateChunk& chunk : chunks[server]) {
           if (!writing) break;
@@ -416,6 +418,7 @@ absl::StatusOr<FlatState> JobImpl::ReadStatePart(uint64_t begin, uint64_t end) {
   part.tensor_steps.assign(layout().tensors().size(), 0);
   std::vector<float> widened;
   for (const v1::StateChunk& chunk : *chunks) {
+    part.lacks_worker_state |= chunk.lacks_worker_state();
     const ChunkRange range = plan().chunk(chunk.index());
     const uint64_t lo = std::max(begin, range.begin);
     const uint64_t hi = std::min(end, range.end);
@@ -511,11 +514,70 @@ absl::Status JobImpl::PatchStatePart(uint64_t begin, uint64_t end,
       largest = std::max(largest, count);
     }
     chunk.set_optimizer_step(largest);
+    // The part is the workers' state, written at the chunk's step.
+    chunk.set_lacks_worker_state(false);
     const uint32_t server = plan().ServerOfChunk(chunk.index());
     if (patches[server].empty()) servers.push_back(server);
     patches[server].push_back(std::move(chunk));
   }
   return ImportOnServers(servers, patches, /*patch=*/true);
+}
+
+absl::Status JobImpl::PatchCapturePart(uint64_t step, uint64_t begin,
+                                       uint64_t end, const FlatState& part) {
+  if (absl::Status s = CheckPartRange(begin, end); !s.ok()) return s;
+  if (absl::Status s = CheckStateArrays("PatchCapturePart", part, end - begin);
+      !s.ok()) {
+    return s;
+  }
+  const OptimizerConfig slot_config = JobSlotConfig(config());
+  const int slots = OptimizerStateSlots(slot_config);
+  std::vector<std::vector<v1::StateChunk>> patches(plan().num_servers());
+  std::vector<uint32_t> servers;
+  for (uint64_t c = begin / plan().chunk_elems();
+       c <= (end - 1) / plan().chunk_elems(); ++c) {
+    // The part's elements over a chunk of zeros: the server takes only
+    // those of the step's sum-only tensors.
+    const ChunkRange range = plan().chunk(c);
+    const uint64_t lo = std::max(begin, range.begin);
+    const uint64_t hi = std::min(end, range.end);
+    v1::StateChunk chunk;
+    chunk.set_index(c);
+    chunk.set_applied_step(step);
+    std::vector<float> values(range.size(), 0.0f);
+    std::copy(part.master.begin() + (lo - begin),
+              part.master.begin() + (hi - begin),
+              values.begin() + (lo - range.begin));
+    chunk.set_master(values.data(), values.size() * sizeof(float));
+    for (int k = 0; k < slots; ++k) {
+      std::fill(values.begin(), values.end(), 0.0f);
+      std::copy(part.slots[k].begin() + (lo - begin),
+                part.slots[k].begin() + (hi - begin),
+                values.begin() + (lo - range.begin));
+      const DType dtype = OptimizerSlotDType(slot_config, k);
+      std::string bytes(range.size() * DTypeSize(dtype), '\0');
+      ConvertFromFloat(values.data(), dtype, bytes.data(), range.size());
+      *chunk.add_slots() = std::move(bytes);
+    }
+    uint64_t largest = 0;
+    for (const Segment& segment : layout().SegmentsIn(range.begin, range.end)) {
+      const bool in_part = segment.begin < end && segment.end > begin;
+      const uint64_t count =
+          in_part ? part.tensor_steps[segment.tensor_index] : 0;
+      if (count > step) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("PatchCapturePart: tensor ", segment.tensor_index,
+                         " has step count ", count, ", above the step ", step));
+      }
+      chunk.add_tensor_steps(count);
+      largest = std::max(largest, count);
+    }
+    chunk.set_optimizer_step(largest);
+    const uint32_t server = plan().ServerOfChunk(c);
+    if (patches[server].empty()) servers.push_back(server);
+    patches[server].push_back(std::move(chunk));
+  }
+  return ImportOnServers(servers, patches, /*patch=*/true, step);
 }
 
 }  // namespace depot::client_internal

@@ -136,6 +136,7 @@ class StepCall {
     if (params_.sum_only_tensors != nullptr) {
       header->set_sum_only_tensors(*params_.sum_only_tensors);
       header->set_omit_sums(params_.omit_sums);
+      header->set_fills_captures(params_.fills_captures);
     }
     if (params_.no_grad_tensors != nullptr) {
       header->set_no_grad_tensors(*params_.no_grad_tensors);
@@ -392,6 +393,7 @@ class StepCall {
     }
     accepted.skipped_tensors.assign(sum.skipped_tensors().begin(),
                                     sum.skipped_tensors().end());
+    accepted.capture_wanted = sum.capture_wanted();
     return params_.sink->AcceptGradSum(sum.index(), accepted);
   }
 

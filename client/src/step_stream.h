@@ -82,6 +82,9 @@ class WeightSink {
     StepCommit commit;  // the decision the chunk's update applied
     // The chunk's sum-only tensors no worker has a gradient for.
     std::vector<uint32_t> skipped_tensors;
+    // The server's checkpoint capture of this step waits for the chunk's
+    // sum-only tensors' state (GradSum.capture_wanted).
+    bool capture_wanted = false;
   };
   // A step with sum-only tensors (StreamedStep::sum_only_tensors): chunk
   // `index`'s GradSum, which the server sends just before that chunk's
@@ -105,6 +108,7 @@ struct StepStreamParams {
   // AcceptGradSum); null: none. omit_sums: the header's.
   const std::string* sum_only_tensors = nullptr;
   bool omit_sums = false;
+  bool fills_captures = false;  // StepHeader.fills_captures
   // Weights overrides of the whole job, sorted by chunk index; each stream
   // sends those of its chunks. Null: none.
   const std::vector<ChunkOverride>* overrides = nullptr;
@@ -170,6 +174,10 @@ struct StreamedStep {
   // A job of one worker: the GradSums carry no sums (StepHeader.omit_sums),
   // only the decision and the skipped tensors.
   bool omit_sums = false;
+  // The sink sends the sum-only tensors' state into the servers' checkpoint
+  // captures that ask for it (StepHeader.fills_captures, GradSum.
+  // capture_wanted; docs/checkpoints.md, "The state the workers keep").
+  bool fills_captures = false;
   // Called once, at the step's first failure (another thread may still be
   // blocked in a feed's Next or the sink's Accept, which gRPC's cancellation
   // does not reach): the feeds and the sink must then stop waiting.

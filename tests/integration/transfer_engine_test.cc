@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -134,6 +135,7 @@ class TransferEngineTest : public TwoServers {
   std::vector<std::string> ReferenceRun(JobConfig config, uint32_t local_ranks) {
     config.name += "-reference";
     std::vector<std::string> weights(kSteps);
+    reference_states_.assign(kSteps, FlatState());
     RunNodes(config, [&](Job& job, uint32_t n) -> absl::Status {
       const Layout& layout = job.layout();
       const size_t wsize = DTypeSize(config.weight_dtype);
@@ -147,6 +149,13 @@ class TransferEngineTest : public TwoServers {
           return s;
         }
         if (n == 0) weights[step - 1] = std::move(out);
+        // One node: nothing else is in flight, the state is at `step`.
+        if (config.num_workers == 1) {
+          if (absl::Status s = ReadState(job, reference_states_[step - 1]);
+              !s.ok()) {
+            return s;
+          }
+        }
       }
       if (n > 0) return absl::OkStatus();
       return ReadState(job, reference_state_);
@@ -164,6 +173,8 @@ class TransferEngineTest : public TwoServers {
   }
 
   FlatState reference_state_;
+  // A job of one node: its state after each step.
+  std::vector<FlatState> reference_states_;
 
   // Opens `config` and sets its initial weights; false on failure.
   bool InitJob(const JobConfig& config) {
@@ -540,6 +551,163 @@ TEST_F(TransferEngineTest, OffloadFractionEqualsTheFullyOffloadedRunBitForBit) {
     }
     ExpectStoredStateIsWhole(*this, config, options, local_ranks,
                              reference_state_);
+  }
+}
+
+// Both servers checkpoint every second step, each into a directory of its
+// own.
+class TransferEngineCaptureTest : public TransferEngineTest {
+ protected:
+  TransferEngineCaptureTest() {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = std::string(base != nullptr ? base : "/tmp") +
+                          "/depot-engine-capture-XXXXXX";
+    EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  ~TransferEngineCaptureTest() override {
+    std::string command = "rm -rf '" + dir_ + "'";
+    EXPECT_EQ(std::system(command.c_str()), 0);
+  }
+  std::vector<std::string> ServerAFlags() const override {
+    return {"--checkpoint_dir=" + dir_ + "/a", "--checkpoint_every_steps=2"};
+  }
+  std::vector<std::string> ServerBFlags() const override {
+    return {"--checkpoint_dir=" + dir_ + "/b", "--checkpoint_every_steps=2"};
+  }
+
+  // One step of a one-rank engine on node 0's gradient (the sum of
+  // `local_ranks` local ones, as a node's reduce-scatter gives it).
+  static absl::StatusOr<StepResult> RunOneRankStep(
+      TransferEngine& engine, HostDevice& device, const Layout& layout,
+      uint64_t step, uint32_t local_ranks, const StepOptions& options) {
+    auto compute = device.CreateStream();
+    if (!compute.ok()) return compute.status();
+    if (absl::Status s = engine.BeginStep(step, options); !s.ok()) return s;
+    const std::vector<float> grads = NodeGradient(layout, step, 0, local_ranks);
+    if (absl::Status s = device.CopyAsync(
+            **compute, engine.grads(), grads.data(),
+            grads.size() * sizeof(float), gpu::CopyKind::kHostToDevice);
+        !s.ok()) {
+      return s;
+    }
+    for (uint64_t b = engine.partition().num_buckets(); b-- > 0;) {
+      if (absl::Status s = engine.GradientsReady(b, **compute); !s.ok()) {
+        return s;
+      }
+    }
+    absl::StatusOr<StepResult> result = engine.FinishStep();
+    if (absl::Status s = device.SynchronizeStream(**compute); !s.ok()) {
+      return s;
+    }
+    return result;
+  }
+
+  std::string dir_;
+};
+
+// The kept state goes into the servers' periodic checkpoints by itself: the
+// engine fills the capture of step 2 (each rank its chunks), so a rollback
+// to it brings back the whole state, bit for bit the fully offloaded run's
+// at step 2, and a step from there ends as that run's step 3. After a step
+// the servers only summed, their arrays say they lack it, and a restore is
+// refused.
+TEST_F(TransferEngineCaptureTest, PeriodicCheckpointsHoldTheKeptState) {
+  for (const uint32_t local_ranks : {1u, 2u}) {
+    SCOPED_TRACE(absl::StrCat(local_ranks, " local ranks"));
+    const JobConfig config =
+        SmallJobConfig(absl::StrCat("capture-", local_ranks), 1, 2);
+    const Layout layout =
+        Layout::Create(config.tensors, config.alignment_elems).value();
+    const std::vector<uint32_t> kept = gpu::ChooseGpuTensors(layout, 0.5);
+    ASSERT_FALSE(kept.empty());
+    step_options_ = [](uint64_t step) {
+      StepOptions options;
+      options.group_hparams = StepHyperParams(step);
+      return options;
+    };
+    ReferenceRun(config, local_ranks);
+    ASSERT_EQ(reference_states_.size(), kSteps);
+    TransferEngineOptions options;
+    options.bucket_chunks = 2 * local_ranks;
+    options.offload_fraction = 0.5;
+    const std::vector<RankRun> runs = EngineRun(config, local_ranks, options);
+    // Every chunk with kept elements was sent once, at step 2 only.
+    uint64_t kept_chunks = 0;
+    const ShardPlan plan =
+        ShardPlan::Create(layout.total_elems(), 2, config.chunk_elems).value();
+    for (uint64_t c = 0; c < plan.num_chunks(); ++c) {
+      for (const Segment& segment :
+           layout.SegmentsIn(plan.chunk(c).begin, plan.chunk(c).end)) {
+        if (std::count(kept.begin(), kept.end(), segment.tensor_index) > 0) {
+          ++kept_chunks;
+          break;
+        }
+      }
+    }
+    uint64_t sent = 0;
+    for (const RankRun& run : runs) {
+      ASSERT_TRUE(run.status.ok()) << run.status;
+      ASSERT_EQ(run.results.size(), kSteps);
+      for (uint64_t s = 0; s < kSteps; ++s) {
+        EXPECT_EQ(run.results[s].capture_error, "") << "step " << s + 1;
+        if (s + 1 != 2) EXPECT_EQ(run.results[s].capture_chunks, 0u);
+      }
+      sent += run.results[1].capture_chunks;
+    }
+    EXPECT_EQ(sent, kept_chunks);
+
+    absl::StatusOr<std::unique_ptr<Job>> job = OpenEngineJob(config);
+    ASSERT_TRUE(job.ok()) << job.status();
+    // The checkpoint is written in the background.
+    absl::StatusOr<uint64_t> whole = absl::NotFoundError("not yet");
+    for (int i = 0; i < 500 && !whole.ok(); ++i) {
+      whole = (*job)->NewestCheckpointWithWorkerState(kSteps);
+      if (!whole.ok())
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_EQ(*whole, 2u);
+    absl::StatusOr<std::vector<ServerCheckpoints>> listed =
+        (*job)->ListCheckpoints();
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    for (const ServerCheckpoints& on : *listed) {
+      EXPECT_EQ(on.steps, std::vector<uint64_t>{2}) << on.server;
+      EXPECT_TRUE(on.steps_lacking_worker_state.empty()) << on.server;
+    }
+
+    ASSERT_TRUE((*job)->RollBack(2).ok());
+    HostDevice device;
+    auto optimizer = gpu::MakeHostDeviceOptimizer(config, device);
+    ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+    TransferEngineOptions one_rank = options;
+    one_rank.bucket_chunks = 2;
+    one_rank.device_optimizer = optimizer->get();
+    auto engine = TransferEngine::Create(**job, device, nullptr, one_rank);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    ASSERT_TRUE((*engine)->RestoreGpuState().ok());
+    FlatState state;
+    ASSERT_TRUE(ReadState(**job, state).ok());
+    ASSERT_TRUE((*engine)->ReadGpuState(ArraysOf(state)).ok());
+    ExpectSameState(state, reference_states_[1], "restored at step 2");
+
+    absl::StatusOr<StepResult> step3 = RunOneRankStep(
+        **engine, device, layout, 3, local_ranks, step_options_(3));
+    ASSERT_TRUE(step3.ok()) << step3.status();
+    EXPECT_EQ(step3->capture_chunks, 0u);  // no capture at step 3
+    ASSERT_TRUE(ReadState(**job, state).ok());
+    ASSERT_TRUE((*engine)->ReadGpuState(ArraysOf(state)).ok());
+    ExpectSameState(state, reference_states_[2], "step 3 after the restore");
+    EXPECT_TRUE(device.violations().empty());
+
+    // The servers only summed the kept tensors in step 3.
+    auto again = TransferEngine::Create(**job, device, nullptr, one_rank);
+    ASSERT_TRUE(again.ok()) << again.status();
+    const absl::Status refused = (*again)->RestoreGpuState();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_NE(refused.message().find("do not hold the state"),
+              std::string::npos)
+        << refused;
   }
 }
 

@@ -15,8 +15,9 @@ namespace depot::testing {
 
 class TwoServers : public ::testing::Test {
  protected:
-  // Flags added to server A's command line (B gets only its pool size).
+  // Flags added to each server's command line (besides its pool size).
   virtual std::vector<std::string> ServerAFlags() const { return {}; }
+  virtual std::vector<std::string> ServerBFlags() const { return {}; }
 
   void SetUp() override {
     std::vector<std::string> a_flags = ServerAFlags();
@@ -25,8 +26,10 @@ class TwoServers : public ::testing::Test {
         ServerProcess::Start(a_flags);
     ASSERT_TRUE(a.ok()) << a.status();
     server_a_ = *std::move(a);
+    std::vector<std::string> b_flags = ServerBFlags();
+    b_flags.push_back("--threads=3");
     absl::StatusOr<std::unique_ptr<ServerProcess>> b =
-        ServerProcess::Start({"--threads=3"});
+        ServerProcess::Start(b_flags);
     ASSERT_TRUE(b.ok()) << b.status();
     server_b_ = *std::move(b);
   }

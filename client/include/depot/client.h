@@ -187,6 +187,14 @@ struct StepResult {
   // The clip coefficient applied, Megatron's clip_grad / (grad_norm + 1e-6)
   // when that is < 1; 1 when none was (or the step was skipped).
   double clip_coef = 1.0;
+
+  // A GPU worker with an offload fraction (TransferEngine::FinishStep): the
+  // chunks whose kept state it sent into the servers' checkpoint captures
+  // of this step (docs/checkpoints.md, "The state the workers keep"), and
+  // why the rest could not be sent (empty: all were). The step itself
+  // stands either way; a checkpoint without that state says so.
+  uint64_t capture_chunks = 0;
+  std::string capture_error;
 };
 
 // A server's view of the job.
@@ -213,6 +221,10 @@ struct ServerCheckpoints {
   std::string server;
   // The steps that server holds a complete checkpoint of, newest first.
   std::vector<uint64_t> steps;
+  // Of them, ascending, those whose checkpoint lacks the state of tensors
+  // the workers keep in some chunk (docs/checkpoints.md, "The state the
+  // workers keep").
+  std::vector<uint64_t> steps_lacking_worker_state;
   uint64_t step = 0;  // last step applied to every chunk of the shard
   // The newest step applied to some chunk: step + 1 while a step is half
   // applied there.
@@ -250,6 +262,10 @@ struct FlatState {
   // Each tensor's optimizer step count (torch's state["step"]), in layout
   // order.
   std::vector<uint64_t> tensor_steps;
+  // Read by Job::ReadStatePart only: some chunk of the part holds an older
+  // state of the tensors the workers keep than its step (a GPU worker's
+  // offload fraction; docs/checkpoints.md, "The state the workers keep").
+  bool lacks_worker_state = false;
 };
 
 class DEPOT_API Job {
@@ -430,6 +446,25 @@ class DEPOT_API Job {
   // part.applied_step, or a step is in flight.
   virtual absl::Status PatchStatePart(uint64_t begin, uint64_t end,
                                       const FlatState& part) = 0;
+  // The part's state at step `step` into the servers' checkpoint captures of
+  // that step that wait for the state of the step's sum-only tensors (an
+  // ImportState patch with capture_step; docs/checkpoints.md, "The state
+  // the workers keep"). Every chunk over [begin, end) is sent; a server
+  // takes from each only the elements of the step's sum-only tensors and
+  // their counts, so [begin, end) must cover all of those in each chunk it
+  // touches, and each such chunk must be one its capture waits for. No
+  // read first: it may run while later steps are in flight.
+  // INVALID_ARGUMENT: arrays of the wrong size, a count above `step`, a
+  // chunk no capture waits for; FAILED_PRECONDITION: a server's capture of
+  // `step` waits no more (written without it, or dropped).
+  virtual absl::Status PatchCapturePart(uint64_t step, uint64_t begin,
+                                        uint64_t end,
+                                        const FlatState& part) = 0;
+  // The newest step at or before `at` that every server with chunks holds a
+  // complete checkpoint of whose every chunk holds the state of the tensors
+  // the workers keep (none lacks it); NOT_FOUND when there is none.
+  virtual absl::StatusOr<uint64_t> NewestCheckpointWithWorkerState(
+      uint64_t at) = 0;
 
  protected:
   Job(JobConfig config, Layout layout, ShardPlan plan, uint64_t fingerprint,

@@ -58,7 +58,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 14
+#define DEPOT_API_VERSION 15
 DEPOT_API uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -323,6 +323,11 @@ typedef struct depot_step_result {
   int32_t found_inf;        /* a NaN or Inf in the gradient: skipped */
   int32_t skipped;          /* the step changed no state */
   double clip_coef;         /* applied clip coefficient; 1 = none */
+  /* An engine with an offload fraction: the chunks whose kept state went
+   * into the servers' checkpoint captures of the step, and why the rest
+   * could not (NUL-terminated, cut to fit; empty: none failed). */
+  uint64_t capture_chunks;
+  char capture_error[512];
 } depot_step_result_t;
 
 /* Runs training step `step` (1, 2, ...) for this worker: sends `grads` (N
@@ -444,6 +449,14 @@ DEPOT_API int depot_job_reconcile(depot_job_t* job, uint64_t* step,
  * checkpoints are removed. NOT_FOUND: a server has no checkpoint of it;
  * FAILED_PRECONDITION: a server has not completed it. */
 DEPOT_API int depot_job_roll_back(depot_job_t* job, uint64_t step);
+
+/* depot::Job::NewestCheckpointWithWorkerState: into *step, the newest step
+ * at or before `at` that every server holds a complete checkpoint of with
+ * the state of the tensors the workers keep in every chunk. NOT_FOUND when
+ * there is none. */
+DEPOT_API int depot_job_newest_checkpoint_with_worker_state(depot_job_t* job,
+                                                            uint64_t at,
+                                                            uint64_t* step);
 
 /* depot::Job::ImportCheckpoint: replaces the job's state on every server by
  * the server-side checkpoint of `step` that servers of the same job, of any

@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 14
+API_VERSION = 15
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -139,6 +139,8 @@ class StepResult(ctypes.Structure):
         ("found_inf", c_int32),
         ("skipped", c_int32),
         ("clip_coef", c_double),
+        ("capture_chunks", c_uint64),
+        ("capture_error", ctypes.c_char * 512),
     ]
 
 
@@ -245,6 +247,8 @@ _PROTOTYPES = {
     "depot_job_reconcile": (ctypes.c_int, [
         c_void_p, ctypes.POINTER(c_uint64), ctypes.POINTER(ctypes.c_int)]),
     "depot_job_roll_back": (ctypes.c_int, [c_void_p, c_uint64]),
+    "depot_job_newest_checkpoint_with_worker_state": (
+        ctypes.c_int, [c_void_p, c_uint64, ctypes.POINTER(c_uint64)]),
     "depot_job_import_checkpoint": (ctypes.c_int, [
         c_void_p, c_uint64, ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t]),
     "depot_buffer_free": (None, [c_void_p]),

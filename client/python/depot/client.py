@@ -25,7 +25,7 @@ from typing import (Any, Dict, Iterable, List, Mapping, NamedTuple, Optional,
 
 import numpy as np
 
-from depot import _capi
+from depot import _capi, errors
 from depot._handle import OwnedHandle
 from depot.buffers import (Buffer, DType, DTypeLike, buffer_address,
                            parse_dtype)
@@ -77,13 +77,22 @@ class StepResult:
     found_inf: bool
     skipped: bool
     clip_coef: float
+    # An engine with an offload fraction: the chunks whose kept state went
+    # into the servers' checkpoint captures of the step, and why the rest
+    # could not ("" when none failed; the step stands either way).
+    capture_chunks: int = 0
+    capture_error: str = ""
 
 
 def _step_result(result: "_capi.StepResult") -> StepResult:
-    return StepResult(**{
-        name: (bool(getattr(result, name)) if ctype is _capi.c_int32
-               else getattr(result, name))
-        for name, ctype in _capi.StepResult._fields_})
+    def value(name, ctype):
+        if ctype is _capi.c_int32:
+            return bool(getattr(result, name))
+        if name == "capture_error":
+            return getattr(result, name).decode(errors="replace")
+        return getattr(result, name)
+    return StepResult(**{name: value(name, ctype)
+                         for name, ctype in _capi.StepResult._fields_})
 
 
 @dataclasses.dataclass
@@ -580,6 +589,21 @@ class Job(OwnedHandle):
         with self._lock:
             _capi.check(_capi.lib().depot_job_roll_back(
                 self._live_handle(), step))
+
+    def newest_checkpoint_with_worker_state(self, at: int) -> Optional[int]:
+        """The newest step at or before `at` that every server holds a
+        complete checkpoint of with the state of the tensors the workers
+        keep (an engine's offload fraction) in every chunk; None when there
+        is none (docs/checkpoints.md, "The state the workers keep")."""
+        step = _capi.c_uint64()
+        with self._lock:
+            try:
+                _capi.check(
+                    _capi.lib().depot_job_newest_checkpoint_with_worker_state(
+                        self._live_handle(), at, ctypes.byref(step)))
+            except errors.NotFoundError:
+                return None
+        return step.value
 
     def import_checkpoint(self, step: int,
                           checkpoint_dirs: Sequence[str]) -> None:

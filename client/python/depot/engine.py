@@ -193,8 +193,11 @@ class Engine(OwnedHandle):
     def restore_device_state(self) -> None:
         """Reads this rank's part of the kept tensors' state back from the
         servers' arrays onto the device: after the servers went back to a
-        checkpoint taken after store_device_state (Job.roll_back to its
-        step), never after steps the servers only summed."""
+        checkpoint that holds it (one taken after store_device_state, or a
+        periodic one the engine filled: Job.newest_checkpoint_with_worker_
+        state), or while they are at the step it was stored at.
+        depot.FailedPreconditionError when a chunk of the servers' does not
+        hold it (steps the servers only summed ran since)."""
         _capi.check(_capi.lib().depot_engine_restore_device_state(
             self._live_handle()))
 

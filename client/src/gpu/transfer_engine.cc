@@ -35,14 +35,12 @@ absl::Status TransferEngine::Impl::Init() {
     if (!buffer.ok()) return buffer.status();
     (i == 0 ? live_ : incoming_[i - 1]) = *std::move(buffer);
   }
-  // An offload fraction in a job of several nodes, or whose steps may run
-  // in two phases (the servers' norm and decision then cover the kept
-  // tensors): the kept tensors are sum-only. With several nodes the servers
-  // send their sums, and an H2D slot also carries a chunk's fp32 sums
-  // (AcceptGradSum); one node holds them already (omit_sums).
-  sum_only_ = options_.offload_fraction < 1.0 &&
-              (job_.config().num_workers > 1 ||
-               client_internal::StreamedStepIsTwoPhase(job_, StepOptions()));
+  // An offload fraction: the kept tensors are sum-only, so that the servers
+  // know them (a two-phase step's norm and decision cover them, their
+  // checkpoint captures ask for their state). With several nodes the
+  // servers send their sums, and an H2D slot also carries a chunk's fp32
+  // sums (AcceptGradSum); one node holds them already (omit_sums).
+  sum_only_ = options_.offload_fraction < 1.0;
   sums_from_servers_ = sum_only_ && job_.config().num_workers > 1;
   const size_t h2d_elem_bytes =
       sums_from_servers_ ? std::max(weight_size_, sizeof(float)) : weight_size_;

@@ -208,10 +208,14 @@ class TransferEngine {
   // (Job::PatchStatePart), at the step the state is at, which must be the
   // servers' step; RestoreGpuState reads this rank's part back from the
   // servers' arrays (Job::ReadStatePart) onto the device, as WriteGpuState
-  // from a saved state. The servers' arrays hold the kept state only as
-  // stored: call RestoreGpuState after the servers went back to a checkpoint
-  // taken after a StoreGpuState of its step (or are still at that step),
-  // never after steps the servers only summed. With several local ranks
+  // from a saved state. The servers' arrays hold the kept state only where
+  // it was stored, or brought back by a checkpoint that holds it: one taken
+  // after a StoreGpuState of its step, or a periodic one this engine filled
+  // (FinishStep sends each chunk's kept state into the servers' captures
+  // that ask for it: StepResult::capture_chunks, docs/checkpoints.md "The
+  // state the workers keep"). Each chunk says whether it holds it, and
+  // RestoreGpuState refuses one that does not (FAILED_PRECONDITION, as
+  // after steps the servers only summed). With several local ranks
   // each rank stores and restores its own part; StoreGpuState is then a
   // collective of the node (every rank calls it between the same two steps):
   // it returns once every rank has stored, OK only if every rank did, so

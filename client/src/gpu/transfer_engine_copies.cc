@@ -85,6 +85,7 @@ absl::Status TransferEngine::Impl::AcceptGradSum(
       run.sum_skipped[t] = true;
     }
     run.sum_received[index] = true;
+    run.capture_wanted[index] = sum.capture_wanted;
     if (!run.commit.has_value()) run.commit = commit;
   }
   if (!status.ok()) {

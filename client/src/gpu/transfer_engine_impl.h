@@ -138,6 +138,16 @@ class TransferEngine::Impl {
     std::optional<StepCommit> commit;
     // Per tensor: a GradSum named it as one no worker has a gradient for.
     std::vector<bool> sum_skipped;
+    // Per chunk: its GradSum asked for the kept state (capture_wanted).
+    std::vector<bool> capture_wanted;
+    // The kept state of those chunks after this step's update, copied to
+    // the host on the comm thread (CopyCapturedState), sent by FinishStep
+    // (SendCapturedState): one part per chunk.
+    struct CapturedPart {
+      uint64_t begin = 0, end = 0;
+      FlatState state;
+    };
+    std::vector<CapturedPart> captured;
 
     absl::Status Accept(uint64_t index, uint64_t bytes,
                         const CopyWeights& copy) override {
@@ -415,6 +425,14 @@ class TransferEngine::Impl {
   // Bucket b's kept segments on the comm stream, after the weights of this
   // rank's chunks landed in `target`: an update, or just the weights.
   absl::Status UpdateGpuTensors(StepRun& run, uint64_t b, char* target);
+  // The servers' checkpoint captures of the step (docs/checkpoints.md, "The
+  // state the workers keep"). On the comm thread, right after bucket b's
+  // kept update and before the next step's can run: the kept state of the
+  // bucket's chunks whose GradSum asked for it, copied to the host
+  // (run.captured). Then FinishStep sends it, into result.capture_chunks,
+  // or capture_error when it could not be sent (the step stands).
+  absl::Status CopyCapturedState(StepRun& run, uint64_t b);
+  void SendCapturedState(StepRun& run);
 
   // Where `run`'s weights arrive: the live weights, or with the delayed
   // update the incoming buffer of its parity.

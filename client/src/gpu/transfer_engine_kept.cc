@@ -224,6 +224,93 @@ absl::Status TransferEngine::Impl::UpdateGpuTensors(StepRun& run, uint64_t b,
   return absl::OkStatus();
 }
 
+absl::Status TransferEngine::Impl::CopyCapturedState(StepRun& run, uint64_t b) {
+  const ChunkSpan owned = partition_.owned(b, options_.local_rank);
+  std::vector<uint64_t> wanted;
+  {
+    absl::MutexLock lock(&mu_);
+    for (uint64_t c = owned.first; c < owned.end; ++c) {
+      if (run.capture_wanted[c] && kept_of_chunk_[c].elems > 0) {
+        wanted.push_back(c);
+      }
+    }
+  }
+  if (wanted.empty()) return absl::OkStatus();
+  const int slots = OptimizerStateSlots(JobSlotConfig(job_.config()));
+  const char* device = static_cast<const char*>(kept_state_->data());
+  // Each chunk's kept elements are one run of the kept block (master, then
+  // each slot's array): copied as they lie, then spread over the chunk.
+  std::vector<std::string> host(wanted.size());
+  absl::Status s;
+  for (size_t i = 0; s.ok() && i < wanted.size(); ++i) {
+    const KeptChunk kept = kept_of_chunk_[wanted[i]];
+    host[i].resize(kept.elems * sizeof(float) * (1 + slots));
+    char* out = host[i].data();
+    s = device_.CopyAsync(*comm_, out,
+                          device + kept.state_offset * sizeof(float),
+                          kept.elems * sizeof(float), CopyKind::kDeviceToHost);
+    out += kept.elems * sizeof(float);
+    for (int k = 0; s.ok() && k < slots; ++k) {
+      const size_t size = DTypeSize(slot_dtype_[k]);
+      s = device_.CopyAsync(
+          *comm_, out, device + kept_.slot_offset[k] + kept.state_offset * size,
+          kept.elems * size, CopyKind::kDeviceToHost);
+      out += kept.elems * size;
+    }
+  }
+  // Also after an error: nothing queued may outlive the host buffers.
+  const absl::Status synced = device_.SynchronizeStream(*comm_);
+  if (!s.ok()) return s;
+  if (!synced.ok()) return synced;
+  const ShardPlan& plan = job_.plan();
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const KeptChunk kept = kept_of_chunk_[wanted[i]];
+    const ChunkRange range = plan.chunk(wanted[i]);
+    StepRun::CapturedPart& part = run.captured.emplace_back();
+    part.begin = range.begin;
+    part.end = range.end;
+    part.state.applied_step = run.step;
+    // Every count of the step's resolved tensors: those of this chunk's.
+    part.state.tensor_steps = kept_steps_;
+    part.state.master.assign(range.size(), 0.0f);
+    part.state.slots.assign(slots, std::vector<float>(range.size(), 0.0f));
+    const char* in = host[i].data();
+    for (const KeptSegment& k : kept_.in_bucket[b]) {
+      const uint64_t lo = std::max(k.begin, range.begin);
+      const uint64_t hi = std::min(k.end, range.end);
+      if (lo >= hi) continue;
+      const uint64_t from = k.state_offset + (lo - k.begin) - kept.state_offset;
+      std::memcpy(part.state.master.data() + (lo - range.begin),
+                  in + from * sizeof(float), (hi - lo) * sizeof(float));
+      const char* slot_in = in + kept.elems * sizeof(float);
+      for (int slot = 0; slot < slots; ++slot) {
+        const size_t size = DTypeSize(slot_dtype_[slot]);
+        ConvertToFloat(slot_dtype_[slot], slot_in + from * size,
+                       part.state.slots[slot].data() + (lo - range.begin),
+                       hi - lo);
+        slot_in += kept.elems * size;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void TransferEngine::Impl::SendCapturedState(StepRun& run) {
+  for (const StepRun::CapturedPart& part : run.captured) {
+    absl::Status s =
+        job_.PatchCapturePart(run.step, part.begin, part.end, part.state);
+    if (!s.ok()) {
+      run.result.capture_error = absl::StrCat(
+          "the state of the tensors kept on the GPU could not be sent into "
+          "the servers' checkpoint of step ",
+          run.step, " (that checkpoint goes without it): ", s.ToString());
+      break;
+    }
+    ++run.result.capture_chunks;
+  }
+  run.captured.clear();
+}
+
 absl::Status TransferEngine::Impl::CheckNoStepInFlight(const char* what) {
   absl::MutexLock lock(&mu_);
   if (!runs_.empty()) {
@@ -535,6 +622,16 @@ absl::Status TransferEngine::Impl::RestoreGpuState() {
       absl::StatusOr<FlatState> part =
           job_.ReadStatePart(range.begin, range.end);
       if (!part.ok()) return part.status();
+      if (part->lacks_worker_state) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "RestoreGpuState: the servers' arrays do not hold the state of "
+            "the tensors kept on the GPU at their step ",
+            part->applied_step,
+            ": steps ran since it was last stored there, and their "
+            "checkpoint of that step (if they went back to one) lacks it; "
+            "roll back to a checkpoint that holds it "
+            "(Job::NewestCheckpointWithWorkerState), or load a saved state"));
+      }
       if (step.has_value() && part->applied_step != *step) {
         return absl::FailedPreconditionError(absl::StrCat(
             "RestoreGpuState: the servers' chunks are at steps ", *step,

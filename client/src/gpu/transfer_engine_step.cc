@@ -68,6 +68,7 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
   if (sum_only_) {
     run->sum_received.assign(job_.plan().num_chunks(), false);
     run->sum_skipped.assign(job_.layout().tensors().size(), false);
+    run->capture_wanted.assign(job_.plan().num_chunks(), false);
   }
   run->h2d_pending = owned_in_bucket_;
   run->d2h_slot_of_chunk.assign(job_.plan().num_chunks(), -1);
@@ -86,6 +87,7 @@ absl::Status TransferEngine::Impl::BeginStep(uint64_t step,
   if (sum_only_) {
     streamed.sum_only_tensors = gpu_tensors_;
     streamed.omit_sums = !sums_from_servers_;
+    streamed.fills_captures = true;
   }
   streamed.on_failure = [this, r](const absl::Status& status) {
     Fail(*r, status);
@@ -271,6 +273,7 @@ absl::StatusOr<StepResult> TransferEngine::Impl::FinishStep() {
     runs_.clear();
     return error;
   }
+  SendCapturedState(run);
   const StepResult result = run.result;
   kept_step_ = run.step;
   if (NodeMode()) node_unchecked_.push_back(run.step);
@@ -413,6 +416,7 @@ void TransferEngine::Impl::RunCollectives(StepRun& run) {
     // The kept tensors' weights replace what the servers sent for them.
     if (s.ok() && !aborted && !gpu_tensors_.empty()) {
       s = UpdateGpuTensors(run, b, target);
+      if (s.ok()) s = CopyCapturedState(run, b);
     }
     if (s.ok() && collective_ != nullptr) {
       const ChunkSpan padded = partition_.padded_bucket(b);
