@@ -105,18 +105,27 @@ absl::StatusOr<std::unique_ptr<ShardCheckpoint>> ShardState::CaptureNow() {
 }
 
 void ShardState::DropCapture(uint64_t imported_step) {
-  absl::MutexLock lock(&capture_mu_);
-  if (capture_ != nullptr) capture_spare_ = std::move(capture_);
-  captured_chunks_ = 0;
-  capture_waiting_ = 0;
-  // Steps up to the imported one are over; the next capture step is later.
-  capture_decided_step_ = imported_step;
+  std::vector<std::function<void()>> waiters;
+  {
+    absl::MutexLock lock(&capture_mu_);
+    if (capture_ != nullptr) capture_spare_ = std::move(capture_);
+    captured_chunks_ = 0;
+    capture_waiting_ = 0;
+    // Steps up to the imported one are over; the next capture step is later.
+    capture_decided_step_ = imported_step;
+    // A capture that waited for the workers' state held the gate.
+    if (!capture_out_) {
+      gate_step_.reset();
+      waiters.swap(gate_waiters_);
+    }
+  }
+  for (const std::function<void()>& on_open : waiters) on_open();
 }
 
 bool ShardState::CaptureChunk(uint64_t chunk_index, uint64_t step,
                               const std::vector<uint64_t>& tensor_steps,
-                              bool lacks_worker_state,
-                              const StepProgress& settings) {
+                              bool lacks_worker_state, bool waits,
+                              const std::string& sum_only) {
   const ShardRange& shard = shape_.shard();
   ChunkSnapshot* target = nullptr;
   std::function<void(uint64_t)> on_skipped;
@@ -150,7 +159,7 @@ bool ShardState::CaptureChunk(uint64_t chunk_index, uint64_t step,
         captured_chunks_ = 0;
         capture_waits_.assign(shard.num_chunks(), false);
         capture_waiting_ = 0;
-        capture_sum_only_ = settings.sum_only;
+        capture_sum_only_ = sum_only;
         target = &capture_->chunks[chunk_index - shard.first_chunk];
       }
     }
@@ -162,16 +171,18 @@ bool ShardState::CaptureChunk(uint64_t chunk_index, uint64_t step,
   // entry, and the capture is not handed on before every copy is counted.
   CopyChunk(chunk_index, step, tensor_steps, *target);
   target->lacks_worker_state = lacks_worker_state;
-  // Only a chunk whose sum-only tensors this step updated on the workers
-  // waits: one that holds none never lacks their state.
-  const bool waits = settings.fills_captures && lacks_worker_state;
   {
     absl::MutexLock lock(&capture_mu_);
     if (waits) {
       capture_waits_[chunk_index - shard.first_chunk] = true;
       ++capture_waiting_;
     }
-    ++captured_chunks_;
+    // Complete: the gate holds later steps from now on, also while the
+    // capture waits for the workers' state (MayFinishStep).
+    if (++captured_chunks_ == shard.num_chunks() &&
+        capture_hooks_.max_lag_steps.has_value()) {
+      gate_step_ = step;
+    }
     hand_on = HandOnIfWhole();
   }
   if (hand_on) hand_on();
@@ -183,9 +194,7 @@ std::function<void()> ShardState::HandOnIfWhole() {
       captured_chunks_ < shape_.shard().num_chunks()) {
     return nullptr;
   }
-  const uint64_t step = capture_->step;
   capture_out_ = true;
-  if (capture_hooks_.max_lag_steps.has_value()) gate_step_ = step;
   auto complete =
       std::make_shared<std::unique_ptr<ShardCheckpoint>>(std::move(capture_));
   return [on_captured = capture_hooks_.on_captured, complete] {

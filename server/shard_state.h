@@ -635,13 +635,15 @@ class ShardState : public std::enable_shared_from_this<ShardState> {
   // Copies chunk `chunk_index`, which has just applied `step` with the
   // optimizer counts `tensor_steps`, into the step's capture if it is a
   // capture step; `lacks_worker_state` is the chunk's flag after the step.
-  // With `settings.fills_captures` a chunk that lacks the workers' state
-  // makes the capture wait for it (PatchCapture). Returns whether it does:
-  // the chunk's answer to worker 0 then asks for it (GradSum.
-  // capture_wanted). REQUIRES: the caller owns the chunk's arrays.
+  // With `waits` (the step's workers fill captures and this chunk holds
+  // some of its sum-only tensors, `sum_only`) the capture waits for the
+  // chunk's workers' state (PatchCapture). Returns whether it does: the
+  // chunk's answer to worker 0 then asks for it (GradSum.capture_wanted).
+  // REQUIRES: the caller owns the chunk's arrays.
   bool CaptureChunk(uint64_t chunk_index, uint64_t step,
                     const std::vector<uint64_t>& tensor_steps,
-                    bool lacks_worker_state, const StepProgress& settings);
+                    bool lacks_worker_state, bool waits,
+                    const std::string& sum_only);
   // Hands the capture being filled on (on_captured) once every chunk is
   // copied and none waits for the workers' state; returns the hook to call
   // with it, with no lock held (null: not yet).

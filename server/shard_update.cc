@@ -261,8 +261,10 @@ void ShardState::RunUpdate(uint64_t chunk_index, uint64_t step) {
   bool capture_wanted = false;
   if (const uint64_t every = capture_every_.load(std::memory_order_relaxed);
       every != 0 && step % every == 0) {
-    capture_wanted = CaptureChunk(chunk_index, step, tensor_steps,
-                                  lacks_worker_state, settings);
+    // Only a chunk whose answer carries a GradSum can ask for the state.
+    capture_wanted = CaptureChunk(
+        chunk_index, step, tensor_steps, lacks_worker_state,
+        settings.fills_captures && grad_sum != nullptr, settings.sum_only);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)

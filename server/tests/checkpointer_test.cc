@@ -367,6 +367,38 @@ TEST_F(CaptureTest,
   EXPECT_EQ(recorder.captures(), 0u);
 }
 
+// --checkpoint_max_lag_steps covers a capture that waits for the workers'
+// state: later steps may not finish until it is written and given back, or
+// until an import drops it.
+TEST_F(CaptureTest, AWaitingCaptureHoldsTheGateUntilGivenBackOrDropped) {
+  auto shard = MakeShard();
+  CaptureRecorder recorder;
+  CaptureHooks hooks = recorder.Hooks(2);
+  hooks.max_lag_steps = 0;
+  shard->EnableCaptures(std::move(hooks));
+  int opened = 0;
+  auto on_open = [&opened] { ++opened; };
+  RunSumOnlyStep(*shard, 1, 0.25f, true);
+  RunSumOnlyStep(*shard, 2, 0.5f, true);
+  EXPECT_EQ(recorder.captures(), 0u);  // waits
+  EXPECT_FALSE(shard->MayFinishStep(3, on_open));
+  ASSERT_TRUE(
+      shard->PatchCapture(2, {WorkerStateOfChunk0(*shard, 2, 7.0f, 2)}).ok());
+  ASSERT_EQ(recorder.captures(), 1u);
+  EXPECT_EQ(opened, 0);  // handed on, not yet written
+  shard->ReleaseCapture(recorder.Take(0));
+  EXPECT_EQ(opened, 1);
+
+  RunSumOnlyStep(*shard, 3, 0.75f, true);
+  RunSumOnlyStep(*shard, 4, 1.0f, true);
+  EXPECT_FALSE(shard->MayFinishStep(5, on_open));
+  const ShardCheckpoint state = ExportAt(*shard, 4);
+  ASSERT_TRUE(shard->ImportChunks(state.chunks).ok());
+  EXPECT_EQ(opened, 2);
+  EXPECT_TRUE(shard->MayFinishStep(5, on_open));
+  EXPECT_EQ(recorder.captures(), 1u);  // dropped, never handed on
+}
+
 // A store with a checkpointer on a real directory, as the daemon wires them.
 class CheckpointerTest : public ::testing::Test {
  protected:

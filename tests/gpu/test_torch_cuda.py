@@ -12,6 +12,7 @@ runs differ only in what Depot does with them.
 import copy
 import pathlib
 import sys
+import time
 
 import pytest
 import torch
@@ -131,6 +132,48 @@ def test_cuda_reference_holds_the_kept_state(tmp_path, job_name):
     finally:
         for server in started:
             server.stop()
+
+
+def test_cuda_periodic_checkpoint_holds_the_kept_state(tmp_path, job_name):
+    """offload_fraction 0.5 on CUDA with the servers checkpointing every 4
+    steps: the engine copies the kept state of step 4 from the device on its
+    comm stream and sends it into the servers' capture (capture_chunks), so
+    that the checkpoint of step 4 holds it. Both servers killed and
+    restarted after step 7: the next step goes back to 4 by itself
+    (RolledBackError, the kept state read back onto the device), and three
+    steps from there end bit for bit like the three after it the first
+    time."""
+    from test_rollback import EVERY, checkpointing_servers, restart
+    with checkpointing_servers(tmp_path) as (servers, dirs):
+        addresses = [s.address for s in servers]
+        with depot.Client(addresses, unavailable_retry=20) as c:
+            model = Exact(torch.float32).cuda()
+            opt = DepotOptimizer(model.parameters(), client=c,
+                                 job_name=job_name, lr=1e-2,
+                                 weight_decay=0.1, offload_fraction=0.5,
+                                 chunk_elems=256, bucket_chunks=1)
+            assert opt.engine.device_tensors
+            run(model, opt, steps=EVERY)
+            assert opt.last_result.capture_chunks > 0
+            assert opt.last_result.capture_error == ""
+            at_every = [p.detach().cpu().clone() for p in model.parameters()]
+            after = run(model, opt, steps=3)
+            deadline = time.monotonic() + 30
+            while opt.job.newest_checkpoint_with_worker_state(EVERY + 3) \
+                    != EVERY:
+                assert time.monotonic() < deadline, "no whole checkpoint"
+                time.sleep(0.05)
+            for s in range(2):
+                restart(servers, dirs, addresses, s)
+            with pytest.raises(depot.RolledBackError) as rolled:
+                run(model, opt, steps=1)
+            assert rolled.value.step == EVERY
+            for p, w in zip(model.parameters(), at_every):
+                assert torch.equal(bits(p), bits(w))
+            again = run(model, opt, steps=3)
+            for i, (g, w) in enumerate(zip(again, after)):
+                assert torch.equal(bits(g), bits(w)), f"parameter {i}"
+            opt.close()
 
 
 def test_cuda_training_follows_torch_adamw(client, job_name):

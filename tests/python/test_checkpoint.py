@@ -11,6 +11,7 @@ import depot
 import server_process
 from conftest import server_binary
 from depot.torch import DepotOptimizer
+from test_rollback import wait_for_manifest
 
 
 def test_checkpoint_needs_a_checkpoint_dir(client, job_name):
@@ -34,19 +35,31 @@ def run(model, opt, batches):
         opt.step()
 
 
-@pytest.mark.parametrize("engine", [None, "host"])
+@pytest.mark.parametrize("engine,offload,periodic", [
+    (None, 1.0, False), ("host", 1.0, False), ("host", 0.5, False),
+    ("host", 0.5, True)])
 def test_optimizer_resumes_from_a_restarted_servers_checkpoint(
-        tmp_path, job_name, engine):
-    """DepotOptimizer.checkpoint() at step 3, one more step, the server
-    stopped and started again on its --checkpoint_dir: a new optimizer with
-    resume=True continues from step 3 (the parameters take the servers'
-    weights) and ends bit for bit like an uninterrupted run."""
+        tmp_path, job_name, engine, offload, periodic):
+    """DepotOptimizer.checkpoint() at step 3 (or, `periodic`, the server's
+    own checkpoint of step 3), one more step, the server stopped and started
+    again on its --checkpoint_dir: a new optimizer with resume=True
+    continues from step 3 (the parameters take the servers' weights) and
+    ends bit for bit like an uninterrupted run. With an offload fraction the
+    state of the parameters kept on the device comes back from the
+    checkpoint too, which holds it (docs/checkpoints.md, "The state the
+    workers keep")."""
+    # A name the checkpoint directory keeps as it is (wait_for_manifest).
+    job_name = job_name.replace("[", "-").replace("]", "")
     flags = [f"--checkpoint_dir={tmp_path}", "--threads=1"]
+    if periodic:
+        flags.append("--checkpoint_every_steps=3")
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
     initial = copy.deepcopy(model.state_dict())
     data = [(torch.randn(5, 8), torch.randn(5, 4)) for _ in range(6)]
     options = dict(lr=1e-2, weight_decay=0.1, engine=engine)
+    if offload < 1.0:
+        options.update(offload_fraction=offload, chunk_elems=64)
 
     server = server_process.start_server(server_binary(), flags)
     try:
@@ -58,8 +71,14 @@ def test_optimizer_resumes_from_a_restarted_servers_checkpoint(
             run(reference, ref_opt, data)
             opt = DepotOptimizer(model.parameters(), client=c,
                                  job_name=job_name, **options)
+            if offload < 1.0:
+                assert opt.engine.device_tensors == [1]  # the bias
             run(model, opt, data[:3])
-            assert opt.checkpoint() == 3
+            if periodic:
+                assert opt.last_result.capture_chunks == 1
+                wait_for_manifest(str(tmp_path), job_name, 3)
+            else:
+                assert opt.checkpoint() == 3
             run(model, opt, data[3:4])  # lost: not checkpointed
             opt.close()
             with pytest.raises(depot.FailedPreconditionError,

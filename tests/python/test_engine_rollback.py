@@ -128,43 +128,59 @@ def test_engine_step_sent_again_when_no_server_went_back(tmp_path,
         opt.close()
 
 
+@pytest.mark.parametrize("scenario", ["periodic", "reference", "none"])
 def test_engine_with_an_offload_fraction_rolls_back_to_a_whole_checkpoint(
-        tmp_path, job_name):
-    """offload_fraction 0.5 (the bias' optimizer on the device) and periodic
-    checkpoints every 4 steps, which do not hold the kept state. Both
-    servers are killed after step 5 and restore step 4. Without a reference
-    the next step fails, naming the remedy. With a reference taken at step
-    2 (which made the servers' checkpoint of 2 whole), the next step rolls
-    the job back to 2, below the servers' 4, with the kept state read back:
-    RolledBackError(2), and a trainer that reloads its data position there
-    ends bitwise like an uninterrupted run."""
+        tmp_path, job_name, scenario):
+    """offload_fraction 0.5 (the bias' optimizer on the device), periodic
+    checkpoints every 4 steps, which the engine fills with the kept state
+    (docs/checkpoints.md, "The state the workers keep"). Both servers are
+    killed and restart from their newest checkpoint:
+    - periodic: after step 5 they restore step 4, whose checkpoint holds
+      the kept state: the next step rolls back to it by itself,
+      RolledBackError(4);
+    - reference: a reference at step 2, then a checkpoint of step 3 taken
+      by the bare job (Job.checkpoint(), which does not store the kept
+      state: the servers mark it as lacking it); they restore 3, and the
+      job goes back to 2, below it, with the kept state read back;
+    - none: the same without the reference: no checkpoint holds the kept
+      state, and the next step fails, naming the remedy.
+    A trainer that reloads its data position where the job went ends
+    bitwise like an uninterrupted run."""
+    # A name the checkpoint directory keeps as it is (wait_for_manifest).
+    job_name = job_name.replace("[", "-").replace("]", "")
     with beside_an_uninterrupted_run(tmp_path, job_name, 8) as run:
-        for referenced in (False, True):
-            name = f"{job_name}-{referenced}"
-            model, opt = engine_model(run, name, offload_fraction=0.5)
-            assert opt.engine.device_tensors == [1]
-            for step in range(1, 6):
-                one_step(model, opt, run.data[step - 1])
-                if referenced and step == 2:
-                    opt.state_dict(reference=True)
+        model, opt = engine_model(run, job_name, offload_fraction=0.5)
+        assert opt.engine.device_tensors == [1]
+        last = 5 if scenario == "periodic" else 3
+        for step in range(1, last + 1):
+            one_step(model, opt, run.data[step - 1])
+            if step == EVERY:
+                assert opt.last_result.capture_chunks == 1
+                assert opt.last_result.capture_error == ""
+            if scenario == "reference" and step == 2:
+                opt.state_dict(reference=True)
+        if scenario == "periodic":
             for d in run.dirs:
-                wait_for_manifest(d, name, EVERY)
-            for s in range(2):
-                restart(run.servers, run.dirs, run.addresses, s)
-            if not referenced:
-                with pytest.raises(depot.DepotError,
-                                   match="does not recover by itself"):
-                    one_step(model, opt, run.data[5])
-                opt.close()
-                continue
-
-            rolled = train_through_rollbacks(
-                lambda batch: one_step(model, opt, batch), run.data, 5,
-                holds_weights_of(model, run.at_step))
-            assert rolled == [2]
-            opt.synchronize()
-            assert_ends_as(model, run.final)
+                wait_for_manifest(d, job_name, EVERY)
+        else:
+            assert opt.job.checkpoint() == 3
+        for s in range(2):
+            restart(run.servers, run.dirs, run.addresses, s)
+        if scenario == "none":
+            with pytest.raises(depot.DepotError,
+                               match="recovers by itself only to a "
+                                     "checkpoint"):
+                one_step(model, opt, run.data[last])
             opt.close()
+            return
+
+        rolled = train_through_rollbacks(
+            lambda batch: one_step(model, opt, batch), run.data, last,
+            holds_weights_of(model, run.at_step))
+        assert rolled == [EVERY if scenario == "periodic" else 2]
+        opt.synchronize()
+        assert_ends_as(model, run.final)
+        opt.close()
 
 
 class _SlowBackward(torch.autograd.Function):

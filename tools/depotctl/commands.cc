@@ -544,6 +544,11 @@ int ListCheckpoints(const Fleet& fleet, const std::string& name, bool verify,
         }
       }
       const std::vector<uint64_t> steps(r.steps().begin(), r.steps().end());
+      // Checkpoints a GPU worker's offload fraction left without its state
+      // (docs/checkpoints.md, "The state the workers keep").
+      const std::vector<uint64_t> lacking(
+          r.steps_lacking_worker_state().begin(),
+          r.steps_lacking_worker_state().end());
       const std::vector<uint64_t>& usable = verify ? good : steps;
       if (first) {
         common = usable;
@@ -558,28 +563,33 @@ int ListCheckpoints(const Fleet& fleet, const std::string& name, bool verify,
         common = both;
       }
       servers.push_back(absl::StrCat(
-          "{\"server\":", JsonString(address),
-          ",\"server_index\":", job.shards[k].job.server_index(),
-          ",\"step\":", r.step(), ",\"newest_step\":", r.newest_step(),
-          ",\"steps\":", JsonSteps(steps),
-          verify ? absl::StrCat(",\"verified\":[",
-                                absl::StrJoin(verified, ","), "]")
+          "{\"server\":", JsonString(address), ",\"server_index\":",
+          job.shards[k].job.server_index(), ",\"step\":", r.step(),
+          ",\"newest_step\":", r.newest_step(), ",\"steps\":", JsonSteps(steps),
+          ",\"steps_lacking_worker_state\":", JsonSteps(lacking),
+          verify ? absl::StrCat(",\"verified\":[", absl::StrJoin(verified, ","),
+                                "]")
                  : "",
           "}"));
       if (!options.json) {
-        std::printf("  %s (server %u, at step %llu): %s%s\n", address.c_str(),
-                    job.shards[k].job.server_index(),
-                    static_cast<unsigned long long>(r.step()),
-                    steps.empty() ? "no checkpoint"
-                                  : absl::StrCat("steps ",
-                                                 absl::StrJoin(steps, ", "))
-                                        .c_str(),
-                    verify ? (good.size() == steps.size()
-                                  ? " (all verified)"
-                                  : absl::StrCat(" (", steps.size() - good.size(),
-                                                 " FAILED to verify)")
-                                        .c_str())
-                           : "");
+        std::printf(
+            "  %s (server %u, at step %llu): %s%s%s\n", address.c_str(),
+            job.shards[k].job.server_index(),
+            static_cast<unsigned long long>(r.step()),
+            steps.empty()
+                ? "no checkpoint"
+                : absl::StrCat("steps ", absl::StrJoin(steps, ", ")).c_str(),
+            verify ? (good.size() == steps.size()
+                          ? " (all verified)"
+                          : absl::StrCat(" (", steps.size() - good.size(),
+                                         " FAILED to verify)")
+                                .c_str())
+                   : "",
+            lacking.empty()
+                ? ""
+                : absl::StrCat(" (without the workers' state: steps ",
+                               absl::StrJoin(lacking, ", "), ")")
+                      .c_str());
       }
     }
     if (!complete) common.clear();

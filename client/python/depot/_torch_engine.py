@@ -110,10 +110,19 @@ class _EngineDriver:
         self.offloads_all = not self.engine.device_tensors
         # A job that has applied steps (resume=True): the optimizer state of
         # the parameters kept on the device died with the trainer that held
-        # it, and the servers never had it. No step runs until
-        # load_state_dict() brings it back (the engine refuses too).
+        # it. The servers' arrays hold it when they were restored from a
+        # checkpoint that holds it (a periodic one the engine filled, or a
+        # reference's): one local rank reads it back from there. Else no
+        # step runs until load_state_dict() brings it back (the engine
+        # refuses too).
         self.kept_state_missing = not self.offloads_all and any(
             status.step > 0 for status in job.status())
+        if self.kept_state_missing and self.local_ranks == 1:
+            try:
+                self.engine.restore_device_state()
+                self.kept_state_missing = False
+            except depot.FailedPreconditionError:
+                pass  # step() says why
         params = optimizer._params
         self.params = params
         self.slots = optimizer._slots
@@ -404,10 +413,12 @@ class _EngineDriver:
                 "DepotOptimizer.step(): the job has applied steps (resume="
                 "True) and this optimizer keeps some parameters' optimizer "
                 "state on the device (offload_fraction < 1), which died "
-                "with the trainer that held it (the servers' periodic "
-                "checkpoints do not hold it): load a state_dict() saved by "
-                "value, or a reference (state_dict(reference=True)), with "
-                "load_state_dict() first")
+                "with the trainer that held it, and the servers' arrays do "
+                "not hold it at their step (they were not restored from a "
+                "checkpoint that holds it; on a node of several local ranks "
+                "it is never read back by itself): load a state_dict() "
+                "saved by value, or a reference (state_dict(reference="
+                "True)), with load_state_dict() first")
         if self.node_failure is not None:
             self._recover_node(self.node_failure)
         if not self.begun and not self.plain and self._weights_edited():
@@ -533,8 +544,7 @@ class _EngineDriver:
                     target, f"step {step} failed: {error.message}; the "
                             f"optimizer state kept on the device went back "
                             f"with the servers to their checkpoint of step "
-                            f"{target}, which a reference or checkpoint() "
-                            f"made whole")
+                            f"{target}, which holds it")
             if self.delayed or at + 1 < step:
                 self._roll_back(at, f"step {step} failed: {error.message}")
             self.engine.begin_step(
@@ -555,13 +565,22 @@ class _EngineDriver:
     def _back_to_whole_checkpoint(self, at, error):
         """One local rank with parameters kept on the device, the servers
         agreeing on step `at` after a failed step (`error`): takes the job
-        back to the newest step at or before `at` whose checkpoint this
-        optimizer made whole (state_dict(reference=True) or checkpoint()
-        stored the kept state into the servers' arrays before they wrote
-        it: opt._whole_steps), reads the kept state back from the servers
-        and returns the step. Without such a step, or when its checkpoint
-        is gone, raises `error` naming the remedy."""
+        back to the newest step at or before `at` whose checkpoint holds
+        the kept state: one this optimizer made whole (state_dict(
+        reference=True) or checkpoint() stored the kept state into the
+        servers' arrays before they wrote it: opt._whole_steps), or a
+        periodic one the engine filled (the servers say which:
+        Job.newest_checkpoint_with_worker_state); reads the kept state
+        back from the servers and returns the step. Without such a step,
+        or when its checkpoint is gone, raises `error` naming the
+        remedy."""
         whole = [s for s in self.opt._whole_steps if s <= at]
+        try:
+            filled = self.job.newest_checkpoint_with_worker_state(at)
+        except depot.DepotError:
+            filled = None
+        if filled is not None:
+            whole.append(filled)
         if not whole:
             self._refuse_recovery_with_kept_state(error)
         target = max(whole)
@@ -570,7 +589,7 @@ class _EngineDriver:
             self.engine.restore_device_state()
         except depot.DepotError as failed:
             self._refuse_recovery_with_kept_state(
-                error, f"; going back to step {target}, whose checkpoint "
+                error, f"going back to step {target}, whose checkpoint "
                        f"holds it, failed: {failed}")
         self.kept_state_missing = False
         return target
@@ -582,13 +601,15 @@ class _EngineDriver:
         if not self.offloads_all:
             raise type(error)(
                 f"{error.message} (an engine with an offload fraction below "
-                f"1 does not recover by itself unless a reference or "
-                f"checkpoint() of this optimizer made a checkpoint at or "
-                f"before the servers' step whole{why}: the optimizer state "
-                f"kept on the device cannot go back to the servers' step; "
-                f"load a state_dict() saved by value, or a reference "
-                f"(state_dict(reference=True)), with load_state_dict())") \
-                from error
+                f"1 recovers by itself only to a checkpoint at or before "
+                f"the servers' step that holds the optimizer state kept on "
+                f"the device: a periodic one the engine filled, or one a "
+                f"reference or checkpoint() of this optimizer made; "
+                f"{why or 'there is none on every server'}, and that state "
+                f"cannot go back to the servers' step otherwise; load a "
+                f"state_dict() "
+                f"saved by value, or a reference (state_dict(reference="
+                f"True)), with load_state_dict())") from error
 
     def _recover_node(self, error):
         """A node of several local ranks after a failed step (`error`):
@@ -610,7 +631,8 @@ class _EngineDriver:
         raised as it is: no step can run on this engine again."""
         if not _restart_may_explain(error):
             raise error
-        self._refuse_recovery_with_kept_state(error)
+        self._refuse_recovery_with_kept_state(
+            error, "a node of several local ranks does not go back by itself")
         self._drain_in_flight()
         # The verdicts of the steps just drained no longer count.
         self._node_failure()

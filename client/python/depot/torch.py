@@ -109,14 +109,15 @@ the engine's, not the servers': state_dict(), state[p] and torch_state_dict()
 include it (read from the device), and load_state_dict() loads it there. A
 reference (and checkpoint()) first writes it into the servers' arrays, so
 that their checkpoint holds it, and loading the reference reads it back;
-the servers' periodic checkpoints do not hold it. A step failed by a server
-restart goes back by itself to the newest step such a reference or
-checkpoint() made whole (RolledBackError), or, without one, raises naming
-load_state_dict(). resume=True on a job that
-has applied steps opens it, but that state died with the trainer that held
-it: step() and state_dict() raise FailedPreconditionError until
-load_state_dict() loads a state saved by value or a reference (into the
-same job). On a node of several local ranks each rank holds its own chunks'
+the engine fills the servers' periodic checkpoints with it by itself. A
+step failed by a server restart goes back by itself to the newest step
+whose checkpoint holds it on every server (RolledBackError), or, without
+one, raises naming load_state_dict(). resume=True on a job that has
+applied steps opens it; that state died with the trainer that held it,
+and one local rank reads it back from servers restored from a checkpoint
+that holds it; otherwise step() and state_dict() raise
+FailedPreconditionError until load_state_dict() loads a state saved by
+value or a reference (into the same job). On a node of several local ranks each rank holds its own chunks'
 part: call gather_state() on every local rank (a collective of the node),
 then state_dict() on any; without it a read raises ValueError. The same
 gather_state() writes each rank's part into the servers' arrays, so that
@@ -691,6 +692,11 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
 
     def _record_result(self, step, result, loss_scale):
         """Step `step` finished with `result` at `loss_scale`."""
+        if getattr(result, "capture_error", ""):
+            # The step stands; only the servers' checkpoint of it lacks the
+            # state kept on the device (a rollback will not choose it).
+            warnings.warn(f"DepotOptimizer: step {step}: "
+                          f"{result.capture_error}", RuntimeWarning)
         scaler = self._grad_scaler()
         scaler.update(result.found_inf)
         # The scaler's state after each step, for a rollback to it (the
