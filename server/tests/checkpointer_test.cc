@@ -44,20 +44,25 @@ JobConfig TwoChunkConfig(const std::string& name = "job") {
   return config;
 }
 
-// Runs step `step` on both chunks with gradient `value` and waits until both
-// are updated (captures are handed on before the weights go out).
-void RunStep(ShardState& shard, uint64_t step, float value) {
+// Runs step `step` on both chunks with gradient `value`, the header's
+// sum-only tensors `sum_only`, and waits until both are updated (captures
+// are handed on before the weights go out). Returns what the worker
+// received.
+std::vector<ChunkWeights> RunStep(ShardState& shard, uint64_t step, float value,
+                                  SumOnlyTensors sum_only = {}) {
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(shard.BeginStep(step, 0, {}).ok());
+  EXPECT_TRUE(
+      shard.BeginStep(step, 0, {}, {}, {}, {}, {}, std::move(sum_only)).ok());
   for (uint64_t chunk = 0; chunk < 2; ++chunk) {
     Contribution c;
     c.step = step;
     c.chunk_index = chunk;
     c.payload = Fp32Payload(std::vector<float>(8, value * (chunk + 1)));
     c.sink = sink;
-    ASSERT_TRUE(shard.Contribute(std::move(c)).ok());
+    EXPECT_TRUE(shard.Contribute(std::move(c)).ok());
   }
   sink->WaitFor(2);
+  return sink->received();
 }
 
 void InitShard(ShardState& shard) {
@@ -216,26 +221,13 @@ TEST_F(CaptureTest, NoCapturesWithoutEnableCaptures) {
   EXPECT_THAT(recorder.skipped(), IsEmpty());
 }
 
-// Runs step `step` as RunStep, with tensor "a" (chunk 0's) sum-only, the
-// worker filling captures when `fills`. Returns what the worker received.
+// RunStep with tensor "a" (chunk 0's) sum-only, the worker filling
+// captures when `fills`.
 std::vector<ChunkWeights> RunSumOnlyStep(ShardState& shard, uint64_t step,
                                          float value, bool fills) {
-  auto sink = std::make_shared<RecordingSink>();
-  EXPECT_TRUE(shard
-                  .BeginStep(step, 0, {}, {}, {}, {}, {},
-                             SumOnlyTensors(std::string(1, '\x01'),
-                                            /*omit_sums=*/true, fills))
-                  .ok());
-  for (uint64_t chunk = 0; chunk < 2; ++chunk) {
-    Contribution c;
-    c.step = step;
-    c.chunk_index = chunk;
-    c.payload = Fp32Payload(std::vector<float>(8, value * (chunk + 1)));
-    c.sink = sink;
-    EXPECT_TRUE(shard.Contribute(std::move(c)).ok());
-  }
-  sink->WaitFor(2);
-  return sink->received();
+  return RunStep(
+      shard, step, value,
+      SumOnlyTensors(std::string(1, '\x01'), /*omit_sums=*/true, fills));
 }
 
 // Chunk 0 of `shard` at `step` as a worker sends its state: `value` in

@@ -102,6 +102,18 @@ def test_cuda_offload_fraction_equals_full_offload(client, job_name,
         assert torch.equal(bits(g), bits(w)), f"parameter {i}"
 
 
+def kept_half_on_the_device(client, job_name):
+    """An Exact fp32 model on the GPU and its DepotOptimizer with
+    offload_fraction 0.5 (some parameters' optimizer on the device)."""
+    model = Exact(torch.float32).cuda()
+    opt = DepotOptimizer(model.parameters(), client=client,
+                         job_name=job_name, lr=1e-2, weight_decay=0.1,
+                         offload_fraction=0.5, chunk_elems=256,
+                         bucket_chunks=1)
+    assert opt.engine.device_tensors
+    return model, opt
+
+
 def test_cuda_reference_holds_the_kept_state(tmp_path, job_name):
     """offload_fraction 0.5 on CUDA: state_dict(reference=True) writes the
     kept parameters' state from the device into the servers' arrays
@@ -115,12 +127,7 @@ def test_cuda_reference_holds_the_kept_state(tmp_path, job_name):
                           "--threads=2"]) for s in range(2)]
     try:
         with depot.Client([s.address for s in started]) as c:
-            model = Exact(torch.float32).cuda()
-            opt = DepotOptimizer(model.parameters(), client=c,
-                                 job_name=job_name, lr=1e-2,
-                                 weight_decay=0.1, offload_fraction=0.5,
-                                 chunk_elems=256, bucket_chunks=1)
-            assert opt.engine.device_tensors
+            model, opt = kept_half_on_the_device(c, job_name)
             run(model, opt, steps=3)
             reference = opt.state_dict(reference=True)
             after = run(model, opt, steps=3)
@@ -147,12 +154,7 @@ def test_cuda_periodic_checkpoint_holds_the_kept_state(tmp_path, job_name):
     with checkpointing_servers(tmp_path) as (servers, dirs):
         addresses = [s.address for s in servers]
         with depot.Client(addresses, unavailable_retry=20) as c:
-            model = Exact(torch.float32).cuda()
-            opt = DepotOptimizer(model.parameters(), client=c,
-                                 job_name=job_name, lr=1e-2,
-                                 weight_decay=0.1, offload_fraction=0.5,
-                                 chunk_elems=256, bucket_chunks=1)
-            assert opt.engine.device_tensors
+            model, opt = kept_half_on_the_device(c, job_name)
             run(model, opt, steps=EVERY)
             assert opt.last_result.capture_chunks > 0
             assert opt.last_result.capture_error == ""
