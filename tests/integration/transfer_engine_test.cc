@@ -1366,8 +1366,12 @@ TEST_F(TransferEngineErrorTest, ARankWhoseStepFailsLeavesNoRankWaiting) {
 // rank 1's chunk, killed, rank 1's store fails with its own error and rank
 // 0's, whose patch went through, is ABORTED naming the other rank: a rank
 // alone could not tell the servers' arrays are not whole, and neither waits
-// for ever. (Without the agreement rank 0 returns OK: checked.)
-TEST_F(TransferEngineErrorTest, ANodesStoreFailsOnEveryRankWhenOneRankCannot) {
+// for ever. (Without the agreement rank 0 returns OK: checked.) The same for
+// RestoreGpuState: both ranks restore while both servers run; then rank 1's
+// restore fails, and rank 0's is ABORTED and leaves its state missing, so
+// that it cannot step from a node state that is not whole.
+TEST_F(TransferEngineErrorTest,
+       ANodesStoreAndRestoreFailOnEveryRankWhenOneRankCannot) {
   NodeRank ranks[2];
   std::shared_ptr<HostCollectiveGroup> group =
       OpenNodeOfTwoChunks("node-store", ranks, /*offload_fraction=*/0.0);
@@ -1380,6 +1384,11 @@ TEST_F(TransferEngineErrorTest, ANodesStoreFailsOnEveryRankWhenOneRankCannot) {
   OnTwoRanks([&](uint32_t g) { stored[g] = ranks[g].engine->StoreGpuState(); });
   EXPECT_TRUE(stored[0].ok()) << stored[0];
   EXPECT_TRUE(stored[1].ok()) << stored[1];
+  absl::Status restored[2];
+  OnTwoRanks(
+      [&](uint32_t g) { restored[g] = ranks[g].engine->RestoreGpuState(); });
+  EXPECT_TRUE(restored[0].ok()) << restored[0];
+  EXPECT_TRUE(restored[1].ok()) << restored[1];
   ASSERT_TRUE(server(1).Kill().ok());
   OnTwoRanks([&](uint32_t g) { stored[g] = ranks[g].engine->StoreGpuState(); });
   EXPECT_FALSE(stored[1].ok());
@@ -1388,6 +1397,16 @@ TEST_F(TransferEngineErrorTest, ANodesStoreFailsOnEveryRankWhenOneRankCannot) {
   EXPECT_NE(stored[0].message().find("another local rank"),
             absl::string_view::npos)
       << stored[0];
+  OnTwoRanks(
+      [&](uint32_t g) { restored[g] = ranks[g].engine->RestoreGpuState(); });
+  EXPECT_FALSE(restored[1].ok());
+  EXPECT_NE(restored[1].code(), absl::StatusCode::kAborted) << restored[1];
+  EXPECT_EQ(restored[0].code(), absl::StatusCode::kAborted) << restored[0];
+  const absl::Status next = ranks[0].engine->BeginStep(2, StepOptions());
+  EXPECT_EQ(next.code(), absl::StatusCode::kFailedPrecondition) << next;
+  EXPECT_NE(next.message().find("another local rank could not read"),
+            absl::string_view::npos)
+      << next;
   EXPECT_TRUE(group->errors().empty()) << absl::StrJoin(group->errors(), "; ");
 }
 

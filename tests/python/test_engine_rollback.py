@@ -395,3 +395,59 @@ def test_node_of_two_ranks_rolls_back_on_every_rank_and_ends_bitwise(
             assert opts[0].job.reconcile() == (len(data), False)
             for o in opts:
                 o.close()
+
+
+def test_node_with_an_offload_fraction_resumes_from_a_periodic_checkpoint(
+        tmp_path, job_name):
+    """A node of two local ranks with offload_fraction 0.5 on servers that
+    checkpoint every 4 steps: each rank fills the checkpoint of step 4 with
+    its part of the kept state. Both servers are killed after step 5 and
+    restart from step 4; the trainers exit, and a new node with resume=True
+    reads the kept state back on every rank (a collective of the node) and
+    ends bit for bit as an uninterrupted node's run."""
+    from test_torch_engine import (assert_bitwise, loss_of, model_and_data,
+                                   node_of_two_ranks)
+    model, inputs, targets = model_and_data()
+    steps = len(inputs)
+    assert steps > EVERY + 1
+
+    def train(models, opts, first, last):
+        def rank_loop(rank):
+            for s in range(first, last):
+                opts[rank].zero_grad()
+                loss_of(models[rank], inputs[s][rank::2],
+                        targets[s][rank::2]).backward()
+                opts[rank].step()
+        on_two_ranks(rank_loop)
+
+    with checkpointing_servers(tmp_path) as (servers, dirs):
+        addresses = [s.address for s in servers]
+        with depot.Client(addresses, unavailable_retry=20) as c:
+            models, opts = node_of_two_ranks(model, c, f"{job_name}-ref",
+                                             offload_fraction=0.5)
+            train(models, opts, 0, steps)
+            want = [p.detach().clone() for p in models[0].parameters()]
+            for o in opts:
+                o.close()
+
+            models, opts = node_of_two_ranks(model, c, job_name,
+                                             offload_fraction=0.5)
+            assert all(o.engine.device_tensors for o in opts)
+            train(models, opts, 0, EVERY + 1)
+            for d in dirs:
+                wait_for_manifest(d, job_name, EVERY)
+            for o in opts:
+                o.close()
+            for s in range(2):
+                restart(servers, dirs, addresses, s)
+
+            models, opts = node_of_two_ranks(model, c, job_name,
+                                             offload_fraction=0.5,
+                                             resume=True)
+            assert [o.resumed_step for o in opts] == [EVERY, EVERY]
+            train(models, opts, EVERY, steps)
+            for rank in range(2):
+                assert_bitwise(
+                    [p.detach() for p in models[rank].parameters()], want)
+            for o in opts:
+                o.close()

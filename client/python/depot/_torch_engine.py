@@ -112,16 +112,16 @@ class _EngineDriver:
         # the parameters kept on the device died with the trainer that held
         # it. The servers' arrays hold it when they were restored from a
         # checkpoint that holds it (a periodic one the engine filled, or a
-        # reference's): one local rank reads it back from there. Else no
-        # step runs until load_state_dict() brings it back (the engine
-        # refuses too).
+        # reference's): it is read back from there (on a node, a collective:
+        # every rank constructs its optimizer at once). Else no step runs
+        # until load_state_dict() brings it back (the engine refuses too).
         self.kept_state_missing = not self.offloads_all and any(
             status.step > 0 for status in job.status())
-        if self.kept_state_missing and self.local_ranks == 1:
+        if self.kept_state_missing:
             try:
                 self.engine.restore_device_state()
                 self.kept_state_missing = False
-            except depot.FailedPreconditionError:
+            except (depot.FailedPreconditionError, depot.AbortedError):
                 pass  # step() says why
         params = optimizer._params
         self.params = params
@@ -415,10 +415,10 @@ class _EngineDriver:
                 "state on the device (offload_fraction < 1), which died "
                 "with the trainer that held it, and the servers' arrays do "
                 "not hold it at their step (they were not restored from a "
-                "checkpoint that holds it; on a node of several local ranks "
-                "it is never read back by itself): load a state_dict() "
-                "saved by value, or a reference (state_dict(reference="
-                "True)), with load_state_dict() first")
+                "checkpoint that holds it, or on a node another local rank "
+                "could not read its part back): load a state_dict() saved "
+                "by value, or a reference (state_dict(reference=True)), "
+                "with load_state_dict() first")
         if self.node_failure is not None:
             self._recover_node(self.node_failure)
         if not self.begun and not self.plain and self._weights_edited():

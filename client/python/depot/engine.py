@@ -197,7 +197,10 @@ class Engine(OwnedHandle):
         periodic one the engine filled: Job.newest_checkpoint_with_worker_
         state), or while they are at the step it was stored at.
         depot.FailedPreconditionError when a chunk of the servers' does not
-        hold it (steps the servers only summed ran since)."""
+        hold it (steps the servers only summed ran since). With several
+        local ranks it is a collective of the node: depot.AbortedError on a
+        rank whose own part came back while another's did not (its state
+        is then missing again)."""
         _capi.check(_capi.lib().depot_engine_restore_device_state(
             self._live_handle()))
 

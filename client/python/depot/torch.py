@@ -114,8 +114,8 @@ step failed by a server restart goes back by itself to the newest step
 whose checkpoint holds it on every server (RolledBackError), or, without
 one, raises naming load_state_dict(). resume=True on a job that has
 applied steps opens it; that state died with the trainer that held it,
-and one local rank reads it back from servers restored from a checkpoint
-that holds it; otherwise step() and state_dict() raise
+and it is read back from servers restored from a checkpoint that holds
+it (on a node, every rank its part); otherwise step() and state_dict() raise
 FailedPreconditionError until load_state_dict() loads a state saved by
 value or a reference (into the same job). On a node of several local ranks each rank holds its own chunks'
 part: call gather_state() on every local rank (a collective of the node),

@@ -220,7 +220,10 @@ class TransferEngine {
   // collective of the node (every rank calls it between the same two steps):
   // it returns once every rank has stored, OK only if every rank did, so
   // that one rank may take the checkpoint after it (ABORTED: another rank
-  // failed, its own call says why). RestoreGpuState is not a collective. A
+  // failed, its own call says why). RestoreGpuState is a collective of the
+  // node too: OK only if every rank restored its part; a rank whose own
+  // part came back while another's did not gets ABORTED, and its state is
+  // missing again (no rank steps from a node state that is not whole). A
   // rank that keeps nothing stores nothing. FAILED_PRECONDITION: a step in
   // flight; and for StoreGpuState: the state missing (an engine made on a
   // job with applied steps, before a load) or lost (a failed step), the

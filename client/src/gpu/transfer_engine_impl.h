@@ -235,6 +235,8 @@ class TransferEngine::Impl {
   absl::Status RestoreGpuState();
   // StoreGpuState's own part: this rank's ranges, patched.
   absl::Status StoreOwnKeptState();
+  // RestoreGpuState's part of this rank (the whole of it with one rank).
+  absl::Status RestoreOwnKeptState();
   // FAILED_PRECONDITION for `what` while the kept tensors' state is missing
   // (an engine made on a job with applied steps) or lost (a failed step).
   absl::Status CheckKeptStateKnown(const char* what);

@@ -608,6 +608,31 @@ absl::Status TransferEngine::Impl::RestoreGpuState() {
   if (absl::Status s = CheckNoStepInFlight("RestoreGpuState"); !s.ok()) {
     return s;
   }
+  if (NodeMode()) {
+    // The node's verdicts, the same on every rank: all return here alike.
+    if (absl::Status s = CheckNode(); !s.ok()) return s;
+  }
+  const absl::Status mine = RestoreOwnKeptState();
+  if (!NodeMode()) return mine;
+  // Every rank learns whether every rank restored: no rank steps from the
+  // servers' state while another's part is not theirs.
+  absl::StatusOr<bool> any_failed = AnyRankFailed(!mine.ok());
+  if (!any_failed.ok()) return any_failed.status();
+  if (!mine.ok()) return mine;
+  if (*any_failed) {
+    kept_state_missing_ =
+        "another local rank could not read its part of the kept tensors' "
+        "state back from the servers, so the node's is not whole: load a "
+        "saved state";
+    return absl::AbortedError(
+        "RestoreGpuState: another local rank could not restore its part of "
+        "the kept tensors' state (its own call says why); this rank's part "
+        "is the servers', the node's is not whole");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TransferEngine::Impl::RestoreOwnKeptState() {
   std::optional<uint64_t> step;
   if (kept_state_ != nullptr) {
     // Read first: the block's alignment gaps keep what they hold.
