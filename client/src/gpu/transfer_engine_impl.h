@@ -102,12 +102,11 @@ class TransferEngine::Impl {
     char* grads = nullptr;  // the gradient buffer this step reads
     StepOptions options;
     bool two_phase = false;  // its routes are routes_two_phase_
-    // Offload fraction: per tensor, whether it is kept and has a gradient
-    // this step (BeginStep). Then, once the step's decision is known
+    // Offload fraction, once the step's decision is known
     // (ResolveGpuUpdates, comm thread): per kept tensor, the update's
     // hyperparameters, or nullopt when it is not updated this step (no
-    // gradient, or skipped), and the dtype, unscale and clip of the updates.
-    std::vector<bool> kept_has_grad;
+    // node has a gradient for it, as the GradSums say, or skipped), and the
+    // dtype, unscale and clip of the updates.
     std::vector<bool> tensor_resolved;  // empty until ResolveGpuUpdates
     std::vector<std::optional<UpdateHyperParams>> gpu_hparams;
     GradientInput gpu_grad;
@@ -500,9 +499,9 @@ class TransferEngine::Impl {
   DType slot_dtype_[kMaxStateSlots] = {DType::kFloat32, DType::kFloat32,
                                        DType::kFloat32};
   std::unique_ptr<Buffer> kept_state_;
-  // sum_only_ (several nodes, or steps that may run in two phases): the
-  // kept tensors are the step's sum-only tensors, and the servers' GradSums
-  // bring the decision and the skipped tensors. sums_from_servers_ (several
+  // sum_only_ (an offload fraction): the kept tensors are the step's
+  // sum-only tensors, and the servers' GradSums bring the decision, the
+  // skipped tensors and the capture requests. sums_from_servers_ (several
   // nodes): they bring the sums too, and each step's summed gradient of this
   // rank's kept elements lands in kept_sum_ (fp32, in the state's numbering;
   // one per step parity with the delayed update); one node updates from its

@@ -120,20 +120,9 @@ ParamRun TransferEngine::Impl::KeptRun(const KeptSegment& k, char* base,
 
 absl::Status TransferEngine::Impl::PlanGpuUpdates(const StepOptions& options,
                                                   StepRun& run) {
-  const Layout& layout = job_.layout();
-  run.kept_has_grad.assign(layout.tensors().size(), false);
-  for (uint32_t t : gpu_tensors_) run.kept_has_grad[t] = true;
-  for (uint32_t t : options.no_grad_tensors) {
-    if (t < run.kept_has_grad.size()) run.kept_has_grad[t] = false;
-  }
-  for (uint32_t t : gpu_tensors_) {
-    // One node: the servers skip the kept tensors as gradient-less. With
-    // the servers' sums: they sum their gradients (over the nodes) for us
-    // (sum-only tensors), and say which no node has a gradient for.
-    if (run.kept_has_grad[t] && !sum_only_) {
-      run.options.no_grad_tensors.push_back(t);
-    }
-  }
+  // The kept tensors are sum-only: the servers say (GradSum) which of them
+  // no node has a gradient for, and the trainer's own no_grad_tensors go
+  // to them as they are.
   // A two-phase step's decision comes with the servers' sums.
   if (!run.two_phase) {
     absl::MutexLock lock(&mu_);
@@ -177,7 +166,7 @@ void TransferEngine::Impl::ResolveGpuTensor(StepRun& run, uint32_t tensor) {
   StepCommit commit;
   {
     absl::MutexLock lock(&mu_);
-    has_grad = sum_only_ ? !run.sum_skipped[tensor] : run.kept_has_grad[tensor];
+    has_grad = !run.sum_skipped[tensor];
     commit = *run.commit;  // ResolveGpuUpdates found it
   }
   if (!has_grad || commit.skip) return;
