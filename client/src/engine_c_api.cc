@@ -460,6 +460,23 @@ int depot_engine_check_node(depot_engine_t* engine) {
   });
 }
 
+int depot_engine_agree_on_step(depot_engine_t* engine, uint64_t step,
+                               uint64_t* agreed) {
+  constexpr const char* kFunction = "depot_engine_agree_on_step";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (engine == nullptr) {
+      return depot::c_api::NullArgument(kFunction, "engine");
+    }
+    if (agreed == nullptr) {
+      return depot::c_api::NullArgument(kFunction, "agreed");
+    }
+    absl::StatusOr<uint64_t> least = engine->engine->AgreeOnStep(step);
+    if (!least.ok()) return least.status();
+    *agreed = *least;
+    return absl::OkStatus();
+  });
+}
+
 int depot_engine_synchronize_node(depot_engine_t* engine) {
   constexpr const char* kFunction = "depot_engine_synchronize_node";
   return depot::Guarded(kFunction, [&]() -> absl::Status {

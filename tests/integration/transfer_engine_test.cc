@@ -41,6 +41,8 @@ using gpu::TransferEngineOptions;
 
 constexpr uint64_t kSeed = 11;
 constexpr uint64_t kSteps = 3;
+// The largest step a job may reach (2^62, server/shard_state.h kMaxStep).
+constexpr uint64_t kMaxStepForTests = uint64_t{1} << 62;
 
 // Local rank g of node n's gradient at `step`: fp32, N elements.
 std::vector<float> LocalGradient(const Layout& layout, uint64_t step,
@@ -1407,6 +1409,29 @@ TEST_F(TransferEngineErrorTest,
   EXPECT_NE(next.message().find("another local rank could not read"),
             absl::string_view::npos)
       << next;
+  EXPECT_TRUE(group->errors().empty()) << absl::StrJoin(group->errors(), "; ");
+}
+
+// AgreeOnStep: every rank gets the least step any rank passed, also past
+// 2^32 (each step goes as four 16-bit parts); one rank gets its own.
+TEST_F(TransferEngineErrorTest, AgreeOnStepGivesEveryRankTheLeast) {
+  NodeRank ranks[2];
+  std::shared_ptr<HostCollectiveGroup> group =
+      OpenNodeOfTwoChunks("node-agree", ranks, /*offload_fraction=*/1.0);
+  for (const auto& [a, b] : {std::pair<uint64_t, uint64_t>{5, 3},
+                             {0, 9},
+                             {(uint64_t{1} << 40) + 9, (uint64_t{1} << 40) + 7},
+                             {kMaxStepForTests, kMaxStepForTests - 65536}}) {
+    absl::StatusOr<uint64_t> agreed[2] = {absl::UnknownError("not run"),
+                                          absl::UnknownError("not run")};
+    OnTwoRanks([&](uint32_t g) {
+      agreed[g] = ranks[g].engine->AgreeOnStep(g ? b : a);
+    });
+    for (int g = 0; g < 2; ++g) {
+      ASSERT_TRUE(agreed[g].ok()) << agreed[g].status();
+      EXPECT_EQ(*agreed[g], std::min(a, b)) << "rank " << g;
+    }
+  }
   EXPECT_TRUE(group->errors().empty()) << absl::StrJoin(group->errors(), "; ");
 }
 

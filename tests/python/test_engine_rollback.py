@@ -397,27 +397,39 @@ def test_node_of_two_ranks_rolls_back_on_every_rank_and_ends_bitwise(
                 o.close()
 
 
-def test_node_with_an_offload_fraction_resumes_from_a_periodic_checkpoint(
-        tmp_path, job_name):
+@pytest.mark.parametrize("how", ["goes_back", "resumes"])
+def test_node_with_an_offload_fraction_returns_to_a_periodic_checkpoint(
+        tmp_path, job_name, how):
     """A node of two local ranks with offload_fraction 0.5 on servers that
     checkpoint every 4 steps: each rank fills the checkpoint of step 4 with
     its part of the kept state. Both servers are killed after step 5 and
-    restart from step 4; the trainers exit, and a new node with resume=True
-    reads the kept state back on every rank (a collective of the node) and
-    ends bit for bit as an uninterrupted node's run."""
+    restart from step 4. goes_back: the next step fails on both ranks, the
+    ranks agree on step 4 (Engine.agree_on_step), rank 0 rolls the job back
+    to it and every rank reads its part of the kept state back:
+    RolledBackError(4) on both. resumes: the trainers exit, and a new node
+    with resume=True reads the kept state back on every rank. Either way
+    the node ends bit for bit as an uninterrupted node's run."""
     from test_torch_engine import (assert_bitwise, loss_of, model_and_data,
                                    node_of_two_ranks)
+    job_name = job_name.replace("[", "-").replace("]", "")
     model, inputs, targets = model_and_data()
     steps = len(inputs)
     assert steps > EVERY + 1
+    rolled = [[], []]
 
-    def train(models, opts, first, last):
+    def train(models, opts, first, last=steps):
         def rank_loop(rank):
-            for s in range(first, last):
+            s = first
+            while s < last:
                 opts[rank].zero_grad()
-                loss_of(models[rank], inputs[s][rank::2],
-                        targets[s][rank::2]).backward()
-                opts[rank].step()
+                try:
+                    loss_of(models[rank], inputs[s][rank::2],
+                            targets[s][rank::2]).backward()
+                    opts[rank].step()
+                    s += 1
+                except depot.RolledBackError as error:
+                    rolled[rank].append(error.step)
+                    s = error.step  # the data position to reload
         on_two_ranks(rank_loop)
 
     with checkpointing_servers(tmp_path) as (servers, dirs):
@@ -425,10 +437,11 @@ def test_node_with_an_offload_fraction_resumes_from_a_periodic_checkpoint(
         with depot.Client(addresses, unavailable_retry=20) as c:
             models, opts = node_of_two_ranks(model, c, f"{job_name}-ref",
                                              offload_fraction=0.5)
-            train(models, opts, 0, steps)
+            train(models, opts, 0)
             want = [p.detach().clone() for p in models[0].parameters()]
             for o in opts:
                 o.close()
+            assert rolled == [[], []]
 
             models, opts = node_of_two_ranks(model, c, job_name,
                                              offload_fraction=0.5)
@@ -436,16 +449,18 @@ def test_node_with_an_offload_fraction_resumes_from_a_periodic_checkpoint(
             train(models, opts, 0, EVERY + 1)
             for d in dirs:
                 wait_for_manifest(d, job_name, EVERY)
-            for o in opts:
-                o.close()
             for s in range(2):
                 restart(servers, dirs, addresses, s)
-
-            models, opts = node_of_two_ranks(model, c, job_name,
-                                             offload_fraction=0.5,
-                                             resume=True)
-            assert [o.resumed_step for o in opts] == [EVERY, EVERY]
-            train(models, opts, EVERY, steps)
+            if how == "resumes":
+                for o in opts:
+                    o.close()
+                models, opts = node_of_two_ranks(model, c, job_name,
+                                                 offload_fraction=0.5,
+                                                 resume=True)
+                assert [o.resumed_step for o in opts] == [EVERY, EVERY]
+            train(models, opts, EVERY + 1 if how == "goes_back" else EVERY)
+            assert rolled == ([[EVERY], [EVERY]] if how == "goes_back"
+                              else [[], []])
             for rank in range(2):
                 assert_bitwise(
                     [p.detach() for p in models[rank].parameters()], want)

@@ -654,6 +654,11 @@ DEPOT_API int depot_engine_check_node(depot_engine_t* engine);
  * collective_timeout_seconds. One local rank: DEPOT_OK at once. */
 DEPOT_API int depot_engine_synchronize_node(depot_engine_t* engine);
 
+/* TransferEngine::AgreeOnStep: the same collective, which also writes into
+ * *agreed the least `step` any local rank passed. One local rank: `step`. */
+DEPOT_API int depot_engine_agree_on_step(depot_engine_t* engine, uint64_t step,
+                                         uint64_t* agreed);
+
 /* TransferEngine::StoreGpuState / RestoreGpuState (docs/gpu.md, "Offload
  * fraction"): the kept tensors' state of this rank written into the servers'
  * own arrays at the servers' step, so that a checkpoint the servers take next

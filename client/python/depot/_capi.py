@@ -281,6 +281,8 @@ _PROTOTYPES = {
     "depot_engine_finish_step": (ctypes.c_int, [c_void_p, _p(StepResult)]),
     "depot_engine_check_node": (ctypes.c_int, [c_void_p]),
     "depot_engine_synchronize_node": (ctypes.c_int, [c_void_p]),
+    "depot_engine_agree_on_step": (
+        ctypes.c_int, [c_void_p, c_uint64, ctypes.POINTER(c_uint64)]),
     "depot_engine_store_device_state": (ctypes.c_int, [c_void_p]),
     "depot_engine_restore_device_state": (ctypes.c_int, [c_void_p]),
     "depot_engine_destroy": (None, [c_void_p]),

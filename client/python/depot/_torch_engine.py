@@ -107,6 +107,7 @@ class _EngineDriver:
                              **engine_kwargs)
         self.delayed = self.engine.delayed_update
         self.local_ranks = engine_kwargs.get("local_ranks", 1)
+        self.local_rank = engine_kwargs.get("local_rank", 0)
         self.offloads_all = not self.engine.device_tensors
         # A job that has applied steps (resume=True): the optimizer state of
         # the parameters kept on the device died with the trainer that held
@@ -626,13 +627,14 @@ class _EngineDriver:
         Always a rollback, also where every server is at the step before: the
         step's gradient left each rank reduce-scattered and cannot be sent
         again (the next step from that point is bitwise the same).
+        With parameters kept on the device the node goes back further, to
+        the newest checkpoint that holds their state
+        (_node_back_to_whole_checkpoint).
         An error no server restart explains (the node's collectives
         aborted: a rank died or hung past the collective timeout) is
         raised as it is: no step can run on this engine again."""
         if not _restart_may_explain(error):
             raise error
-        self._refuse_recovery_with_kept_state(
-            error, "a node of several local ranks does not go back by itself")
         self._drain_in_flight()
         # The verdicts of the steps just drained no longer count.
         self._node_failure()
@@ -641,7 +643,49 @@ class _EngineDriver:
         # reconcile is over: a later one would find that step half applied,
         # the servers at different steps, and roll it back.
         self.engine.synchronize_node()
+        if not self.offloads_all:
+            target = self._node_back_to_whole_checkpoint(at, error)
+            self._roll_back(
+                target, f"{error.message}; the optimizer state kept on the "
+                        f"device went back with the servers to their "
+                        f"checkpoint of step {target}, which holds it",
+                ", on every local rank of the node")
         self._roll_back(at, error.message, ", on every local rank of the node")
+
+    def _node_back_to_whole_checkpoint(self, at, error):
+        """_back_to_whole_checkpoint on a node of several local ranks, each
+        rank here after the node's reconcile: the ranks agree on the newest
+        step at or before `at` whose checkpoint holds the kept state on
+        every server (each asks the servers; the least answer wins, since a
+        checkpoint written between two ranks' questions can change it),
+        local rank 0 rolls the job back to it, and once it has, every rank
+        reads its part of the kept state back (a collective of the node,
+        OK only if every rank's came back). Returns the step; raises
+        `error` naming the remedy on every rank without such a step, or
+        when going back to it fails."""
+        try:
+            mine = self.job.newest_checkpoint_with_worker_state(at)
+        except depot.DepotError:
+            mine = None
+        # Step 0 has no checkpoint: it stands for "none".
+        target = self.engine.agree_on_step(mine or 0)
+        if target == 0:
+            self._refuse_recovery_with_kept_state(error)
+        failed = None
+        if self.local_rank == 0:
+            try:
+                self.job.roll_back(target)
+            except depot.DepotError as e:
+                failed = e  # every rank's restore below fails too
+        self.engine.synchronize_node()
+        try:
+            self.engine.restore_device_state()
+        except depot.DepotError as e:
+            self._refuse_recovery_with_kept_state(
+                error, f"going back to step {target}, whose checkpoint "
+                       f"holds it, failed: {failed or e}")
+        self.kept_state_missing = False
+        return target
 
     def _node_failure(self):
         """A node of several local ranks: the error naming an earlier step

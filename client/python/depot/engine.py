@@ -249,3 +249,12 @@ class Engine(OwnedHandle):
         the collective timeout. One local rank: nothing."""
         _capi.check(
             _capi.lib().depot_engine_synchronize_node(self._live_handle()))
+
+    def agree_on_step(self, step: int) -> int:
+        """synchronize_node, which also returns the least `step` any local
+        rank passed: what the ranks agree on when each found a step of its
+        own that may differ. One local rank: `step`."""
+        agreed = _capi.c_uint64()
+        _capi.check(_capi.lib().depot_engine_agree_on_step(
+            self._live_handle(), step, ctypes.byref(agreed)))
+        return agreed.value

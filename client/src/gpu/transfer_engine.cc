@@ -279,4 +279,8 @@ absl::Status TransferEngine::SynchronizeNode() {
   return impl_->SynchronizeNode();
 }
 
+absl::StatusOr<uint64_t> TransferEngine::AgreeOnStep(uint64_t step) {
+  return impl_->AgreeOnStep(step);
+}
+
 }  // namespace depot::gpu

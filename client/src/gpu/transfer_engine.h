@@ -306,6 +306,13 @@ class TransferEngine {
   // options.collective_timeout (the node is then broken). One local rank:
   // OK at once.
   absl::Status SynchronizeNode();
+  // The same collective, which also returns the least `step` any rank
+  // passed (an all-gather of each rank's): what the node's ranks agree on
+  // when each found a step on its own that may differ (the newest whole
+  // checkpoint after a server restart, which a checkpoint written between
+  // two ranks' queries can change). Errors as SynchronizeNode. One local
+  // rank: `step`.
+  absl::StatusOr<uint64_t> AgreeOnStep(uint64_t step);
 
  private:
   class Impl;

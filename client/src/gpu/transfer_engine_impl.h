@@ -260,8 +260,12 @@ class TransferEngine::Impl {
   // finished without an error and has not checked yet (node_unchecked_);
   // ABORTED naming the first that failed on another rank. Trainer thread.
   absl::Status CheckNode();
-  // TransferEngine::SynchronizeNode. Trainer thread.
+  // TransferEngine::SynchronizeNode, AgreeOnStep. Trainer thread.
   absl::Status SynchronizeNode();
+  absl::StatusOr<uint64_t> AgreeOnStep(uint64_t step);
+  // FAILED_PRECONDITION naming `what` with a step in flight, or once the
+  // node's collectives are out of step or aborted.
+  absl::Status CheckNodeIdle(const char* what);
   // NodeMode: an all-reduce of each rank's `failed` on the comm stream (as
   // SynchronizeNode's, which passes false): whether any rank passed true,
   // once every rank has called it. Trainer thread, no step in flight.

@@ -497,20 +497,64 @@ absl::Status TransferEngine::Impl::CheckNode() {
   return expired;
 }
 
-absl::Status TransferEngine::Impl::SynchronizeNode() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!runs_.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("SynchronizeNode: step ", runs_.front()->step,
-                       " is in flight (call FinishStep first)"));
-    }
-    if (absl::Status broken = NodeBroken("SynchronizeNode"); !broken.ok()) {
-      return broken;
-    }
+absl::Status TransferEngine::Impl::CheckNodeIdle(const char* what) {
+  absl::MutexLock lock(&mu_);
+  if (!runs_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": step ", runs_.front()->step,
+                     " is in flight (call FinishStep first)"));
   }
+  return NodeBroken(what);
+}
+
+absl::Status TransferEngine::Impl::SynchronizeNode() {
+  if (absl::Status s = CheckNodeIdle("SynchronizeNode"); !s.ok()) return s;
   if (!NodeMode()) return absl::OkStatus();
   return AnyRankFailed(false).status();
+}
+
+absl::StatusOr<uint64_t> TransferEngine::Impl::AgreeOnStep(uint64_t step) {
+  if (absl::Status s = CheckNodeIdle("AgreeOnStep"); !s.ok()) return s;
+  if (!NodeMode()) return step;
+  // Four 16-bit parts, each exact as a float, gathered from every rank.
+  constexpr int kParts = 4;
+  float mine[kParts];
+  for (int i = 0; i < kParts; ++i) {
+    mine[i] = static_cast<float>((step >> (16 * i)) & 0xffff);
+  }
+  const uint32_t ranks = options_.local_ranks;
+  std::vector<float> all(ranks * kParts, 0.0f);
+  absl::StatusOr<std::unique_ptr<Buffer>> send = device_.Allocate(sizeof(mine));
+  if (!send.ok()) return send.status();
+  absl::StatusOr<std::unique_ptr<Buffer>> recv =
+      device_.Allocate(all.size() * sizeof(float));
+  if (!recv.ok()) return recv.status();
+  absl::Status s = device_.CopyAsync(*comm_, (*send)->data(), mine,
+                                     sizeof(mine), CopyKind::kHostToDevice);
+  if (s.ok()) {
+    s = collective_->AllGather((*send)->data(), (*recv)->data(), kParts,
+                               DType::kFloat32, *comm_);
+  }
+  if (s.ok()) {
+    s = device_.CopyAsync(*comm_, all.data(), (*recv)->data(),
+                          all.size() * sizeof(float), CopyKind::kDeviceToHost);
+  }
+  // Also after an error: nothing queued may outlive the buffers.
+  const absl::Status synced = device_.SynchronizeStream(*comm_);
+  if (!s.ok()) return s;
+  if (!synced.ok()) return synced;
+  if (absl::Status expired = CollectivesExpired(); !expired.ok()) {
+    return expired;
+  }
+  uint64_t least = UINT64_MAX;
+  for (uint32_t r = 0; r < ranks; ++r) {
+    uint64_t value = 0;
+    for (int i = 0; i < kParts; ++i) {
+      value |= static_cast<uint64_t>(all[r * kParts + i]) << (16 * i);
+    }
+    least = std::min(least, value);
+  }
+  return least;
 }
 
 absl::StatusOr<bool> TransferEngine::Impl::AnyRankFailed(bool failed) {
