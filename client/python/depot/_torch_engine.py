@@ -564,17 +564,21 @@ class _EngineDriver:
         raise error
 
     def _back_to_whole_checkpoint(self, at, error):
-        """One local rank with parameters kept on the device, the servers
-        agreeing on step `at` after a failed step (`error`): takes the job
-        back to the newest step at or before `at` whose checkpoint holds
-        the kept state: one this optimizer made whole (state_dict(
-        reference=True) or checkpoint() stored the kept state into the
-        servers' arrays before they wrote it: opt._whole_steps), or a
-        periodic one the engine filled (the servers say which:
-        Job.newest_checkpoint_with_worker_state); reads the kept state
-        back from the servers and returns the step. Without such a step,
-        or when its checkpoint is gone, raises `error` naming the
-        remedy."""
+        """Parameters kept on the device, the servers agreeing on step `at`
+        after a failed step (`error`; on a node of several local ranks,
+        every rank here after the node's reconcile): takes the job back to
+        the newest step at or before `at` whose checkpoint holds the kept
+        state on every server: one this optimizer made whole
+        (state_dict(reference=True) or checkpoint() stored the kept state
+        into the servers' arrays before they wrote it: opt._whole_steps),
+        or a periodic one the engine filled (the servers say which:
+        Job.newest_checkpoint_with_worker_state). On a node the ranks
+        agree on the least of their answers (Engine.agree_on_step: a
+        checkpoint written between two ranks' questions can change the
+        answer) and local rank 0 rolls back. Then the kept state is read
+        back (on a node, each rank its part, a collective) and the step
+        returned. Without such a step, or when going back to it fails,
+        raises `error` naming the remedy (on every rank of a node)."""
         whole = [s for s in self.opt._whole_steps if s <= at]
         try:
             filled = self.job.newest_checkpoint_with_worker_state(at)
@@ -582,16 +586,28 @@ class _EngineDriver:
             filled = None
         if filled is not None:
             whole.append(filled)
-        if not whole:
+        # Step 0 has no checkpoint: it stands for "none".
+        target = self.engine.agree_on_step(max(whole, default=0))
+        if target == 0:
             self._refuse_recovery_with_kept_state(error)
-        target = max(whole)
-        try:
-            self.job.roll_back(target)
-            self.engine.restore_device_state()
-        except depot.DepotError as failed:
+        failed = None
+        if self.local_rank == 0:
+            try:
+                self.job.roll_back(target)
+            except depot.DepotError as e:
+                failed = e
+        # Every rank learns whether rank 0 rolled back (after it has).
+        if self.engine.agree_on_step(0 if failed else 1) == 0:
             self._refuse_recovery_with_kept_state(
                 error, f"going back to step {target}, whose checkpoint "
-                       f"holds it, failed: {failed}")
+                       f"holds it, failed"
+                       + (f": {failed}" if failed else " on local rank 0"))
+        try:
+            self.engine.restore_device_state()
+        except depot.DepotError as e:
+            self._refuse_recovery_with_kept_state(
+                error, f"reading the state back at step {target}, whose "
+                       f"checkpoint holds it, failed: {e}")
         self.kept_state_missing = False
         return target
 
@@ -629,7 +645,7 @@ class _EngineDriver:
         again (the next step from that point is bitwise the same).
         With parameters kept on the device the node goes back further, to
         the newest checkpoint that holds their state
-        (_node_back_to_whole_checkpoint).
+        (_back_to_whole_checkpoint).
         An error no server restart explains (the node's collectives
         aborted: a rank died or hung past the collective timeout) is
         raised as it is: no step can run on this engine again."""
@@ -644,48 +660,13 @@ class _EngineDriver:
         # the servers at different steps, and roll it back.
         self.engine.synchronize_node()
         if not self.offloads_all:
-            target = self._node_back_to_whole_checkpoint(at, error)
+            target = self._back_to_whole_checkpoint(at, error)
             self._roll_back(
                 target, f"{error.message}; the optimizer state kept on the "
                         f"device went back with the servers to their "
                         f"checkpoint of step {target}, which holds it",
                 ", on every local rank of the node")
         self._roll_back(at, error.message, ", on every local rank of the node")
-
-    def _node_back_to_whole_checkpoint(self, at, error):
-        """_back_to_whole_checkpoint on a node of several local ranks, each
-        rank here after the node's reconcile: the ranks agree on the newest
-        step at or before `at` whose checkpoint holds the kept state on
-        every server (each asks the servers; the least answer wins, since a
-        checkpoint written between two ranks' questions can change it),
-        local rank 0 rolls the job back to it, and once it has, every rank
-        reads its part of the kept state back (a collective of the node,
-        OK only if every rank's came back). Returns the step; raises
-        `error` naming the remedy on every rank without such a step, or
-        when going back to it fails."""
-        try:
-            mine = self.job.newest_checkpoint_with_worker_state(at)
-        except depot.DepotError:
-            mine = None
-        # Step 0 has no checkpoint: it stands for "none".
-        target = self.engine.agree_on_step(mine or 0)
-        if target == 0:
-            self._refuse_recovery_with_kept_state(error)
-        failed = None
-        if self.local_rank == 0:
-            try:
-                self.job.roll_back(target)
-            except depot.DepotError as e:
-                failed = e  # every rank's restore below fails too
-        self.engine.synchronize_node()
-        try:
-            self.engine.restore_device_state()
-        except depot.DepotError as e:
-            self._refuse_recovery_with_kept_state(
-                error, f"going back to step {target}, whose checkpoint "
-                       f"holds it, failed: {failed or e}")
-        self.kept_state_missing = False
-        return target
 
     def _node_failure(self):
         """A node of several local ranks: the error naming an earlier step
