@@ -192,7 +192,20 @@ absl::StatusOr<uint64_t> JobImpl::NewestCheckpointWithWorkerState(uint64_t at) {
   absl::StatusOr<std::vector<ServerCheckpoints>> each =
       QueryCheckpoints(servers);
   if (!each.ok()) return each.status();
-  std::optional<uint64_t> newest;
+  const auto holds = [](const std::vector<uint64_t>& steps, uint64_t t) {
+    return std::find(steps.begin(), steps.end(), t) != steps.end();
+  };
+  // Newest first, as each server lists them: the first held whole by all.
+  for (const uint64_t t :
+       servers.empty() ? std::vector<uint64_t>() : (*each)[servers[0]].steps) {
+    if (t > at) continue;
+    bool whole = true;
+    for (const uint32_t s : servers) {
+      const ServerCheckpoints& on = (*each)[s];
+      whole &= holds(on.steps, t) && !holds(on.steps_lacking_worker_state, t);
+    }
+    if (whole) return t;
+  }
   std::vector<std::string> where;
   for (const uint32_t s : servers) {
     const ServerCheckpoints& on = (*each)[s];
@@ -201,25 +214,6 @@ absl::StatusOr<uint64_t> JobImpl::NewestCheckpointWithWorkerState(uint64_t at) {
                      absl::StrJoin(on.steps, ", "), "], lacking it [",
                      absl::StrJoin(on.steps_lacking_worker_state, ", "), "]"));
   }
-  // Newest first, as each server lists them: the first held whole by all.
-  for (const uint64_t t : servers.empty() ? std::vector<uint64_t>()
-                                          : (*each)[servers.front()].steps) {
-    if (t > at) continue;
-    bool whole = true;
-    for (const uint32_t s : servers) {
-      const ServerCheckpoints& on = (*each)[s];
-      whole &=
-          std::find(on.steps.begin(), on.steps.end(), t) != on.steps.end() &&
-          std::find(on.steps_lacking_worker_state.begin(),
-                    on.steps_lacking_worker_state.end(),
-                    t) == on.steps_lacking_worker_state.end();
-    }
-    if (whole) {
-      newest = t;
-      break;
-    }
-  }
-  if (newest.has_value()) return *newest;
   return absl::NotFoundError(absl::StrCat(
       "no step at or before ", at,
       " has a checkpoint on every server that holds the state of the "

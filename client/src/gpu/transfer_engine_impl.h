@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
@@ -236,6 +237,20 @@ class TransferEngine::Impl {
   absl::Status StoreOwnKeptState();
   // RestoreGpuState's part of this rank (the whole of it with one rank).
   absl::Status RestoreOwnKeptState();
+  // StoreGpuState's and RestoreGpuState's collective of the node: the
+  // node's verdicts first (CheckNode), then this rank's `own` part, then
+  // every rank learns whether every rank's went through (AnyRankFailed).
+  // `own`'s error on the rank it failed on; ABORTED `others_failed` on a
+  // rank whose own part went through while another's did not. One rank:
+  // `own`'s status.
+  absl::Status AcrossTheNode(const std::function<absl::Status()>& own,
+                             const char* others_failed);
+  // After work queued on the comm stream (`queued`: the first error
+  // queueing it): waits for the stream, also after an error, since nothing
+  // queued may outlive the buffers it uses. The first error; with
+  // `collective`, also CollectivesExpired (a collective aborted on the way
+  // did nothing).
+  absl::Status SettleComm(absl::Status queued, bool collective);
   // FAILED_PRECONDITION for `what` while the kept tensors' state is missing
   // (an engine made on a job with applied steps) or lost (a failed step).
   absl::Status CheckKeptStateKnown(const char* what);

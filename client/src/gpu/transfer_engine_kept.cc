@@ -247,10 +247,10 @@ absl::Status TransferEngine::Impl::CopyCapturedState(StepRun& run, uint64_t b) {
       out += kept.elems * size;
     }
   }
-  // Also after an error: nothing queued may outlive the host buffers.
-  const absl::Status synced = device_.SynchronizeStream(*comm_);
-  if (!s.ok()) return s;
-  if (!synced.ok()) return synced;
+  if (absl::Status settled = SettleComm(s, /*collective=*/false);
+      !settled.ok()) {
+    return settled;
+  }
   const ShardPlan& plan = job_.plan();
   for (size_t i = 0; i < wanted.size(); ++i) {
     const KeptChunk kept = kept_of_chunk_[wanted[i]];
@@ -298,6 +298,33 @@ void TransferEngine::Impl::SendCapturedState(StepRun& run) {
     ++run.result.capture_chunks;
   }
   run.captured.clear();
+}
+
+absl::Status TransferEngine::Impl::SettleComm(absl::Status queued,
+                                              bool collective) {
+  // Also after an error: nothing queued may outlive the buffers it uses.
+  const absl::Status synced = device_.SynchronizeStream(*comm_);
+  if (!queued.ok()) return queued;
+  if (!synced.ok()) return synced;
+  // A collective aborted on the way (the watch's timeout) did nothing.
+  return collective ? CollectivesExpired() : absl::OkStatus();
+}
+
+absl::Status TransferEngine::Impl::AcrossTheNode(
+    const std::function<absl::Status()>& own, const char* others_failed) {
+  if (NodeMode()) {
+    // The node's verdicts, the same on every rank: all return here alike.
+    if (absl::Status s = CheckNode(); !s.ok()) return s;
+  }
+  const absl::Status mine = own();
+  if (!NodeMode()) return mine;
+  // Every rank learns whether every rank's part went through: none waits
+  // for one that failed, and none reports a node's work whole that is not.
+  absl::StatusOr<bool> any_failed = AnyRankFailed(!mine.ok());
+  if (!any_failed.ok()) return any_failed.status();
+  if (!mine.ok()) return mine;
+  if (*any_failed) return absl::AbortedError(others_failed);
+  return absl::OkStatus();
 }
 
 absl::Status TransferEngine::Impl::CheckNoStepInFlight(const char* what) {
@@ -405,12 +432,7 @@ absl::Status TransferEngine::Impl::GatherKeptState(
     s = device_.CopyAsync(*comm_, host.data(), (*recv)->data(), host.size(),
                           CopyKind::kDeviceToHost);
   }
-  // Also after an error: nothing queued may outlive the buffers.
-  const absl::Status synced = device_.SynchronizeStream(*comm_);
-  if (!s.ok()) return s;
-  if (!synced.ok()) return synced;
-  // An all-gather aborted on the way gathered nothing.
-  return CollectivesExpired();
+  return SettleComm(s, /*collective=*/true);
 }
 
 void TransferEngine::Impl::UnpackKeptBlock(const KeptBlock& block, char* host,
@@ -541,25 +563,14 @@ absl::Status TransferEngine::Impl::StoreGpuState() {
   if (absl::Status s = CheckNoStepInFlight("StoreGpuState"); !s.ok()) {
     return s;
   }
-  if (NodeMode()) {
-    // The node's verdicts, the same on every rank: all return here alike.
-    if (absl::Status s = CheckNode(); !s.ok()) return s;
-  }
-  absl::Status mine = CheckKeptStateKnown("StoreGpuState");
-  if (mine.ok()) mine = StoreOwnKeptState();
-  if (!NodeMode()) return mine;
-  // Every rank learns whether every rank stored: none waits for one that
-  // failed, and none reports a whole state the servers do not hold.
-  absl::StatusOr<bool> any_failed = AnyRankFailed(!mine.ok());
-  if (!any_failed.ok()) return any_failed.status();
-  if (!mine.ok()) return mine;
-  if (*any_failed) {
-    return absl::AbortedError(
-        "StoreGpuState: another local rank could not store its part of the "
-        "kept tensors' state (its own call says why), so the servers' arrays "
-        "do not hold the whole state");
-  }
-  return absl::OkStatus();
+  return AcrossTheNode(
+      [this] {
+        absl::Status s = CheckKeptStateKnown("StoreGpuState");
+        return s.ok() ? StoreOwnKeptState() : s;
+      },
+      "StoreGpuState: another local rank could not store its part of the "
+      "kept tensors' state (its own call says why), so the servers' arrays "
+      "do not hold the whole state");
 }
 
 absl::Status TransferEngine::Impl::StoreOwnKeptState() {
@@ -597,28 +608,24 @@ absl::Status TransferEngine::Impl::RestoreGpuState() {
   if (absl::Status s = CheckNoStepInFlight("RestoreGpuState"); !s.ok()) {
     return s;
   }
-  if (NodeMode()) {
-    // The node's verdicts, the same on every rank: all return here alike.
-    if (absl::Status s = CheckNode(); !s.ok()) return s;
-  }
-  const absl::Status mine = RestoreOwnKeptState();
-  if (!NodeMode()) return mine;
-  // Every rank learns whether every rank restored: no rank steps from the
-  // servers' state while another's part is not theirs.
-  absl::StatusOr<bool> any_failed = AnyRankFailed(!mine.ok());
-  if (!any_failed.ok()) return any_failed.status();
-  if (!mine.ok()) return mine;
-  if (*any_failed) {
+  bool restored = false;
+  absl::Status s = AcrossTheNode(
+      [this, &restored] {
+        absl::Status mine = RestoreOwnKeptState();
+        restored = mine.ok();
+        return mine;
+      },
+      "RestoreGpuState: another local rank could not restore its part of "
+      "the kept tensors' state (its own call says why); this rank's part "
+      "is the servers', the node's is not whole");
+  // No rank steps from a node state that is not whole.
+  if (restored && !s.ok()) {
     kept_state_missing_ =
         "another local rank could not read its part of the kept tensors' "
         "state back from the servers, so the node's is not whole: load a "
         "saved state";
-    return absl::AbortedError(
-        "RestoreGpuState: another local rank could not restore its part of "
-        "the kept tensors' state (its own call says why); this rank's part "
-        "is the servers', the node's is not whole");
   }
-  return absl::OkStatus();
+  return s;
 }
 
 absl::Status TransferEngine::Impl::RestoreOwnKeptState() {

@@ -498,12 +498,8 @@ absl::Status TransferEngine::Impl::CheckNode() {
 }
 
 absl::Status TransferEngine::Impl::CheckNodeIdle(const char* what) {
+  if (absl::Status s = CheckNoStepInFlight(what); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  if (!runs_.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, ": step ", runs_.front()->step,
-                     " is in flight (call FinishStep first)"));
-  }
   return NodeBroken(what);
 }
 
@@ -539,12 +535,9 @@ absl::StatusOr<uint64_t> TransferEngine::Impl::AgreeOnStep(uint64_t step) {
     s = device_.CopyAsync(*comm_, all.data(), (*recv)->data(),
                           all.size() * sizeof(float), CopyKind::kDeviceToHost);
   }
-  // Also after an error: nothing queued may outlive the buffers.
-  const absl::Status synced = device_.SynchronizeStream(*comm_);
-  if (!s.ok()) return s;
-  if (!synced.ok()) return synced;
-  if (absl::Status expired = CollectivesExpired(); !expired.ok()) {
-    return expired;
+  if (absl::Status settled = SettleComm(s, /*collective=*/true);
+      !settled.ok()) {
+    return settled;
   }
   uint64_t least = UINT64_MAX;
   for (uint32_t r = 0; r < ranks; ++r) {
@@ -569,13 +562,9 @@ absl::StatusOr<bool> TransferEngine::Impl::AnyRankFailed(bool failed) {
     s = device_.CopyAsync(*comm_, &sum, flag, sizeof(float),
                           CopyKind::kDeviceToHost);
   }
-  // Also after an error: nothing queued may be left behind.
-  const absl::Status synced = device_.SynchronizeStream(*comm_);
-  if (!s.ok()) return s;
-  if (!synced.ok()) return synced;
-  // An all-reduce aborted while it waited synchronized nothing.
-  if (absl::Status expired = CollectivesExpired(); !expired.ok()) {
-    return expired;
+  if (absl::Status settled = SettleComm(s, /*collective=*/true);
+      !settled.ok()) {
+    return settled;
   }
   return sum > 0.0f;
 }
