@@ -14,6 +14,12 @@ Runs, on the same batches from the same initial weights:
   depot   DepotOptimizer (the transfer engine; attach(model): forward waits
           per bucket)
   dpu     the same with delayed_update=True
+With --offload_fraction < 1 the Depot runs keep the optimizer of the last
+tensors on the GPU; with --checkpoint_every N the servers write periodic
+checkpoints (and, with an offload fraction, wait for the engine's copy of the
+kept state at each capture step), and the steps whose step() finished a
+capture step are reported apart (capture_step_s): what a checkpoint costs
+the trainer.
 Each: --warmup steps, then --steps timed steps (the trainer's compute
 stream synchronized at each step's end); the median step time. The loss curves are compared step by
 step with torch's (the delayed update's is one step stale by design, so it is
@@ -26,8 +32,10 @@ import json
 import math
 import os
 import pathlib
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -125,6 +133,19 @@ def parse():
                         help="the client's chunks in flight per stream")
     parser.add_argument("--chunk_elems", type=int, default=None,
                         help="the job's chunk size (elements)")
+    parser.add_argument("--offload_fraction", type=float, default=1.0,
+                        help="DepotOptimizer's offload_fraction (the share "
+                             "of parameters whose optimizer runs on the "
+                             "servers; below 1 the rest stays on the GPU)")
+    parser.add_argument("--checkpoint_every", type=int, default=0,
+                        help="the servers' --checkpoint_every_steps (0: no "
+                             "checkpoints), into a temporary directory")
+    parser.add_argument("--checkpoint_keep", type=int, default=2,
+                        help="the servers' --checkpoint_keep")
+    parser.add_argument("--checkpoint_root", default=None,
+                        help="where the servers' checkpoint directories go "
+                             "(default: a temporary directory, removed at "
+                             "the end)")
     parser.add_argument("--runs", default="torch,depot,dpu",
                         help="which runs, comma-separated")
     parser.add_argument("--json", action="store_true")
@@ -209,11 +230,16 @@ def run(name, args, device, dtype, initial, batches, client):
             job_name=f"gpt-bench-{name}-{os.getpid()}-{time.time_ns()}",
             engine=None if device.type == "cuda" else "host", lr=args.lr,
             weight_decay=0.1, delayed_update=(name == "dpu"),
+            offload_fraction=args.offload_fraction,
             chunk_elems=args.chunk_elems,
             engine_options=engine_options or None)
         opt.attach(model)
     times, losses = [], []
     parts = {"compute": [], "tail": [], "step_call": [], "host": []}
+    # The timed steps whose step() finished a step the servers captured
+    # (with the delayed update, the step before), and the kept state's
+    # chunks those calls sent to the captures.
+    capture_times, capture_chunks = [], 0
     clock = StepClock(device)
     for step in range(len(batches) // args.accum):
         start = time.perf_counter()
@@ -243,13 +269,27 @@ def run(name, args, device, dtype, initial, batches, client):
         sync(device)
         elapsed = time.perf_counter() - start
         losses.append(loss.item())
+        finished = getattr(opt, "last_result", None)
+        if finished is not None and finished.capture_error:
+            sys.exit(f"gpt_bench.py: the {name} run's step {finished.step} "
+                     f"could not fill the servers' checkpoint: "
+                     f"{finished.capture_error}")
+        captured = (finished is not None and args.checkpoint_every > 0 and
+                    finished.step % args.checkpoint_every == 0)
         if step >= args.warmup:
+            if captured:
+                capture_times.append(elapsed)
+                capture_chunks += finished.capture_chunks
             times.append(elapsed)
             parts["compute"].append(clock.seconds("start", "backward"))
             parts["tail"].append(clock.seconds("backward", "end"))
             parts["step_call"].append(call)
             parts["host"].append(host)
     extra = {}
+    if capture_times:
+        extra["capture_step_s"] = statistics.median(capture_times)
+        extra["capture_steps"] = len(capture_times)
+        extra["capture_chunks"] = capture_chunks
     if name != "torch":
         opt.synchronize()
         extra["pinned_bytes"] = opt.engine.pinned_bytes
@@ -301,13 +341,21 @@ def main():
         client_options["connections_per_server"] = max(
             3, args.streams_per_server + 1)
     results = {}
+    checkpoint_root = None
+    if args.checkpoint_every:
+        checkpoint_root = args.checkpoint_root or tempfile.mkdtemp(
+            prefix="gpt-bench-checkpoints-")
     try:
         # The servers inherit this affinity; then the trainer's own (the
         # threads it starts later inherit that).
         os.sched_setaffinity(0, server_cores)
-        for _ in range(args.servers):
-            servers.append(server_process.start_server(
-                args.server, [f"--threads={args.server_threads}"]))
+        for index in range(args.servers):
+            flags = [f"--threads={args.server_threads}"]
+            if checkpoint_root:
+                flags += [f"--checkpoint_dir={checkpoint_root}/server-{index}",
+                          f"--checkpoint_every_steps={args.checkpoint_every}",
+                          f"--checkpoint_keep={args.checkpoint_keep}"]
+            servers.append(server_process.start_server(args.server, flags))
             if args.server_nice:
                 renice(servers[-1].process.pid, args.server_nice)
         os.sched_setaffinity(0, trainer_cores)
@@ -322,6 +370,8 @@ def main():
     finally:
         for server in servers:
             server.stop()
+        if checkpoint_root and not args.checkpoint_root:
+            shutil.rmtree(checkpoint_root, ignore_errors=True)
     report = dict(bench="gpt", device=str(
         torch.cuda.get_device_name(device) if device.type == "cuda"
         else "cpu"), torch=torch.__version__, params=params,
@@ -333,7 +383,8 @@ def main():
         server_threads=args.server_threads,
         streams_per_server=args.streams_per_server, slots=args.slots,
         max_inflight_chunks=args.max_inflight_chunks,
-        chunk_elems=args.chunk_elems)
+        chunk_elems=args.chunk_elems, offload_fraction=args.offload_fraction,
+        checkpoint_every=args.checkpoint_every)
     reference = results.get("torch")
     for name, result in results.items():
         report[f"{name}_step_s"] = result["step_s"]
@@ -341,6 +392,9 @@ def main():
             report[f"{name}_pinned_bytes"] = result["pinned_bytes"]
         for part in ("compute", "tail", "step_call", "host"):
             report[f"{name}_{part}_s"] = result[f"{part}_s"]
+        for key in ("capture_step_s", "capture_steps", "capture_chunks"):
+            if key in result:
+                report[f"{name}_{key}"] = result[key]
         if reference and name != "torch":
             report[f"{name}_ratio"] = result["step_s"] / reference["step_s"]
             report[f"{name}_max_loss_rel_diff"] = max(
@@ -350,14 +404,21 @@ def main():
     print(f"GPT {params / 1e6:.0f}M parameters, {args.dtype}, "
           f"batch {args.batch}x{args.seq} x{args.accum} accumulated, "
           f"{args.servers} server(s), {report['device']}, "
-          f"median of {args.steps} steps")
+          f"median of {args.steps} steps" +
+          (f", offload fraction {args.offload_fraction:g}"
+           if args.offload_fraction < 1 else "") +
+          (f", a checkpoint every {args.checkpoint_every} steps"
+           if args.checkpoint_every else ""))
     print(f"{'run':8} {'step s':>10} {'x torch':>9} {'target':>7} "
           f"{'max loss rel diff':>18} {'compute s':>10} {'tail s':>8} "
-          f"{'step() s':>9} {'host s':>8}")
+          f"{'step() s':>9} {'host s':>8}" +
+          (f" {'capture step s':>15}" if args.checkpoint_every else ""))
     targets = {"depot": "1.10", "dpu": "1.02"}
     for name in results:
         ratio = report.get(f"{name}_ratio")
         diff = report.get(f"{name}_max_loss_rel_diff")
+        capture = report.get(f"{name}_capture_step_s")
+        capture = "" if capture is None else f"{capture:.4f}"
         print(f"{name:8} {report[f'{name}_step_s']:10.4f} "
               f"{'' if ratio is None else f'{ratio:.3f}':>9} "
               f"{targets.get(name, ''):>7} "
@@ -365,12 +426,18 @@ def main():
               f"{report[f'{name}_compute_s']:10.4f} "
               f"{report[f'{name}_tail_s']:8.4f} "
               f"{report[f'{name}_step_call_s']:9.4f} "
-              f"{report[f'{name}_host_s']:8.4f}")
+              f"{report[f'{name}_host_s']:8.4f}" +
+              (f" {capture:>15}" if args.checkpoint_every else ""))
     if args.json:
         print(json.dumps(report))
     for name, result in results.items():
         if not all(math.isfinite(v) for v in result["losses"]):
             sys.exit(f"gpt_bench.py: the {name} run's loss is not finite")
+    for name, result in results.items():
+        if name != "torch" and args.offload_fraction < 1 and \
+                result.get("capture_steps") and not result["capture_chunks"]:
+            sys.exit(f"gpt_bench.py: the {name} run's capture steps sent "
+                     f"none of the kept state to the servers' checkpoints")
     if args.check_depot_equals_torch and \
             results["depot"]["losses"] != results["torch"]["losses"]:
         sys.exit("gpt_bench.py: the depot run's losses differ from torch's: "
