@@ -239,7 +239,7 @@ def run(name, args, device, dtype, initial, batches, client):
     # The timed steps whose step() finished a step the servers captured
     # (with the delayed update, the step before), and the kept state's
     # chunks those calls sent to the captures.
-    capture_times, capture_chunks = [], 0
+    capture_times, capture_calls, capture_chunks = [], [], 0
     clock = StepClock(device)
     for step in range(len(batches) // args.accum):
         start = time.perf_counter()
@@ -279,6 +279,7 @@ def run(name, args, device, dtype, initial, batches, client):
         if step >= args.warmup:
             if captured:
                 capture_times.append(elapsed)
+                capture_calls.append(call)
                 capture_chunks += finished.capture_chunks
             times.append(elapsed)
             parts["compute"].append(clock.seconds("start", "backward"))
@@ -288,6 +289,7 @@ def run(name, args, device, dtype, initial, batches, client):
     extra = {}
     if capture_times:
         extra["capture_step_s"] = statistics.median(capture_times)
+        extra["capture_step_call_s"] = statistics.median(capture_calls)
         extra["capture_steps"] = len(capture_times)
         extra["capture_chunks"] = capture_chunks
     if name != "torch":
@@ -392,7 +394,8 @@ def main():
             report[f"{name}_pinned_bytes"] = result["pinned_bytes"]
         for part in ("compute", "tail", "step_call", "host"):
             report[f"{name}_{part}_s"] = result[f"{part}_s"]
-        for key in ("capture_step_s", "capture_steps", "capture_chunks"):
+        for key in ("capture_step_s", "capture_step_call_s", "capture_steps",
+                    "capture_chunks"):
             if key in result:
                 report[f"{name}_{key}"] = result[key]
         if reference and name != "torch":
