@@ -238,11 +238,15 @@ void ToC(const StepResult& result, depot_step_result_t* c) {
   c->found_inf = result.found_inf ? 1 : 0;
   c->skipped = result.skipped ? 1 : 0;
   c->clip_coef = result.clip_coef;
+  c->capture_step = result.capture_step;
   c->capture_chunks = result.capture_chunks;
-  const size_t n =
-      std::min(result.capture_error.size(), sizeof(c->capture_error) - 1);
-  std::memcpy(c->capture_error, result.capture_error.data(), n);
-  c->capture_error[n] = '\0';
+  ToCString(result.capture_error, c->capture_error, sizeof(c->capture_error));
+}
+
+void ToCString(absl::string_view text, char* out, size_t size) {
+  const size_t n = std::min(text.size(), size - 1);
+  std::memcpy(out, text.data(), n);
+  out[n] = '\0';
 }
 
 }  // namespace depot::c_api

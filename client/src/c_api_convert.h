@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "depot/client.h"
 #include "depot/depot.h"
 
@@ -37,6 +38,8 @@ depot_optimizer_config_t ToC(const OptimizerConfig& config);
 absl::StatusOr<StepOptions> FromC(const depot_step_options_t& options);
 
 void ToC(const StepResult& result, depot_step_result_t* out);
+// `text` into out[size] (size >= 1), NUL-terminated, cut to fit.
+void ToCString(absl::string_view text, char* out, size_t size);
 
 }  // namespace depot::c_api
 

@@ -450,6 +450,24 @@ int depot_engine_finish_step(depot_engine_t* engine,
   });
 }
 
+int depot_engine_wait_captures(depot_engine_t* engine,
+                               depot_capture_report_t* report) {
+  constexpr const char* kFunction = "depot_engine_wait_captures";
+  return depot::Guarded(kFunction, [&]() -> absl::Status {
+    if (engine == nullptr) {
+      return depot::c_api::NullArgument(kFunction, "engine");
+    }
+    if (report == nullptr) {
+      return depot::c_api::NullArgument(kFunction, "report");
+    }
+    const depot::gpu::CaptureReport taken = engine->engine->WaitCaptures();
+    report->step = taken.step;
+    report->chunks = taken.chunks;
+    depot::c_api::ToCString(taken.error, report->error, sizeof(report->error));
+    return absl::OkStatus();
+  });
+}
+
 int depot_engine_check_node(depot_engine_t* engine) {
   constexpr const char* kFunction = "depot_engine_check_node";
   return depot::Guarded(kFunction, [&]() -> absl::Status {

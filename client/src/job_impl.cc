@@ -409,6 +409,15 @@ absl::Status RunStreamedStep(Job& job, const StreamedStep& step,
   return impl->StepStreamed(step, result);
 }
 
+absl::StatusOr<std::unique_ptr<Job>> CopyJobHandle(const Job& job) {
+  const JobImpl* impl = dynamic_cast<const JobImpl*>(&job);
+  if (impl == nullptr) {
+    return absl::FailedPreconditionError(
+        "a second handle needs a Job that Client::OpenJob opened");
+  }
+  return std::make_unique<JobImpl>(*impl);
+}
+
 namespace {
 
 // Whether attempt `attempt` (0: the first) of a Step stream failed in a way

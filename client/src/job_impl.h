@@ -211,6 +211,12 @@ bool StreamedStepIsTwoPhase(Job& job, const StepOptions& options);
 absl::Status RunStreamedStep(Job& job, const StreamedStep& step,
                              StepResult* result);
 
+// A second handle on `job` as it is now (its servers' job ids included),
+// for a thread that calls it while `job` is in use elsewhere: one Job's
+// methods must not run concurrently, two handles' may. FAILED_PRECONDITION
+// when `job` is not a JobImpl.
+absl::StatusOr<std::unique_ptr<Job>> CopyJobHandle(const Job& job);
+
 }  // namespace depot::client_internal
 
 #endif  // DEPOT_CLIENT_SRC_JOB_IMPL_H_

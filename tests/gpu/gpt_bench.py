@@ -238,8 +238,17 @@ def run(name, args, device, dtype, initial, batches, client):
     parts = {"compute": [], "tail": [], "step_call": [], "host": []}
     # The timed steps whose step() finished a step the servers captured
     # (with the delayed update, the step before), and the kept state's
-    # chunks those calls sent to the captures.
+    # chunks the run sent into the captures (the engine sends them behind
+    # the steps, and reports each send with a later step, or when waited
+    # for at the end).
     capture_times, capture_calls, capture_chunks = [], [], 0
+
+    def count_capture(step, chunks, error):
+        nonlocal capture_chunks
+        if error:
+            sys.exit(f"gpt_bench.py: the {name} run could not fill the "
+                     f"servers' checkpoint of step {step}: {error}")
+        capture_chunks += chunks
     clock = StepClock(device)
     for step in range(len(batches) // args.accum):
         start = time.perf_counter()
@@ -270,33 +279,38 @@ def run(name, args, device, dtype, initial, batches, client):
         elapsed = time.perf_counter() - start
         losses.append(loss.item())
         finished = getattr(opt, "last_result", None)
-        if finished is not None and finished.capture_error:
-            sys.exit(f"gpt_bench.py: the {name} run's step {finished.step} "
-                     f"could not fill the servers' checkpoint: "
-                     f"{finished.capture_error}")
+        if finished is not None:
+            count_capture(finished.capture_step, finished.capture_chunks,
+                          finished.capture_error)
         captured = (finished is not None and args.checkpoint_every > 0 and
                     finished.step % args.checkpoint_every == 0)
         if step >= args.warmup:
             if captured:
                 capture_times.append(elapsed)
                 capture_calls.append(call)
-                capture_chunks += finished.capture_chunks
             times.append(elapsed)
             parts["compute"].append(clock.seconds("start", "backward"))
             parts["tail"].append(clock.seconds("backward", "end"))
             parts["step_call"].append(call)
             parts["host"].append(host)
     extra = {}
+    if name != "torch":
+        last = opt.engine.wait_captures()
+        count_capture(last.step, last.chunks, last.error)
+        before = opt.last_result
+        opt.synchronize()  # the delayed update's last step
+        if opt.last_result is not before:
+            finished = opt.last_result
+            count_capture(finished.capture_step, finished.capture_chunks,
+                          finished.capture_error)
+        extra["pinned_bytes"] = opt.engine.pinned_bytes
+        opt.job.delete()
+        opt.close()
     if capture_times:
         extra["capture_step_s"] = statistics.median(capture_times)
         extra["capture_step_call_s"] = statistics.median(capture_calls)
         extra["capture_steps"] = len(capture_times)
         extra["capture_chunks"] = capture_chunks
-    if name != "torch":
-        opt.synchronize()
-        extra["pinned_bytes"] = opt.engine.pinned_bytes
-        opt.job.delete()
-        opt.close()
     del model, opt
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -188,11 +188,14 @@ struct StepResult {
   // when that is < 1; 1 when none was (or the step was skipped).
   double clip_coef = 1.0;
 
-  // A GPU worker with an offload fraction (TransferEngine::FinishStep): the
-  // chunks whose kept state it sent into the servers' checkpoint captures
-  // of this step (docs/checkpoints.md, "The state the workers keep"), and
-  // why the rest could not be sent (empty: all were). The step itself
-  // stands either way; a checkpoint without that state says so.
+  // A GPU worker with an offload fraction (TransferEngine::FinishStep): a
+  // send of its kept state into the servers' checkpoint captures of step
+  // `capture_step` that has ended since the last report (0: none; the send
+  // runs behind the steps, docs/checkpoints.md "The state the workers
+  // keep"): the chunks it sent, and why the rest could not be sent (empty:
+  // all were). The steps stand either way; a checkpoint without that state
+  // says so.
+  uint64_t capture_step = 0;
   uint64_t capture_chunks = 0;
   std::string capture_error;
 };

@@ -58,7 +58,7 @@ extern "C" {
 
 /* Changes whenever a struct or a signature of this header changes; bindings
  * that mirror the structs (the Python package) check it at load time. */
-#define DEPOT_API_VERSION 15
+#define DEPOT_API_VERSION 16
 DEPOT_API uint32_t depot_api_version(void);
 
 /* Status codes: the absl::StatusCode / grpc::StatusCode numbers. */
@@ -323,9 +323,12 @@ typedef struct depot_step_result {
   int32_t found_inf;        /* a NaN or Inf in the gradient: skipped */
   int32_t skipped;          /* the step changed no state */
   double clip_coef;         /* applied clip coefficient; 1 = none */
-  /* An engine with an offload fraction: the chunks whose kept state went
-   * into the servers' checkpoint captures of the step, and why the rest
-   * could not (NUL-terminated, cut to fit; empty: none failed). */
+  /* An engine with an offload fraction: a send of its kept state into the
+   * servers' checkpoint captures of step capture_step (0: none reported)
+   * that ended since the last report (the send runs behind the steps, see
+   * depot_engine_wait_captures): the chunks it sent, and why the rest
+   * could not be (NUL-terminated, cut to fit; empty: none failed). */
+  uint64_t capture_step;
   uint64_t capture_chunks;
   char capture_error[512];
 } depot_step_result_t;
@@ -631,6 +634,26 @@ DEPOT_API int depot_engine_wait_weights(depot_engine_t* engine,
  * (no later step may begin: make every rank's engine anew). */
 DEPOT_API int depot_engine_finish_step(depot_engine_t* engine,
                                        depot_step_result_t* result);
+
+/* The outcome of a send of the kept state into the servers' checkpoint
+ * captures of a step (as depot_step_result_t's capture_* fields). */
+typedef struct depot_capture_report {
+  uint64_t step; /* the captured step; 0: nothing to report */
+  uint64_t chunks;
+  char error[512];
+} depot_capture_report_t;
+
+/* TransferEngine::WaitCaptures: with an offload fraction, the kept state of
+ * a step the servers capture for a checkpoint is sent into the captures in
+ * the background, started by depot_engine_finish_step (which waits only for
+ * the send before, one at a time, and reports a send that has ended). This
+ * waits for a send still under way and returns the outcome not yet
+ * reported in `report` (step 0: none). depot_engine_store_device_state,
+ * and depot_engine_finish_step of a failed step, wait for it too; a trainer
+ * that checkpoints, rolls back or loads the job by itself between steps
+ * calls this first. */
+DEPOT_API int depot_engine_wait_captures(depot_engine_t* engine,
+                                         depot_capture_report_t* report);
 
 /* TransferEngine::CheckNode: with several local ranks, the node's verdict on
  * every step depot_engine_finish_step returned without an error on this rank

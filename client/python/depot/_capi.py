@@ -11,7 +11,7 @@ import threading
 from depot import _loader
 from depot import errors
 
-API_VERSION = 15
+API_VERSION = 16
 
 c_double = ctypes.c_double
 c_int32 = ctypes.c_int32
@@ -139,8 +139,17 @@ class StepResult(ctypes.Structure):
         ("found_inf", c_int32),
         ("skipped", c_int32),
         ("clip_coef", c_double),
+        ("capture_step", c_uint64),
         ("capture_chunks", c_uint64),
         ("capture_error", ctypes.c_char * 512),
+    ]
+
+
+class CaptureReport(ctypes.Structure):
+    _fields_ = [
+        ("step", c_uint64),
+        ("chunks", c_uint64),
+        ("error", ctypes.c_char * 512),
     ]
 
 
@@ -279,6 +288,8 @@ _PROTOTYPES = {
     "depot_engine_wait_weights": (ctypes.c_int, [
         c_void_p, c_uint64, c_void_p]),
     "depot_engine_finish_step": (ctypes.c_int, [c_void_p, _p(StepResult)]),
+    "depot_engine_wait_captures": (
+        ctypes.c_int, [c_void_p, _p(CaptureReport)]),
     "depot_engine_check_node": (ctypes.c_int, [c_void_p]),
     "depot_engine_synchronize_node": (ctypes.c_int, [c_void_p]),
     "depot_engine_agree_on_step": (

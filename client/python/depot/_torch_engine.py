@@ -724,6 +724,10 @@ class _EngineDriver:
         failure = self._node_failure()
         if failure is not None:
             self._recover_node(failure)
+        # The last capture's send: state_dict and load_state_dict come next,
+        # whose checkpoint or load would drop a capture it still fills.
+        report = self.engine.wait_captures()
+        self.opt._warn_capture(report.step, report.error)
         if self.delayed and finished:
             # The last step's weights have arrived but would be applied only
             # before the forward after next: take the servers' instead.

@@ -77,9 +77,12 @@ class StepResult:
     found_inf: bool
     skipped: bool
     clip_coef: float
-    # An engine with an offload fraction: the chunks whose kept state went
-    # into the servers' checkpoint captures of the step, and why the rest
-    # could not ("" when none failed; the step stands either way).
+    # An engine with an offload fraction: a send of its kept state into the
+    # servers' checkpoint captures of step capture_step (0: none reported)
+    # that ended since the last report (the send runs behind the steps):
+    # the chunks it sent, and why the rest could not be ("" when none
+    # failed; the steps stand either way).
+    capture_step: int = 0
     capture_chunks: int = 0
     capture_error: str = ""
 

@@ -23,6 +23,7 @@ layer below it.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from typing import Iterable, List, Optional, Tuple
 
 from depot import _capi
@@ -30,6 +31,17 @@ from depot._handle import OwnedHandle
 from depot.client import Job, StepResult, _step_result
 
 DEVICES = {"host": 0, "cuda": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureReport:
+    """A send of the kept state into the servers' checkpoint captures of
+    `step` (0: nothing to report): the chunks sent, and why the rest could
+    not be ("" when none failed)."""
+
+    step: int
+    chunks: int
+    error: str
 
 
 def unique_id(device: str = "cuda") -> bytes:
@@ -228,6 +240,21 @@ class Engine(OwnedHandle):
         _capi.check(_capi.lib().depot_engine_finish_step(
             self._live_handle(), ctypes.byref(result)))
         return _step_result(result)
+
+    def wait_captures(self) -> CaptureReport:
+        """With an offload fraction, finish_step has the kept state of a
+        step the servers capture for a checkpoint sent into the captures in
+        the background (it waits only for the send before, and reports one
+        that has ended: StepResult.capture_step). This waits for a send
+        still under way and returns what no finish_step reported yet.
+        store_device_state, and finish_step of a failed step, wait too; call
+        it before checkpointing, rolling back or loading the job by hand
+        between steps."""
+        report = _capi.CaptureReport()
+        _capi.check(_capi.lib().depot_engine_wait_captures(
+            self._live_handle(), ctypes.byref(report)))
+        return CaptureReport(report.step, report.chunks,
+                             report.error.decode(errors="replace"))
 
     def check_node(self) -> None:
         """A node of several local ranks: the node's verdict on the steps

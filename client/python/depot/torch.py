@@ -109,7 +109,9 @@ the engine's, not the servers': state_dict(), state[p] and torch_state_dict()
 include it (read from the device), and load_state_dict() loads it there. A
 reference (and checkpoint()) first writes it into the servers' arrays, so
 that their checkpoint holds it, and loading the reference reads it back;
-the engine fills the servers' periodic checkpoints with it by itself. A
+the engine fills the servers' periodic checkpoints with it by itself (sent
+behind the next steps; a send that fails warns, and that checkpoint goes
+without it; synchronize() waits for the send). A
 step failed by a server restart goes back by itself to the newest step
 whose checkpoint holds it on every server (RolledBackError), or, without
 one, raises naming load_state_dict(). resume=True on a job that has
@@ -690,13 +692,19 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         self._after_load()
         self._write_params()
 
+    @staticmethod
+    def _warn_capture(step, error):
+        """The kept state's send into the servers' checkpoint of `step`
+        failed with `error`: the steps stand; only that checkpoint lacks the
+        state kept on the device (a rollback will not choose it)."""
+        if error:
+            warnings.warn(f"DepotOptimizer: step {step}: {error}",
+                          RuntimeWarning)
+
     def _record_result(self, step, result, loss_scale):
         """Step `step` finished with `result` at `loss_scale`."""
-        if getattr(result, "capture_error", ""):
-            # The step stands; only the servers' checkpoint of it lacks the
-            # state kept on the device (a rollback will not choose it).
-            warnings.warn(f"DepotOptimizer: step {step}: "
-                          f"{result.capture_error}", RuntimeWarning)
+        self._warn_capture(getattr(result, "capture_step", 0),
+                           getattr(result, "capture_error", ""))
         scaler = self._grad_scaler()
         scaler.update(result.found_inf)
         # The scaler's state after each step, for a rollback to it (the

@@ -274,6 +274,9 @@ absl::Status TransferEngine::WaitWeights(uint64_t bucket, Stream& stream) {
 absl::StatusOr<StepResult> TransferEngine::FinishStep() {
   return impl_->FinishStep();
 }
+CaptureReport TransferEngine::WaitCaptures() {
+  return impl_->TakeCaptureReport();
+}
 absl::Status TransferEngine::CheckNode() { return impl_->CheckNode(); }
 absl::Status TransferEngine::SynchronizeNode() {
   return impl_->SynchronizeNode();

@@ -41,6 +41,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -107,8 +108,8 @@ struct TransferEngineOptions {
   // weights from the servers; on one that has applied steps (a trainer
   // restarted on its job) their state is missing until WriteGpuState loads
   // it, and BeginStep and ReadGpuState are FAILED_PRECONDITION until then.
-  // The servers' checkpoints do not hold the kept tensors' state
-  // (ReadGpuState reads it).
+  // The servers' checkpoints hold the kept tensors' state when the engine
+  // filled their captures (FinishStep) or stored it (StoreGpuState).
   double offload_fraction = 1.0;
   DeviceOptimizer* device_optimizer = nullptr;
   // A node of several local ranks: how long one of the node's collectives
@@ -124,6 +125,14 @@ struct TransferEngineOptions {
   // as plain NCCL does).
   absl::Duration collective_timeout = absl::Minutes(10);
   EngineFaults faults;
+};
+
+// The outcome of one send of a rank's kept state into the servers'
+// checkpoint captures of a step (TransferEngine::FinishStep).
+struct CaptureReport {
+  uint64_t step = 0;    // the captured step; 0: nothing to report
+  uint64_t chunks = 0;  // the chunks sent
+  std::string error;    // why the rest could not be sent (empty: none)
 };
 
 // Arrays over a job's index space [0, N) (as FlatState's, or the C API's
@@ -211,9 +220,9 @@ class TransferEngine {
   // from a saved state. The servers' arrays hold the kept state only where
   // it was stored, or brought back by a checkpoint that holds it: one taken
   // after a StoreGpuState of its step, or a periodic one this engine filled
-  // (FinishStep sends each chunk's kept state into the servers' captures
-  // that ask for it: StepResult::capture_chunks, docs/checkpoints.md "The
-  // state the workers keep"). Each chunk says whether it holds it, and
+  // (FinishStep has each chunk's kept state sent into the servers'
+  // captures that ask for it: StepResult::capture_chunks, docs/checkpoints.md
+  // "The state the workers keep"). Each chunk says whether it holds it, and
   // RestoreGpuState refuses one that does not (FAILED_PRECONDITION, as
   // after steps the servers only summed). With several local ranks
   // each rank stores and restores its own part; StoreGpuState is then a
@@ -270,7 +279,22 @@ class TransferEngine {
   // device); returns its result (summed over this rank's streams) or its
   // first error. After an error every step in flight is aborted, the
   // engine's streams are drained, and a step may begin again.
+  // With an offload fraction, a step the servers capture for a checkpoint
+  // has its kept state sent into those captures in the background, on a
+  // thread of the engine's own: FinishStep starts the send and does not
+  // wait for it, but waits for the previous send before it starts another
+  // (one at a time). The result reports a send that has ended since the
+  // last report, if any (StepResult::capture_step, capture_chunks,
+  // capture_error); WaitCaptures waits for one still under way.
   absl::StatusOr<StepResult> FinishStep();
+  // Waits for the kept state's send into the servers' checkpoint captures,
+  // if one is under way, and returns the outcome no FinishStep has reported
+  // yet (step 0: none). StoreGpuState, and FinishStep of a failed step,
+  // wait for the send too (keeping its outcome for the next report), so
+  // that a checkpoint or a rollback after them never meets it; a trainer
+  // that calls Job::Checkpoint, RollBack or LoadState by itself between
+  // steps calls this first.
+  CaptureReport WaitCaptures();
 
   // A node of several local ranks: a step may fail on some ranks (a server
   // they send to died) and go through on others. Every rank still queues

@@ -13,6 +13,7 @@
 #define DEPOT_CLIENT_SRC_GPU_TRANSFER_ENGINE_IMPL_H_
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -176,6 +177,7 @@ class TransferEngine::Impl {
         weight_size_(DTypeSize(job.config().weight_dtype)) {}
 
   ~Impl() {
+    JoinCapture();
     {
       absl::MutexLock lock(&mu_);
       // A node's comm threads stop waiting for buckets and collectives.
@@ -337,6 +339,8 @@ class TransferEngine::Impl {
   absl::Status WaitWeights(uint64_t bucket, Stream& stream);
 
   absl::StatusOr<StepResult> FinishStep();
+  // WaitCaptures: JoinCapture, then the report not yet taken (step 0: none).
+  CaptureReport TakeCaptureReport();
 
   // StepRun::Accept: a chunk's weights, on a stream's reader thread. They go
   // into a free H2D slot in up to four parts (H2dPartBytes), each part's H2D
@@ -449,10 +453,15 @@ class TransferEngine::Impl {
   // state the workers keep"). On the comm thread, right after bucket b's
   // kept update and before the next step's can run: the kept state of the
   // bucket's chunks whose GradSum asked for it, copied to the host
-  // (run.captured). Then FinishStep sends it, into result.capture_chunks,
-  // or capture_error when it could not be sent (the step stands).
+  // (run.captured). Then FinishStep has it sent in the background
+  // (SendCapturedState), reported as a CaptureReport.
   absl::Status CopyCapturedState(StepRun& run, uint64_t b);
+  // FinishStep: reports an earlier send (run.result.capture_*), then starts
+  // the step's own on capture_thread_.
   void SendCapturedState(StepRun& run);
+  // Waits for the send under way, if any (its report stays for the next).
+  void JoinCapture();
+  static std::string CaptureError(uint64_t step, const absl::Status& status);
 
   // Where `run`'s weights arrive: the live weights, or with the delayed
   // update the incoming buffer of its parity.
@@ -532,6 +541,13 @@ class TransferEngine::Impl {
   // Per tensor, the kept tensors' optimizer step counts (comm threads, one
   // step after another: ResolveGpuUpdates).
   std::vector<uint64_t> kept_steps_;
+  // The kept state's sends into the servers' captures (SendCapturedState):
+  // one at a time, each on its own thread over its own handle on the job.
+  // The thread sets capture_report_, then capture_sent_, and ends; the
+  // trainer's thread reads the report only after joining it.
+  std::thread capture_thread_;
+  std::atomic<bool> capture_sent_{false};
+  CaptureReport capture_report_;
   // A step failed after the kept tensors' state may have taken part of it:
   // unlike the servers' state, it cannot replay a step (trainer thread).
   bool kept_state_lost_ = false;

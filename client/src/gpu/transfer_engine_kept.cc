@@ -285,19 +285,59 @@ absl::Status TransferEngine::Impl::CopyCapturedState(StepRun& run, uint64_t b) {
 }
 
 void TransferEngine::Impl::SendCapturedState(StepRun& run) {
-  for (const StepRun::CapturedPart& part : run.captured) {
-    absl::Status s =
-        job_.PatchCapturePart(run.step, part.begin, part.end, part.state);
-    if (!s.ok()) {
-      run.result.capture_error = absl::StrCat(
-          "the state of the tensors kept on the GPU could not be sent into "
-          "the servers' checkpoint of step ",
-          run.step, " (that checkpoint goes without it): ", s.ToString());
-      break;
-    }
-    ++run.result.capture_chunks;
+  // An earlier send that has ended is reported now; one still under way
+  // too, once it ends, if this step has one to start (one at a time).
+  if (!run.captured.empty() || !capture_thread_.joinable() ||
+      capture_sent_.load()) {
+    const CaptureReport report = TakeCaptureReport();
+    run.result.capture_step = report.step;
+    run.result.capture_chunks = report.chunks;
+    run.result.capture_error = report.error;
   }
+  if (run.captured.empty()) return;
+  // Its own handle on the job, with the job ids of now: the trainer may
+  // call job_ (and reattach it after a server restart) meanwhile.
+  absl::StatusOr<std::unique_ptr<Job>> job =
+      client_internal::CopyJobHandle(job_);
+  if (!job.ok()) {
+    capture_report_ = {run.step, 0, CaptureError(run.step, job.status())};
+    run.captured.clear();
+    return;
+  }
+  capture_sent_ = false;
+  capture_thread_ = std::thread([this, job = *std::move(job), step = run.step,
+                                 parts = std::move(run.captured)] {
+    CaptureReport report{step, 0, ""};
+    for (const StepRun::CapturedPart& part : parts) {
+      const absl::Status s =
+          job->PatchCapturePart(step, part.begin, part.end, part.state);
+      if (!s.ok()) {
+        report.error = CaptureError(step, s);
+        break;
+      }
+      ++report.chunks;
+    }
+    capture_report_ = std::move(report);
+    capture_sent_ = true;
+  });
   run.captured.clear();
+}
+
+void TransferEngine::Impl::JoinCapture() {
+  if (capture_thread_.joinable()) capture_thread_.join();
+}
+
+CaptureReport TransferEngine::Impl::TakeCaptureReport() {
+  JoinCapture();
+  return std::exchange(capture_report_, CaptureReport());
+}
+
+std::string TransferEngine::Impl::CaptureError(uint64_t step,
+                                               const absl::Status& status) {
+  return absl::StrCat(
+      "the state of the tensors kept on the GPU could not be sent into the "
+      "servers' checkpoint of step ",
+      step, " (that checkpoint goes without it): ", status.ToString());
 }
 
 absl::Status TransferEngine::Impl::SettleComm(absl::Status queued,
@@ -563,6 +603,9 @@ absl::Status TransferEngine::Impl::StoreGpuState() {
   if (absl::Status s = CheckNoStepInFlight("StoreGpuState"); !s.ok()) {
     return s;
   }
+  // The checkpoint the trainer takes next would drop a capture the send
+  // still fills.
+  JoinCapture();
   return AcrossTheNode(
       [this] {
         absl::Status s = CheckKeptStateKnown("StoreGpuState");

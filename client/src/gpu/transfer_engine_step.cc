@@ -254,6 +254,9 @@ absl::StatusOr<StepResult> TransferEngine::Impl::FinishStep() {
   }
   if (!error.ok()) {
     if (!gpu_tensors_.empty()) kept_state_lost_ = true;
+    // The trainer's recovery (a rollback) would drop a capture the send
+    // still fills.
+    JoinCapture();
     // A later step in flight cannot go on without this one.
     for (std::unique_ptr<StepRun>& later : runs_) {
       Fail(*later, absl::AbortedError(absl::StrCat(
