@@ -94,6 +94,17 @@ class TransferEngine::Impl {
     uint64_t state_offset = 0;  // element offset in the state arrays
   };
 
+  // A bucket's kept state copied off the device for the servers' captures
+  // (CopyCapturedState): the chunks, each one's kept elements as they lie in
+  // the kept block (master, then each slot's array, in the slots' dtypes),
+  // and the kept tensors' counts after the step.
+  struct CapturedBucket {
+    uint64_t bucket = 0;
+    std::vector<uint64_t> chunks;
+    std::vector<std::string> host;
+    std::vector<uint64_t> tensor_steps;
+  };
+
   // One step's transfers: its streams, threads and progress. With the delayed
   // update two are in flight: the older one's round trip while the newer
   // one's backward runs.
@@ -143,12 +154,8 @@ class TransferEngine::Impl {
     std::vector<bool> capture_wanted;
     // The kept state of those chunks after this step's update, copied to
     // the host on the comm thread (CopyCapturedState), sent by FinishStep
-    // (SendCapturedState): one part per chunk.
-    struct CapturedPart {
-      uint64_t begin = 0, end = 0;
-      FlatState state;
-    };
-    std::vector<CapturedPart> captured;
+    // (SendCapturedState): one entry per bucket.
+    std::vector<CapturedBucket> captured;
 
     absl::Status Accept(uint64_t index, uint64_t bytes,
                         const CopyWeights& copy) override {
@@ -456,6 +463,10 @@ class TransferEngine::Impl {
   // (run.captured). Then FinishStep has it sent in the background
   // (SendCapturedState), reported as a CaptureReport.
   absl::Status CopyCapturedState(StepRun& run, uint64_t b);
+  // On the send's thread: chunk i of `bucket` as the part
+  // Job::PatchCapturePart takes (its kept elements over zeros, widened).
+  FlatState CapturedChunk(const CapturedBucket& bucket, size_t i,
+                          uint64_t step) const;
   // FinishStep: reports an earlier send (run.result.capture_*), then starts
   // the step's own on capture_thread_.
   void SendCapturedState(StepRun& run);

@@ -251,37 +251,40 @@ absl::Status TransferEngine::Impl::CopyCapturedState(StepRun& run, uint64_t b) {
       !settled.ok()) {
     return settled;
   }
-  const ShardPlan& plan = job_.plan();
-  for (size_t i = 0; i < wanted.size(); ++i) {
-    const KeptChunk kept = kept_of_chunk_[wanted[i]];
-    const ChunkRange range = plan.chunk(wanted[i]);
-    StepRun::CapturedPart& part = run.captured.emplace_back();
-    part.begin = range.begin;
-    part.end = range.end;
-    part.state.applied_step = run.step;
-    // Every count of the step's resolved tensors: those of this chunk's.
-    part.state.tensor_steps = kept_steps_;
-    part.state.master.assign(range.size(), 0.0f);
-    part.state.slots.assign(slots, std::vector<float>(range.size(), 0.0f));
-    const char* in = host[i].data();
-    for (const KeptSegment& k : kept_.in_bucket[b]) {
-      const uint64_t lo = std::max(k.begin, range.begin);
-      const uint64_t hi = std::min(k.end, range.end);
-      if (lo >= hi) continue;
-      const uint64_t from = k.state_offset + (lo - k.begin) - kept.state_offset;
-      std::memcpy(part.state.master.data() + (lo - range.begin),
-                  in + from * sizeof(float), (hi - lo) * sizeof(float));
-      const char* slot_in = in + kept.elems * sizeof(float);
-      for (int slot = 0; slot < slots; ++slot) {
-        const size_t size = DTypeSize(slot_dtype_[slot]);
-        ConvertToFloat(slot_dtype_[slot], slot_in + from * size,
-                       part.state.slots[slot].data() + (lo - range.begin),
-                       hi - lo);
-        slot_in += kept.elems * size;
-      }
+  // Spread over the chunks on the send's thread (CapturedChunk), with the
+  // counts of now: the next step's update, later on this thread, moves them.
+  run.captured.push_back({b, std::move(wanted), std::move(host), kept_steps_});
+  return absl::OkStatus();
+}
+
+FlatState TransferEngine::Impl::CapturedChunk(const CapturedBucket& bucket,
+                                              size_t i, uint64_t step) const {
+  const int slots = OptimizerStateSlots(JobSlotConfig(job_.config()));
+  const KeptChunk kept = kept_of_chunk_[bucket.chunks[i]];
+  const ChunkRange range = job_.plan().chunk(bucket.chunks[i]);
+  FlatState part;
+  part.applied_step = step;
+  // Every count of the step's resolved tensors: those of this chunk's.
+  part.tensor_steps = bucket.tensor_steps;
+  part.master.assign(range.size(), 0.0f);
+  part.slots.assign(slots, std::vector<float>(range.size(), 0.0f));
+  const char* in = bucket.host[i].data();
+  for (const KeptSegment& k : kept_.in_bucket[bucket.bucket]) {
+    const uint64_t lo = std::max(k.begin, range.begin);
+    const uint64_t hi = std::min(k.end, range.end);
+    if (lo >= hi) continue;
+    const uint64_t from = k.state_offset + (lo - k.begin) - kept.state_offset;
+    std::memcpy(part.master.data() + (lo - range.begin),
+                in + from * sizeof(float), (hi - lo) * sizeof(float));
+    const char* slot_in = in + kept.elems * sizeof(float);
+    for (int slot = 0; slot < slots; ++slot) {
+      const size_t size = DTypeSize(slot_dtype_[slot]);
+      ConvertToFloat(slot_dtype_[slot], slot_in + from * size,
+                     part.slots[slot].data() + (lo - range.begin), hi - lo);
+      slot_in += kept.elems * size;
     }
   }
-  return absl::OkStatus();
+  return part;
 }
 
 void TransferEngine::Impl::SendCapturedState(StepRun& run) {
@@ -306,16 +309,20 @@ void TransferEngine::Impl::SendCapturedState(StepRun& run) {
   }
   capture_sent_ = false;
   capture_thread_ = std::thread([this, job = *std::move(job), step = run.step,
-                                 parts = std::move(run.captured)] {
+                                 buckets = std::move(run.captured)] {
     CaptureReport report{step, 0, ""};
-    for (const StepRun::CapturedPart& part : parts) {
-      const absl::Status s =
-          job->PatchCapturePart(step, part.begin, part.end, part.state);
-      if (!s.ok()) {
-        report.error = CaptureError(step, s);
-        break;
+    for (const CapturedBucket& bucket : buckets) {
+      for (size_t i = 0; report.error.empty() && i < bucket.chunks.size();
+           ++i) {
+        const ChunkRange range = job->plan().chunk(bucket.chunks[i]);
+        const absl::Status s = job->PatchCapturePart(
+            step, range.begin, range.end, CapturedChunk(bucket, i, step));
+        if (s.ok()) {
+          ++report.chunks;
+        } else {
+          report.error = CaptureError(step, s);
+        }
       }
-      ++report.chunks;
     }
     capture_report_ = std::move(report);
     capture_sent_ = true;
