@@ -725,6 +725,98 @@ TEST_F(TransferEngineCaptureTest, PeriodicCheckpointsHoldTheKeptState) {
   }
 }
 
+// The kept state's send runs behind the steps, so a send the servers refuse
+// is reported later, not by the step that started it, and the steps stand:
+// here an on-demand checkpoint of step 2, taken by another handle once the
+// servers applied step 2 and before the engine's FinishStep, replaced the
+// capture the send was to fill.
+TEST_F(TransferEngineCaptureTest, ARefusedSendIsReportedLaterAndTheStepsStand) {
+  const JobConfig config = SmallJobConfig("capture-refused", 1, 2);
+  const Layout layout =
+      Layout::Create(config.tensors, config.alignment_elems).value();
+  step_options_ = [](uint64_t step) {
+    StepOptions options;
+    options.group_hparams = StepHyperParams(step);
+    return options;
+  };
+  ReferenceRun(config, 1);
+  ASSERT_EQ(reference_states_.size(), kSteps);
+  JobConfig named = config;
+  named.name += "-engine";
+  ASSERT_TRUE(InitJob(named));
+  absl::StatusOr<std::unique_ptr<Job>> job = OpenEngineJob(config);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<std::unique_ptr<Job>> other = OpenEngineJob(config);
+  ASSERT_TRUE(other.ok()) << other.status();
+  HostDevice device;
+  auto optimizer = gpu::MakeHostDeviceOptimizer(config, device);
+  ASSERT_TRUE(optimizer.ok()) << optimizer.status();
+  TransferEngineOptions options;
+  options.bucket_chunks = 2;
+  options.offload_fraction = 0.5;
+  options.device_optimizer = optimizer->get();
+  auto engine = TransferEngine::Create(**job, device, nullptr, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE(
+      RunOneRankStep(**engine, device, layout, 1, 1, step_options_(1)).ok());
+
+  // Step 2, up to its FinishStep.
+  auto compute = device.CreateStream();
+  ASSERT_TRUE(compute.ok()) << compute.status();
+  ASSERT_TRUE((*engine)->BeginStep(2, step_options_(2)).ok());
+  const std::vector<float> grads = NodeGradient(layout, 2, 0, 1);
+  ASSERT_TRUE(device
+                  .CopyAsync(**compute, (*engine)->grads(), grads.data(),
+                             grads.size() * sizeof(float),
+                             gpu::CopyKind::kHostToDevice)
+                  .ok());
+  for (uint64_t b = (*engine)->partition().num_buckets(); b-- > 0;) {
+    ASSERT_TRUE((*engine)->GradientsReady(b, **compute).ok());
+  }
+  // Once every server applied it, its capture waits for the kept state;
+  // the checkpoint taken now replaces it (retried while a server still
+  // writes the capture of a shard without kept elements).
+  bool applied = false;
+  for (int i = 0; i < 500 && !applied; ++i) {
+    absl::StatusOr<std::vector<ServerJobStatus>> status =
+        (*other)->Status(/*with_checksum=*/false);
+    ASSERT_TRUE(status.ok()) << status.status();
+    applied = std::all_of(status->begin(), status->end(),
+                          [](const ServerJobStatus& s) { return s.step == 2; });
+    if (!applied) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(applied);
+  absl::StatusOr<uint64_t> taken = absl::UnavailableError("not yet");
+  for (int i = 0; i < 500 && absl::IsUnavailable(taken.status()); ++i) {
+    taken = (*other)->Checkpoint();
+    if (!taken.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(*taken, 2u);
+
+  absl::StatusOr<StepResult> step2 = (*engine)->FinishStep();
+  ASSERT_TRUE(step2.ok()) << step2.status();
+  EXPECT_EQ(step2->capture_step, 0u);
+  ASSERT_TRUE(device.SynchronizeStream(**compute).ok());
+  const gpu::CaptureReport refused = (*engine)->WaitCaptures();
+  EXPECT_EQ(refused.step, 2u);
+  EXPECT_EQ(refused.chunks, 0u);
+  EXPECT_NE(refused.error.find("no checkpoint capture of step 2 waits"),
+            std::string::npos)
+      << refused.error;
+  EXPECT_EQ((*engine)->WaitCaptures().step, 0u);  // reported once
+
+  absl::StatusOr<StepResult> step3 =
+      RunOneRankStep(**engine, device, layout, 3, 1, step_options_(3));
+  ASSERT_TRUE(step3.ok()) << step3.status();
+  EXPECT_EQ(step3->capture_step, 0u);
+  FlatState state;
+  ASSERT_TRUE(ReadState(**job, state).ok());
+  ASSERT_TRUE((*engine)->ReadGpuState(ArraysOf(state)).ok());
+  ExpectSameState(state, reference_states_[2], "step 3");
+  EXPECT_TRUE(device.violations().empty());
+}
+
 // Its rule: the largest set of whole tensors, from the last, within the
 // GPU's share; 1 keeps none, 0 keeps all.
 TEST(ChooseGpuTensorsTest, KeepsWholeTensorsFromTheLastWithinTheShare) {
