@@ -144,7 +144,7 @@ def test_cuda_reference_holds_the_kept_state(tmp_path, job_name):
 def test_cuda_periodic_checkpoint_holds_the_kept_state(tmp_path, job_name):
     """offload_fraction 0.5 on CUDA with the servers checkpointing every 4
     steps: the engine copies the kept state of step 4 from the device on its
-    comm stream and sends it into the servers' capture (wait_captures), so
+    comm stream and sends it into the servers' capture (last_capture), so
     that the checkpoint of step 4 holds it. Both servers killed and
     restarted after step 7: the next step goes back to 4 by itself
     (RolledBackError, the kept state read back onto the device), and three
@@ -156,7 +156,7 @@ def test_cuda_periodic_checkpoint_holds_the_kept_state(tmp_path, job_name):
         with depot.Client(addresses, unavailable_retry=20) as c:
             model, opt = kept_half_on_the_device(c, job_name)
             run(model, opt, steps=EVERY)
-            report = opt.engine.wait_captures()
+            report = opt.last_capture  # run's synchronize() waited for it
             assert (report.step, report.error) == (EVERY, "")
             assert report.chunks > 0
             at_every = [p.detach().cpu().clone() for p in model.parameters()]

@@ -726,8 +726,7 @@ class _EngineDriver:
             self._recover_node(failure)
         # The last capture's send: state_dict and load_state_dict come next,
         # whose checkpoint or load would drop a capture it still fills.
-        report = self.engine.wait_captures()
-        self.opt._warn_capture(report.step, report.error)
+        self.opt._note_capture(self.engine.wait_captures())
         if self.delayed and finished:
             # The last step's weights have arrived but would be applied only
             # before the forward after next: take the servers' instead.

@@ -340,6 +340,10 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         self.state = ServerState(self)
         self.last_result = None  # the depot.StepResult of the last step
         self.last_step = None  # its LastStep
+        # Engine mode, offload_fraction < 1: the last send of the kept state
+        # into the servers' checkpoint captures reported (by a step or by
+        # synchronize()), a depot.engine.CaptureReport; None before one.
+        self.last_capture = None
         self._trainer_metrics = None  # serve_metrics()
         # step -> the loss scaler's state after it (_record_result).
         self._scaler_history = collections.OrderedDict()
@@ -692,19 +696,24 @@ class DepotOptimizer(CheckpointMixin, torch.optim.Optimizer):
         self._after_load()
         self._write_params()
 
-    @staticmethod
-    def _warn_capture(step, error):
-        """The kept state's send into the servers' checkpoint of `step`
-        failed with `error`: the steps stand; only that checkpoint lacks the
+    def _note_capture(self, report):
+        """A send of the kept state into the servers' checkpoint captures
+        ended (`report`, a depot.engine.CaptureReport; step 0: none). One
+        that failed warns: the steps stand; only that checkpoint lacks the
         state kept on the device (a rollback will not choose it)."""
-        if error:
-            warnings.warn(f"DepotOptimizer: step {step}: {error}",
-                          RuntimeWarning)
+        if report.step == 0:
+            return
+        self.last_capture = report
+        if report.error:
+            warnings.warn(f"DepotOptimizer: step {report.step}: "
+                          f"{report.error}", RuntimeWarning)
 
     def _record_result(self, step, result, loss_scale):
         """Step `step` finished with `result` at `loss_scale`."""
-        self._warn_capture(getattr(result, "capture_step", 0),
-                           getattr(result, "capture_error", ""))
+        if getattr(result, "capture_step", 0):
+            self._note_capture(depot.engine.CaptureReport(
+                result.capture_step, result.capture_chunks,
+                result.capture_error))
         scaler = self._grad_scaler()
         scaler.update(result.found_inf)
         # The scaler's state after each step, for a rollback to it (the
