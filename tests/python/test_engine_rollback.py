@@ -18,6 +18,7 @@ import torch
 
 import depot
 from depot.torch import DepotOptimizer
+from test_depotctl import depotctl, depotctl_json
 from test_rollback import (EVERY, batches, checkpointing_servers, one_step,
                            restart, train_through_rollbacks,
                            wait_for_manifest)
@@ -84,6 +85,53 @@ def engine_model(run, name, **options):
 def assert_ends_as(model, final):
     for p, q in zip(model.parameters(), final):
         assert torch.equal(p.detach(), q)
+
+
+def test_a_refused_capture_send_warns_and_training_goes_on(
+        tmp_path, job_name):
+    """offload_fraction 0.5 with the servers checkpointing every 4 steps.
+    The engine sends the kept state into the captures behind the steps, so
+    an operator's `depotctl checkpoint` between the servers' update of step
+    4 and the trainer's step() replaces the capture the send was to fill:
+    the send is refused, synchronize() warns naming the step, last_capture
+    holds the refusal, and training goes on, ending bitwise like an
+    uninterrupted run."""
+    job_name = job_name.replace("[", "-").replace("]", "")
+    with beside_an_uninterrupted_run(tmp_path, job_name, 6) as run:
+        servers = "--servers=" + ",".join(run.addresses)
+        model, opt = engine_model(run, job_name, offload_fraction=0.5)
+        for step in range(1, EVERY):
+            one_step(model, opt, run.data[step - 1])
+        # Step 4 up to step(): backward begins it and sends the gradients.
+        x, y = run.data[EVERY - 1]
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        deadline = time.monotonic() + 30
+        while True:  # (depotctl: the trainer's Job is the engine's now)
+            jobs = depotctl_json(servers, "jobs")["jobs"]
+            if [(j["step_min"], j["step_max"]) for j in jobs
+                    if j["name"] == job_name] == [(EVERY, EVERY)]:
+                break
+            assert time.monotonic() < deadline, jobs
+            time.sleep(0.01)
+        while True:  # a server may still write its shard's capture
+            code, out, err = depotctl(servers, "checkpoint", job_name)
+            if code == 0:
+                break
+            assert time.monotonic() < deadline, (code, out, err)
+            time.sleep(0.01)
+        opt.step()
+        assert opt.last_result.capture_step == 0
+        with pytest.warns(RuntimeWarning,
+                          match=f"step {EVERY}: .*no checkpoint capture of "
+                                f"step {EVERY} waits"):
+            opt.synchronize()
+        assert (opt.last_capture.step, opt.last_capture.chunks) == (EVERY, 0)
+        for step in range(EVERY + 1, 7):
+            one_step(model, opt, run.data[step - 1])
+        opt.synchronize()
+        assert_ends_as(model, run.final)
+        opt.close()
 
 
 def test_engine_step_raises_rolled_back_error_and_ends_bitwise(
