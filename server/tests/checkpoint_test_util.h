@@ -1,13 +1,9 @@
-// Helpers of the checkpoint tests: a private temporary directory, and
-// checkpoints of made-up but consistent state.
+// Helpers of the checkpoint tests: checkpoints of made-up but consistent
+// state (and TempDir, server/tests/temp_dir.h).
 #ifndef DEPOT_SERVER_TESTS_CHECKPOINT_TEST_UTIL_H_
 #define DEPOT_SERVER_TESTS_CHECKPOINT_TEST_UTIL_H_
 
-#include <stdlib.h>
-#include <unistd.h>
-
 #include <cstdint>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -17,28 +13,9 @@
 #include "gtest/gtest.h"
 #include "server/job_shape.h"
 #include "server/shard_state.h"
+#include "server/tests/temp_dir.h"
 
 namespace depot::testing {
-
-// A fresh directory under $TMPDIR (or /tmp), removed with what it holds.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base != nullptr ? base : "/tmp") +
-                          "/depot-ckpt-test-XXXXXX";
-    EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 inline std::string ReadFileBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

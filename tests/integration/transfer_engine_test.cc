@@ -27,6 +27,7 @@
 #include "gpu/host_collective.h"
 #include "gpu/host_device.h"
 #include "gtest/gtest.h"
+#include "server/tests/temp_dir.h"
 #include "training_data.h"
 #include "two_servers.h"
 
@@ -570,22 +571,13 @@ TEST_F(TransferEngineTest, OffloadFractionEqualsTheFullyOffloadedRunBitForBit) {
 // own.
 class TransferEngineCaptureTest : public TransferEngineTest {
  protected:
-  TransferEngineCaptureTest() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base != nullptr ? base : "/tmp") +
-                          "/depot-engine-capture-XXXXXX";
-    EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  ~TransferEngineCaptureTest() override {
-    std::string command = "rm -rf '" + dir_ + "'";
-    EXPECT_EQ(std::system(command.c_str()), 0);
-  }
   std::vector<std::string> ServerAFlags() const override {
-    return {"--checkpoint_dir=" + dir_ + "/a", "--checkpoint_every_steps=2"};
+    return {"--checkpoint_dir=" + dir_.path() + "/a",
+            "--checkpoint_every_steps=2"};
   }
   std::vector<std::string> ServerBFlags() const override {
-    return {"--checkpoint_dir=" + dir_ + "/b", "--checkpoint_every_steps=2"};
+    return {"--checkpoint_dir=" + dir_.path() + "/b",
+            "--checkpoint_every_steps=2"};
   }
 
   // One step of a one-rank engine on node 0's gradient (the sum of
@@ -615,7 +607,7 @@ class TransferEngineCaptureTest : public TransferEngineTest {
     return result;
   }
 
-  std::string dir_;
+  TempDir dir_{"depot-engine-capture"};
 };
 
 // The kept state goes into the servers' periodic checkpoints by itself: the
